@@ -1,0 +1,520 @@
+//! Delta writes: open/create tables, MERGE a plan, and keep the delete tombstones.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, TimestampMicrosecondArray};
+use arrow::compute::{cast, filter_record_batch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::row::OwnedRow;
+use deltalake::datafusion::common::{Column, ScalarValue};
+use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::StructType;
+use deltalake::operations::merge::MergeMetrics;
+use deltalake::{DeltaTable, DeltaTableBuilder};
+use url::Url;
+
+use crate::config::TableConfig;
+use crate::error::{Error, Result};
+use crate::plan::{KeyEncoder, MergePlan, OP_COLUMN};
+
+/// Column of the tombstone table holding the wall-clock time a delete was recorded.
+pub const DELETED_AT_COLUMN: &str = "deleted_at";
+
+/// Open a table, or return an unloaded handle when nothing is there yet.
+pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaTable> {
+    let label = crate::storage::display(url);
+    if url.scheme() == "file" {
+        // delta-rs wants a local table's folder to exist before it creates the table.
+        if let Ok(path) = url.to_file_path() {
+            std::fs::create_dir_all(&path).map_err(|e| Error::Internal(format!("cannot create {}: {e}", path.display())))?;
+        }
+    }
+    let mut table = DeltaTableBuilder::from_url(url.clone())
+        .map_err(|e| Error::delta(&label, e))?
+        .with_storage_options(options.clone())
+        .build()
+        .map_err(|e| Error::delta(&label, e))?;
+    match table.load().await {
+        Ok(()) => Ok(table),
+        Err(deltalake::DeltaTableError::NotATable(_)) => Ok(table),
+        Err(e) => Err(Error::delta(&label, e)),
+    }
+}
+
+/// Whether the handle points at an existing table.
+pub fn exists(table: &DeltaTable) -> bool {
+    table.version().is_some()
+}
+
+/// The table's Arrow schema, when it exists.
+pub fn arrow_schema(table: &DeltaTable) -> Option<SchemaRef> {
+    table
+        .snapshot()
+        .ok()
+        .map(|s| s.snapshot().arrow_schema())
+}
+
+/// Create the table with this schema and partitioning, unless it exists. A concurrent
+/// creator winning the race is not an error: the caller's retry reloads the table.
+pub async fn create(
+    table: DeltaTable,
+    name: &str,
+    schema: &Schema,
+    partition_by: &[String],
+) -> Result<DeltaTable> {
+    let label = table.table_url().to_string();
+    let nullable = Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    );
+    let kernel: StructType = (&nullable)
+        .try_into_kernel()
+        .map_err(|e| Error::Schema {
+            table: name.to_string(),
+            message: format!("cannot map the columns to Delta types: {e}"),
+        })?;
+    table
+        .create()
+        .with_table_name(name)
+        .with_columns(kernel.fields().cloned())
+        .with_partition_columns(partition_by.to_vec())
+        .with_commit_properties(tributary_commit(&[]))
+        .await
+        .map_err(|e| Error::delta(&label, e))
+}
+
+pub(crate) fn tributary_commit(files: &[String]) -> CommitProperties {
+    let mut meta = vec![(
+        "engineInfo".to_string(),
+        serde_json::Value::String(format!("tributary/{}", env!("CARGO_PKG_VERSION"))),
+    )];
+    if !files.is_empty() {
+        meta.push(("tributary.files".to_string(), serde_json::json!(files)));
+    }
+    CommitProperties::default().with_metadata(meta)
+}
+
+fn qcol(alias: &str, name: &str) -> Expr {
+    Expr::Column(Column::new(Some(alias), name))
+}
+
+fn ucol(name: &str) -> Column {
+    Column::new_unqualified(name)
+}
+
+/// Check the plan against an existing table: keys, partitioning, types. New columns are
+/// fine (added by the MERGE); a column whose type differs is cast when lossless.
+pub fn align_to_table(table_cfg: &TableConfig, plan: &mut MergePlan, table: &DeltaTable) -> Result<()> {
+    let Some(tschema) = arrow_schema(table) else {
+        return Ok(());
+    };
+    let serr = |m: String| Error::Schema {
+        table: table_cfg.name.clone(),
+        message: m,
+    };
+    if let Ok(s) = table.snapshot() {
+        let parts: Vec<String> = s
+            .metadata()
+            .partition_columns()
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        if parts != table_cfg.partition_by {
+            return Err(serr(format!(
+                "the Delta table is partitioned by {:?} but the config says partition_by = {:?}; change the config or write to a new table",
+                parts, table_cfg.partition_by
+            )));
+        }
+    }
+    for k in &table_cfg.primary_key {
+        if tschema.field_with_name(k).is_err() {
+            return Err(serr(format!(
+                "primary key column `{k}` is not a column of the existing Delta table"
+            )));
+        }
+    }
+    let schema = plan.batch.schema();
+    let mut cols: Vec<ArrayRef> = plan.batch.columns().to_vec();
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut changed = false;
+    for (i, f) in schema.fields().iter().enumerate() {
+        if f.name() == OP_COLUMN {
+            continue;
+        }
+        if let Ok(tf) = tschema.field_with_name(f.name()) {
+            if tf.data_type() != f.data_type() {
+                let c = cast(&cols[i], tf.data_type()).map_err(|e| {
+                    serr(format!(
+                        "column `{}` is {} in the table but {} in the files, and cannot be converted: {e}",
+                        f.name(),
+                        tf.data_type(),
+                        f.data_type()
+                    ))
+                })?;
+                if c.null_count() != cols[i].null_count() {
+                    return Err(serr(format!(
+                        "column `{}` is {} in the table but {} in the files; converting would lose values (type changes are not applied automatically)",
+                        f.name(),
+                        tf.data_type(),
+                        f.data_type()
+                    )));
+                }
+                cols[i] = c;
+                fields[i] = Field::new(f.name(), tf.data_type().clone(), true);
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        plan.batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
+            .map_err(|e| Error::Internal(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// MERGE the plan into the table. Applies a change only when its order key is greater than
+/// the row's (or the row has none). Returns the new table state and the metrics.
+pub async fn merge(
+    table_cfg: &TableConfig,
+    table: DeltaTable,
+    plan: &MergePlan,
+    files: &[String],
+) -> Result<(DeltaTable, MergeMetrics)> {
+    let label = table_cfg.name.as_str();
+    let ctx = SessionContext::new();
+    let source = ctx
+        .read_batch(plan.batch.clone())
+        .map_err(|e| Error::Internal(format!("merge source: {e}")))?;
+    let mut on: Option<Expr> = None;
+    for k in &table_cfg.primary_key {
+        let e = qcol("t", k).eq(qcol("s", k));
+        on = Some(match on {
+            None => e,
+            Some(p) => p.and(e),
+        });
+    }
+    let on = on.ok_or_else(|| Error::Internal("empty primary key".into()))?;
+    let seq = table_cfg.sequence_column.as_str();
+    let newer = qcol("t", seq)
+        .is_null()
+        .or(qcol("s", seq).gt(qcol("t", seq)));
+    let is_upsert = qcol("s", OP_COLUMN).eq(lit("U"));
+    let is_delete = qcol("s", OP_COLUMN).eq(lit("D"));
+    let data_cols: Vec<String> = plan
+        .batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|n| n != OP_COLUMN)
+        .collect();
+    let upd_cols = data_cols.clone();
+    let ins_cols = data_cols;
+    let (table, metrics) = table
+        .merge(source, on)
+        .with_source_alias("s")
+        .with_target_alias("t")
+        .with_merge_schema(true)
+        .with_commit_properties(tributary_commit(files))
+        .when_matched_update(|u| {
+            let mut u = u.predicate(is_upsert.clone().and(newer.clone()));
+            for c in &upd_cols {
+                u = u.update(ucol(c), qcol("s", c));
+            }
+            u
+        })
+        .map_err(|e| Error::delta(label, e))?
+        .when_matched_delete(|d| d.predicate(is_delete.and(newer)))
+        .map_err(|e| Error::delta(label, e))?
+        .when_not_matched_insert(|i| {
+            let mut i = i.predicate(is_upsert);
+            for c in &ins_cols {
+                i = i.set(ucol(c), qcol("s", c));
+            }
+            i
+        })
+        .map_err(|e| Error::delta(label, e))?
+        .await
+        .map_err(|e| Error::delta(label, e))?;
+    Ok((table, metrics))
+}
+
+/// Schema of the tombstone table for a plan: key columns, order key, deletion time.
+fn tombstone_schema(table_cfg: &TableConfig, plan_schema: &Schema) -> Result<Schema> {
+    let mut fields = Vec::new();
+    for k in &table_cfg.primary_key {
+        let f = plan_schema
+            .field_with_name(k)
+            .map_err(|_| Error::Internal(format!("key {k} missing from plan")))?;
+        fields.push(Field::new(k, f.data_type().clone(), true));
+    }
+    fields.push(Field::new(&table_cfg.sequence_column, DataType::Utf8, true));
+    fields.push(Field::new(
+        DELETED_AT_COLUMN,
+        DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        true,
+    ));
+    Ok(Schema::new(fields))
+}
+
+/// Record the plan's deletes in the tombstone table (keeping the newest per key).
+/// Returns how many tombstones the plan carried.
+pub async fn record_tombstones(
+    table_cfg: &TableConfig,
+    options: &HashMap<String, String>,
+    plan: &MergePlan,
+    files: &[String],
+) -> Result<usize> {
+    let op = plan.batch.column_by_name(OP_COLUMN).ok_or_else(|| Error::Internal("op column".into()))?;
+    let mask: arrow::array::BooleanArray = op
+        .as_string::<i32>()
+        .iter()
+        .map(|v| Some(v == Some("D")))
+        .collect();
+    let deletes = filter_record_batch(&plan.batch, &mask).map_err(|e| Error::Internal(e.to_string()))?;
+    if deletes.num_rows() == 0 {
+        return Ok(0);
+    }
+    let schema = Arc::new(tombstone_schema(table_cfg, &plan.batch.schema())?);
+    let now = chrono::Utc::now().timestamp_micros();
+    let mut cols: Vec<ArrayRef> = Vec::new();
+    for f in schema.fields().iter().take(table_cfg.primary_key.len() + 1) {
+        cols.push(
+            deletes
+                .column_by_name(f.name())
+                .cloned()
+                .ok_or_else(|| Error::Internal(format!("{} missing", f.name())))?,
+        );
+    }
+    cols.push(Arc::new(
+        TimestampMicrosecondArray::from(vec![now; deletes.num_rows()]).with_timezone("UTC"),
+    ));
+    let batch = RecordBatch::try_new(schema.clone(), cols).map_err(|e| Error::Internal(e.to_string()))?;
+    let n = batch.num_rows();
+    let label = format!("{} tombstones", table_cfg.name);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut t = open(&table_cfg.tombstones, options).await?;
+        if !exists(&t) {
+            match create(t, &format!("{}_tombstones", table_cfg.name), &schema, &[]).await {
+                Ok(created) => t = created,
+                Err(e) if attempt < table_cfg.max_commit_attempts && is_conflict(&e) => {
+                    backoff(attempt).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let ctx = SessionContext::new();
+        let source = ctx
+            .read_batch(batch.clone())
+            .map_err(|e| Error::Internal(format!("tombstone source: {e}")))?;
+        let mut on: Option<Expr> = None;
+        for k in &table_cfg.primary_key {
+            let e = qcol("t", k).eq(qcol("s", k));
+            on = Some(match on {
+                None => e,
+                Some(p) => p.and(e),
+            });
+        }
+        let on = on.ok_or_else(|| Error::Internal("empty primary key".into()))?;
+        let seq = table_cfg.sequence_column.clone();
+        let all: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        let res = t
+            .merge(source, on)
+            .with_source_alias("s")
+            .with_target_alias("t")
+            .with_commit_properties(tributary_commit(files))
+            .when_matched_update(|u| {
+                u.predicate(qcol("s", &seq).gt(qcol("t", &seq)))
+                    .update(ucol(&seq), qcol("s", &seq))
+                    .update(ucol(DELETED_AT_COLUMN), qcol("s", DELETED_AT_COLUMN))
+            })
+            .map_err(|e| Error::delta(&label, e))?
+            .when_not_matched_insert(|i| {
+                let mut i = i;
+                for c in &all {
+                    i = i.set(ucol(c), qcol("s", c));
+                }
+                i
+            })
+            .map_err(|e| Error::delta(&label, e))?
+            .await;
+        match res {
+            Ok(_) => return Ok(n),
+            Err(e) if attempt < table_cfg.max_commit_attempts && crate::error::is_commit_conflict(&e) => {
+                backoff(attempt).await;
+            }
+            Err(e) => return Err(Error::delta(&label, e)),
+        }
+    }
+}
+
+/// Tombstones (key → order key) for the plan's upsert keys.
+pub async fn read_tombstones(
+    table_cfg: &TableConfig,
+    options: &HashMap<String, String>,
+    plan: &MergePlan,
+) -> Result<HashMap<OwnedRow, String>> {
+    let mut out = HashMap::new();
+    if plan.upserts == 0 {
+        return Ok(out);
+    }
+    let t = open(&table_cfg.tombstones, options).await?;
+    if !exists(&t) {
+        return Ok(out);
+    }
+    let label = format!("{} tombstones", table_cfg.name);
+    let ctx = SessionContext::new();
+    t.update_datafusion_session(&ctx.state())
+        .map_err(|e| Error::delta(&label, e))?;
+    let provider = t
+        .table_provider()
+        .await
+        .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+    let mut df = ctx
+        .read_table(provider)
+        .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+    // Prune by the range of the first key column (file statistics do the rest).
+    let k0 = &table_cfg.primary_key[0];
+    if let Some(keys) = plan.batch.column_by_name(k0) {
+        if let Some((lo, hi)) = min_max(keys)? {
+            df = df
+                .filter(Expr::Column(ucol(k0)).between(lit(lo), lit(hi)))
+                .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+        }
+    }
+    let mut cols: Vec<Expr> = table_cfg
+        .primary_key
+        .iter()
+        .map(|k| Expr::Column(ucol(k)))
+        .collect();
+    cols.push(Expr::Column(ucol(&table_cfg.sequence_column)));
+    let batches = df
+        .select(cols)
+        .map_err(|e| Error::Internal(format!("{label}: {e}")))?
+        .collect()
+        .await
+        .map_err(|e| Error::Internal(format!("{label}: reading tombstones failed: {e}")))?;
+    // Encode keys with the plan's key types (DataFusion may hand back view types).
+    let plan_schema = plan.batch.schema();
+    let enc = KeyEncoder::new(&plan_schema, &table_cfg.primary_key)?;
+    for b in &batches {
+        let mut fields = Vec::new();
+        let mut cols = Vec::new();
+        for (i, k) in table_cfg.primary_key.iter().enumerate() {
+            let f = plan_schema
+                .field_with_name(k)
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            cols.push(cast(b.column(i), f.data_type()).map_err(|e| {
+                Error::Schema {
+                    table: table_cfg.name.clone(),
+                    message: format!("tombstone key column `{k}` does not match the table's type: {e}"),
+                }
+            })?);
+            fields.push(Field::new(k, f.data_type().clone(), true));
+        }
+        let keys_batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        let keys = enc.encode(&keys_batch)?;
+        let seqs = b.column(table_cfg.primary_key.len());
+        let seqs = cast(seqs, &DataType::Utf8).map_err(|e| Error::Internal(e.to_string()))?;
+        let seqs = seqs.as_string::<i32>();
+        for (i, k) in keys.into_iter().enumerate() {
+            if seqs.is_valid(i) {
+                let s = seqs.value(i).to_string();
+                match out.get(&k) {
+                    Some(old) if *old >= s => {}
+                    _ => {
+                        out.insert(k, s);
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn min_max(a: &ArrayRef) -> Result<Option<(ScalarValue, ScalarValue)>> {
+    if a.is_empty() {
+        return Ok(None);
+    }
+    let idx = arrow::compute::sort_to_indices(a, None, None).map_err(|e| Error::Internal(e.to_string()))?;
+    let lo = ScalarValue::try_from_array(a, idx.value(0) as usize).map_err(|e| Error::Internal(e.to_string()))?;
+    let hi = ScalarValue::try_from_array(a, idx.value(idx.len() - 1) as usize)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(Some((lo, hi)))
+}
+
+/// A plan of deletes for the upserts of `plan` that tombstones written since have
+/// superseded (found after our commit). `None` when there are none.
+pub fn superseded_upserts(
+    table_cfg: &TableConfig,
+    plan: &MergePlan,
+    tombstones: &HashMap<OwnedRow, String>,
+) -> Result<Option<MergePlan>> {
+    if tombstones.is_empty() {
+        return Ok(None);
+    }
+    let mut p = plan.clone();
+    let changed = crate::plan::apply_tombstones(&mut p, table_cfg, tombstones)?;
+    if changed == 0 {
+        return Ok(None);
+    }
+    // Keep only rows that turned from upsert into delete.
+    let before = plan.batch.column_by_name(OP_COLUMN).ok_or_else(|| Error::Internal("op".into()))?;
+    let after = p.batch.column_by_name(OP_COLUMN).ok_or_else(|| Error::Internal("op".into()))?;
+    let (b, a) = (before.as_string::<i32>(), after.as_string::<i32>());
+    let mask: arrow::array::BooleanArray = (0..b.len())
+        .map(|i| Some(b.value(i) == "U" && a.value(i) == "D"))
+        .collect();
+    let batch = filter_record_batch(&p.batch, &mask).map_err(|e| Error::Internal(e.to_string()))?;
+    let n = batch.num_rows();
+    Ok(Some(MergePlan {
+        batch,
+        upserts: 0,
+        deletes: n,
+        superseded: 0,
+    }))
+}
+
+pub(crate) fn is_conflict(e: &Error) -> bool {
+    matches!(e, Error::Delta { source, .. } if crate::error::is_commit_conflict(source))
+        || matches!(e, Error::Delta { source: deltalake::DeltaTableError::Generic(m), .. } if m.contains("already exists"))
+}
+
+/// Jittered exponential backoff: ~50 ms doubling up to ~3 s.
+pub(crate) async fn backoff(attempt: u32) {
+    use rand::Rng;
+    let base = 50u64 << attempt.min(6);
+    let ms = rand::rng().random_range(base / 2..=base + base / 2);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
+
+/// Run SQL against a table registered as `t` (used by the demo, CLI and tests).
+pub async fn query(table: &DeltaTable, sql: &str) -> Result<Vec<RecordBatch>> {
+    let label = table.table_url().to_string();
+    let ctx = SessionContext::new();
+    table
+        .update_datafusion_session(&ctx.state())
+        .map_err(|e| Error::delta(&label, e))?;
+    let provider = table
+        .table_provider()
+        .await
+        .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+    ctx.register_table("t", provider)
+        .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+    ctx.sql(sql)
+        .await
+        .map_err(|e| Error::Internal(format!("query failed: {e}")))?
+        .collect()
+        .await
+        .map_err(|e| Error::Internal(format!("query failed: {e}")))
+}

@@ -1,0 +1,427 @@
+//! The merge pipeline: route files to tables, read them, plan, and commit — one commit per
+//! table per call, retried on conflicts, with bad files isolated.
+//!
+//! ```text
+//! files ──route──▶ per table ──read──▶ ChangeSets ──plan──▶ MergePlan
+//!   ──record tombstones──▶ MERGE (retry on conflict) ──re-check tombstones──▶ report
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use deltalake::DeltaTable;
+use futures::stream::{self, StreamExt};
+use serde::Serialize;
+use url::Url;
+
+use crate::config::{Config, TableConfig};
+use crate::delta;
+use crate::error::{Error, Result};
+use crate::plan::{self, MergePlan};
+use crate::source::{self, ChangeSet, FileCounts};
+use crate::storage::{self, Storage};
+
+/// What happened to one input file.
+#[derive(Debug)]
+pub enum FileStatus {
+    /// Merged (or found already applied) in the commit described by the table report.
+    Merged { table: String, counts: FileCounts },
+    /// Not a file for us (no table owns the prefix, or not a data file). Not an error.
+    Ignored { reason: String },
+    /// Could not be merged; the file stays where it is and the event must fail.
+    Failed { table: Option<String>, error: Arc<Error> },
+}
+
+/// Outcome per input file.
+#[derive(Debug)]
+pub struct FileOutcome {
+    pub file: Url,
+    pub status: FileStatus,
+}
+
+impl FileOutcome {
+    pub fn is_failure(&self) -> bool {
+        matches!(self.status, FileStatus::Failed { .. })
+    }
+}
+
+/// One table's commit(s) in a call.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TableReport {
+    pub table: String,
+    pub files: usize,
+    /// Delta version after the merge (None when nothing needed committing).
+    pub version: Option<u64>,
+    pub source_rows: usize,
+    pub inserted: usize,
+    pub updated: usize,
+    pub deleted: usize,
+    /// Changes not applied because the table already had the same or a newer change of
+    /// that key (re-delivery, late files), including deletes of absent keys.
+    pub skipped_stale: usize,
+    /// Rows dropped because a later change of the same key was in the same batch.
+    pub superseded_in_batch: usize,
+    /// Upserts turned into deletes by a newer tombstone (late insert of a deleted row).
+    pub blocked_by_tombstone: usize,
+    pub tombstones_recorded: usize,
+    pub files_added: usize,
+    pub files_removed: usize,
+    pub commit_attempts: u32,
+    pub duration_ms: u64,
+}
+
+/// Result of one [`Engine::process`] call.
+#[derive(Debug, Default)]
+pub struct ProcessReport {
+    pub files: Vec<FileOutcome>,
+    pub tables: Vec<TableReport>,
+}
+
+impl ProcessReport {
+    pub fn failures(&self) -> impl Iterator<Item = &FileOutcome> {
+        self.files.iter().filter(|f| f.is_failure())
+    }
+}
+
+/// The merge engine: configuration, storage and delta-rs options, built once.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    config: Arc<Config>,
+    storage: Arc<Storage>,
+    options: Arc<HashMap<String, String>>,
+    local_s3_root: Option<Arc<std::path::PathBuf>>,
+}
+
+impl Engine {
+    pub fn new(config: Config) -> Self {
+        Self {
+            config: Arc::new(config),
+            storage: Arc::new(Storage::new()),
+            options: Arc::new(storage::delta_storage_options()),
+            local_s3_root: None,
+        }
+    }
+
+    /// Serve `s3://bucket/key` from `<root>/bucket/key` on the local disk: for running the
+    /// Lambda locally (`cargo lambda watch`) against sample events without AWS.
+    pub fn with_local_s3_root(mut self, root: impl Into<std::path::PathBuf>) -> Self {
+        self.local_s3_root = Some(Arc::new(root.into()));
+        self
+    }
+
+    /// The URL a file is actually read from (see [`Engine::with_local_s3_root`]).
+    pub fn resolve(&self, url: &Url) -> Url {
+        match (&self.local_s3_root, url.scheme()) {
+            (Some(root), "s3") => {
+                let p = root
+                    .join(url.host_str().unwrap_or(""))
+                    .join(storage::object_path(url).map(|p| p.to_string()).unwrap_or_default());
+                Url::from_file_path(&p).unwrap_or_else(|_| url.clone())
+            }
+            _ => url.clone(),
+        }
+    }
+
+    /// Load the configuration from a local path or `s3://` URI and build the engine.
+    pub async fn from_config_location(location: &str) -> Result<Self> {
+        let config = if location.starts_with("s3://") || location.starts_with("file://") {
+            let url = Url::parse(location)
+                .map_err(|e| Error::config(location, format!("not a valid URI: {e}")))?;
+            let storage = Storage::new();
+            let bytes = storage.get(&url).await.map_err(|e| {
+                Error::config(location, format!("cannot read the configuration: {e}"))
+            })?;
+            let text = String::from_utf8(bytes.to_vec())
+                .map_err(|_| Error::config(location, "the file is not UTF-8 text"))?;
+            Config::from_toml(&text, location, None)?
+        } else {
+            Config::from_path(std::path::Path::new(location))?
+        };
+        Ok(Self::new(config))
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Delta storage options (endpoint overrides) used for every table.
+    pub fn storage_options(&self) -> &HashMap<String, String> {
+        &self.options
+    }
+
+    /// Merge these files. Files of one table go into one commit; tables are independent;
+    /// a bad file fails alone. Never panics on input; every file gets an outcome.
+    pub async fn process(&self, files: &[Url]) -> ProcessReport {
+        let mut report = ProcessReport::default();
+        let mut by_table: BTreeMap<String, Vec<Url>> = BTreeMap::new();
+        let resolved: Vec<Url> = files.iter().map(|f| self.resolve(f)).collect();
+        for f in &resolved {
+            match self.config.table_for(f) {
+                None => report.files.push(FileOutcome {
+                    file: f.clone(),
+                    status: FileStatus::Ignored {
+                        reason: "no configured table has this prefix".into(),
+                    },
+                }),
+                Some(t) if !source::is_data_file(f, &t.format) => report.files.push(FileOutcome {
+                    file: f.clone(),
+                    status: FileStatus::Ignored {
+                        reason: format!("not a {} data file", format_name(t)),
+                    },
+                }),
+                Some(t) => {
+                    let list = by_table.entry(t.name.clone()).or_default();
+                    if !list.contains(f) {
+                        list.push(f.clone());
+                    }
+                }
+            }
+        }
+        let results = stream::iter(by_table)
+            .map(|(name, files)| async move {
+                let table = self.config.table(&name).expect("routed to a configured table");
+                self.process_table(table, files).await
+            })
+            .buffer_unordered(4)
+            .collect::<Vec<_>>()
+            .await;
+        for (outcomes, tables) in results {
+            report.files.extend(outcomes);
+            report.tables.extend(tables);
+        }
+        report
+    }
+
+    async fn process_table(
+        &self,
+        table: &TableConfig,
+        files: Vec<Url>,
+    ) -> (Vec<FileOutcome>, Vec<TableReport>) {
+        let mut outcomes = Vec::new();
+        let fail_all = |files: &[Url], e: Error| -> Vec<FileOutcome> {
+            let e = Arc::new(e);
+            files
+                .iter()
+                .map(|f| FileOutcome {
+                    file: f.clone(),
+                    status: FileStatus::Failed {
+                        table: Some(table.name.clone()),
+                        error: e.clone(),
+                    },
+                })
+                .collect()
+        };
+        let target = match delta::open(&table.target, &self.options).await {
+            Ok(t) => t,
+            Err(e) => return (fail_all(&files, e), vec![]),
+        };
+        let schema = delta::arrow_schema(&target);
+        let read = stream::iter(files.iter().cloned())
+            .map(|f| {
+                let schema = schema.clone();
+                async move {
+                    let r = async {
+                        let bytes = self.storage.get(&f).await?;
+                        source::read_changes(&f, bytes, table, schema.as_deref())
+                    }
+                    .await;
+                    (f, r)
+                }
+            })
+            .buffered(8)
+            .collect::<Vec<_>>()
+            .await;
+        let mut good: Vec<ChangeSet> = Vec::new();
+        for (f, r) in read {
+            match r {
+                Ok(cs) => good.push(cs),
+                Err(e) => {
+                    tracing::error!(table = %table.name, file = %storage::display(&f), error = %e, kind = e.kind(), retryable = e.is_retryable(), "cannot read file");
+                    outcomes.push(FileOutcome {
+                        file: f,
+                        status: FileStatus::Failed {
+                            table: Some(table.name.clone()),
+                            error: Arc::new(e),
+                        },
+                    });
+                }
+            }
+        }
+        if good.is_empty() {
+            return (outcomes, vec![]);
+        }
+        let mut reports = Vec::new();
+        match self.merge_change_sets(table, &good).await {
+            Ok(r) => {
+                reports.push(r);
+                outcomes.extend(merged(table, &good));
+            }
+            Err(e) if !e.is_retryable() && good.len() > 1 => {
+                // Isolate the file that does not fit: merge one by one.
+                tracing::warn!(table = %table.name, error = %e, "batch merge failed; retrying file by file to isolate the bad file");
+                for cs in good {
+                    let one = std::slice::from_ref(&cs);
+                    match self.merge_change_sets(table, one).await {
+                        Ok(r) => {
+                            reports.push(r);
+                            outcomes.extend(merged(table, one));
+                        }
+                        Err(e) => outcomes.extend(fail_all(std::slice::from_ref(&cs.file), e)),
+                    }
+                }
+            }
+            Err(e) => {
+                let files: Vec<Url> = good.iter().map(|c| c.file.clone()).collect();
+                outcomes.extend(fail_all(&files, e));
+            }
+        }
+        (outcomes, reports)
+    }
+
+    /// Plan and commit change sets of one table. Retries commit conflicts with jittered
+    /// backoff, re-reading the table (and tombstones) each time.
+    pub async fn merge_change_sets(&self, table: &TableConfig, changes: &[ChangeSet]) -> Result<TableReport> {
+        let start = Instant::now();
+        let file_names: Vec<String> = changes.iter().map(|c| storage::display(&c.file)).collect();
+        let base_plan = plan::plan(table, changes)?;
+        let mut report = TableReport {
+            table: table.name.clone(),
+            files: changes.len(),
+            source_rows: changes.iter().map(|c| c.counts.rows).sum(),
+            superseded_in_batch: base_plan.superseded,
+            ..Default::default()
+        };
+        // Deletes are recorded first: a tombstone states a fact of the source, true whether
+        // or not the main table has caught up, and it stops late older upserts.
+        report.tombstones_recorded =
+            delta::record_tombstones(table, &self.options, &base_plan, &file_names).await?;
+
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            match self.try_merge(table, &base_plan, &file_names, &mut report).await {
+                Ok(()) => break,
+                Err(e) if delta::is_conflict(&e) && attempt < table.max_commit_attempts => {
+                    tracing::debug!(table = %table.name, attempt, error = %e, "commit conflict; retrying");
+                    delta::backoff(attempt).await;
+                }
+                Err(e) if delta::is_conflict(&e) => {
+                    tracing::warn!(table = %table.name, attempt, error = %e, "giving up after commit conflicts");
+                    return Err(Error::Contention {
+                        table: table.name.clone(),
+                        attempts: attempt,
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        report.commit_attempts = attempt;
+        report.duration_ms = start.elapsed().as_millis() as u64;
+        tracing::info!(
+            table = %report.table,
+            version = report.version,
+            files = report.files,
+            source_rows = report.source_rows,
+            inserted = report.inserted,
+            updated = report.updated,
+            deleted = report.deleted,
+            skipped_stale = report.skipped_stale,
+            superseded_in_batch = report.superseded_in_batch,
+            blocked_by_tombstone = report.blocked_by_tombstone,
+            commit_attempts = report.commit_attempts,
+            duration_ms = report.duration_ms,
+            "merged"
+        );
+        Ok(report)
+    }
+
+    async fn try_merge(
+        &self,
+        table: &TableConfig,
+        base_plan: &MergePlan,
+        files: &[String],
+        report: &mut TableReport,
+    ) -> Result<()> {
+        let mut target: DeltaTable = delta::open(&table.target, &self.options).await?;
+        if !delta::exists(&target) {
+            target = delta::create(target, &table.name, &base_plan.table_schema(), &table.partition_by).await?;
+        }
+        let mut plan = base_plan.clone();
+        let tombs = delta::read_tombstones(table, &self.options, &plan).await?;
+        let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?;
+        delta::align_to_table(table, &mut plan, &target)?;
+        let (mut target, m) = delta::merge(table, target, &plan, files).await?;
+        report.blocked_by_tombstone = blocked;
+        report.inserted = m.num_target_rows_inserted;
+        report.updated = m.num_target_rows_updated;
+        report.deleted = m.num_target_rows_deleted;
+        report.files_added = m.num_target_files_added;
+        report.files_removed = m.num_target_files_removed;
+        // A delete may have been recorded by a concurrent writer after we read tombstones;
+        // if so our upsert may have revived the row: apply those deletes now.
+        if plan.upserts > 0 {
+            let mut rounds = 0;
+            loop {
+                let tombs = delta::read_tombstones(table, &self.options, &plan).await?;
+                let Some(fix) = delta::superseded_upserts(table, &plan, &tombs)? else {
+                    break;
+                };
+                rounds += 1;
+                if rounds > 5 {
+                    return Err(Error::Internal(format!(
+                        "table {}: tombstones kept changing while re-checking; retry the event",
+                        table.name
+                    )));
+                }
+                let mut fix = fix;
+                plan::apply_tombstones(&mut plan, table, &tombs)?;
+                delta::align_to_table(table, &mut fix, &target)?;
+                let (t, m) = delta::merge(table, target, &fix, files).await?;
+                target = t;
+                report.deleted += m.num_target_rows_deleted;
+                report.blocked_by_tombstone += fix.deletes;
+                report.files_added += m.num_target_files_added;
+                report.files_removed += m.num_target_files_removed;
+            }
+        }
+        let applied = report.inserted + report.updated + report.deleted;
+        report.skipped_stale = plan.batch.num_rows().saturating_sub(applied);
+        report.version = target.version();
+        Ok(())
+    }
+}
+
+fn merged(table: &TableConfig, sets: &[ChangeSet]) -> Vec<FileOutcome> {
+    sets.iter()
+        .map(|c| {
+            tracing::info!(
+                table = %table.name,
+                file = %storage::display(&c.file),
+                rows = c.counts.rows,
+                inserts = c.counts.inserts,
+                updates = c.counts.updates,
+                deletes = c.counts.deletes,
+                "file merged"
+            );
+            FileOutcome {
+                file: c.file.clone(),
+                status: FileStatus::Merged {
+                    table: table.name.clone(),
+                    counts: c.counts,
+                },
+            }
+        })
+        .collect()
+}
+
+fn format_name(t: &TableConfig) -> &'static str {
+    match t.format {
+        crate::config::Format::Parquet => "Parquet (.parquet)",
+        crate::config::Format::Csv(_) => "CSV (.csv)",
+    }
+}

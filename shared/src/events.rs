@@ -1,0 +1,333 @@
+//! Lambda event payloads → object URIs, and the merge handler's response.
+//!
+//! Accepted: S3 notifications (direct), SQS messages whose body is an S3 notification, an
+//! EventBridge event or an SNS envelope of either, and EventBridge "Object Created" events.
+//! `s3:TestEvent` and non-create events are ignored. S3 notification keys are URL-encoded
+//! (`+` is a space) and decoded here; EventBridge keys arrive as-is.
+
+use std::collections::HashMap;
+
+use aws_lambda_events::event::sqs::SqsBatchResponse;
+use serde_json::Value;
+use url::Url;
+
+use crate::engine::{Engine, FileStatus, ProcessReport};
+use crate::storage;
+
+/// How the function was invoked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    Sqs,
+    S3,
+    EventBridge,
+}
+
+/// One unit that succeeds or fails as a whole (an SQS message, or the whole event).
+#[derive(Debug)]
+pub struct Message {
+    /// SQS message id (for partial batch responses).
+    pub id: Option<String>,
+    /// The objects it announces, or why it cannot be understood.
+    pub objects: Result<Vec<Url>, String>,
+}
+
+/// A parsed invocation.
+#[derive(Debug)]
+pub struct Invocation {
+    pub trigger: Trigger,
+    pub messages: Vec<Message>,
+}
+
+/// Decode an S3 notification key: `+` is a space, then percent-decoding.
+pub fn decode_s3_key(key: &str) -> String {
+    let plus = key.replace('+', " ");
+    let bytes = plus.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let h = (bytes[i + 1] as char).to_digit(16);
+            let l = (bytes[i + 2] as char).to_digit(16);
+            if let (Some(h), Some(l)) = (h, l) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parse any supported payload.
+pub fn parse(event: &Value) -> Result<Invocation, String> {
+    if let Some(records) = event.get("Records").and_then(Value::as_array) {
+        let source = records
+            .first()
+            .and_then(|r| r.get("eventSource").or_else(|| r.get("EventSource")))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        return match source {
+            "aws:sqs" => Ok(Invocation {
+                trigger: Trigger::Sqs,
+                messages: records
+                    .iter()
+                    .map(|r| Message {
+                        id: r.get("messageId").and_then(Value::as_str).map(str::to_string),
+                        objects: match r.get("body").and_then(Value::as_str) {
+                            Some(body) => serde_json::from_str::<Value>(body)
+                                .map_err(|e| format!("SQS message body is not JSON: {e}"))
+                                .and_then(|v| objects_of(&v)),
+                            None => Err("SQS message has no body".into()),
+                        },
+                    })
+                    .collect(),
+            }),
+            "" if records.is_empty() => Ok(Invocation {
+                trigger: Trigger::S3,
+                messages: vec![],
+            }),
+            _ => Ok(Invocation {
+                trigger: Trigger::S3,
+                messages: vec![Message {
+                    id: None,
+                    objects: objects_of(event),
+                }],
+            }),
+        };
+    }
+    if event.get("detail-type").is_some() {
+        return Ok(Invocation {
+            trigger: Trigger::EventBridge,
+            messages: vec![Message {
+                id: None,
+                objects: objects_of(event),
+            }],
+        });
+    }
+    if is_test_event(event) {
+        return Ok(Invocation {
+            trigger: Trigger::S3,
+            messages: vec![],
+        });
+    }
+    Err("unrecognised event: expected an S3 notification, an SQS batch or an EventBridge Object Created event".into())
+}
+
+fn is_test_event(v: &Value) -> bool {
+    v.get("Event").and_then(Value::as_str) == Some("s3:TestEvent")
+}
+
+/// Objects announced by one notification document (S3, EventBridge, SNS envelope).
+fn objects_of(v: &Value) -> Result<Vec<Url>, String> {
+    if is_test_event(v) {
+        return Ok(vec![]);
+    }
+    if v.get("Type").and_then(Value::as_str) == Some("Notification") {
+        let msg = v
+            .get("Message")
+            .and_then(Value::as_str)
+            .ok_or("SNS envelope without Message")?;
+        let inner: Value =
+            serde_json::from_str(msg).map_err(|e| format!("SNS Message is not JSON: {e}"))?;
+        return objects_of(&inner);
+    }
+    if let Some(records) = v.get("Records").and_then(Value::as_array) {
+        // Read the few fields we need: emulators and older producers omit others that the
+        // strict `aws_lambda_events` S3 types require.
+        let mut out = Vec::new();
+        for r in records {
+            let name = r.get("eventName").and_then(Value::as_str).unwrap_or_default();
+            if !name.starts_with("ObjectCreated:") {
+                continue;
+            }
+            let bucket = r
+                .pointer("/s3/bucket/name")
+                .and_then(Value::as_str)
+                .ok_or("S3 record without s3.bucket.name")?;
+            let key = r
+                .pointer("/s3/object/key")
+                .and_then(Value::as_str)
+                .ok_or("S3 record without s3.object.key")?;
+            out.push(storage::s3_url(bucket, &decode_s3_key(key)).map_err(|e| e.to_string())?);
+        }
+        return Ok(out);
+    }
+    if let Some(dt) = v.get("detail-type").and_then(Value::as_str) {
+        if dt != "Object Created" {
+            return Ok(vec![]);
+        }
+        let d = v.get("detail").ok_or("EventBridge event without detail")?;
+        let bucket = d
+            .pointer("/bucket/name")
+            .and_then(Value::as_str)
+            .ok_or("EventBridge Object Created without detail.bucket.name")?;
+        let key = d
+            .pointer("/object/key")
+            .and_then(Value::as_str)
+            .ok_or("EventBridge Object Created without detail.object.key")?;
+        return Ok(vec![storage::s3_url(bucket, key).map_err(|e| e.to_string())?]);
+    }
+    Err("message is neither an S3 notification nor an EventBridge event".into())
+}
+
+/// What the merge handler did with one invocation.
+#[derive(Debug)]
+pub struct Handled {
+    pub trigger: Trigger,
+    pub report: ProcessReport,
+    /// Message ids to report as failed (SQS), with reasons.
+    pub failed_messages: Vec<(Option<String>, String)>,
+}
+
+impl Handled {
+    /// The Lambda response: for SQS a partial batch response; otherwise `Ok(null)` when
+    /// everything merged and `Err(reason)` when anything failed (so Lambda retries it).
+    pub fn response(&self) -> Result<Value, String> {
+        match self.trigger {
+            Trigger::Sqs => {
+                let mut r = SqsBatchResponse::default();
+                for id in self.failed_messages.iter().filter_map(|(id, _)| id.as_ref()) {
+                    r.add_failure(id.clone());
+                }
+                serde_json::to_value(r).map_err(|e| e.to_string())
+            }
+            _ if self.failed_messages.is_empty() => Ok(Value::Null),
+            _ => Err(self
+                .failed_messages
+                .iter()
+                .map(|(_, r)| r.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")),
+        }
+    }
+}
+
+/// Parse the event, merge every announced file, and work out which messages failed.
+pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, String> {
+    let inv = parse(event)?;
+    let mut all = Vec::new();
+    for m in &inv.messages {
+        if let Ok(objs) = &m.objects {
+            all.extend(objs.iter().cloned());
+        }
+    }
+    let report = engine.process(&all).await;
+    let errors: HashMap<&Url, String> = report
+        .files
+        .iter()
+        .filter_map(|f| match &f.status {
+            FileStatus::Failed { error, .. } => Some((&f.file, error.to_string())),
+            _ => None,
+        })
+        .collect();
+    let errors: HashMap<Url, &String> = all
+        .iter()
+        .filter_map(|o| errors.get(&engine.resolve(o)).map(|e| (o.clone(), e)))
+        .collect();
+    let mut failed = Vec::new();
+    for m in &inv.messages {
+        match &m.objects {
+            Err(reason) => {
+                tracing::error!(message_id = ?m.id, error = %reason, "cannot understand message");
+                failed.push((m.id.clone(), reason.clone()));
+            }
+            Ok(objs) => {
+                let reasons: Vec<&str> = objs
+                    .iter()
+                    .filter_map(|o| errors.get(o).map(|e| e.as_str()))
+                    .collect();
+                if !reasons.is_empty() {
+                    failed.push((m.id.clone(), reasons.join("; ")));
+                }
+            }
+        }
+    }
+    Ok(Handled {
+        trigger: inv.trigger,
+        report,
+        failed_messages: failed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn decodes_keys() {
+        assert_eq!(decode_s3_key("a/my+file%2B1%3A2.parquet"), "a/my file+1:2.parquet");
+        assert_eq!(decode_s3_key("100%"), "100%");
+    }
+
+    #[test]
+    fn parses_sqs_wrapped_s3_and_test_event() {
+        let s3 = json!({"Records":[{"eventVersion":"2.1","eventSource":"aws:s3","awsRegion":"us-east-1",
+            "eventTime":"2024-01-01T00:00:00.000Z","eventName":"ObjectCreated:Put",
+            "s3":{"bucket":{"name":"raw"},"object":{"key":"dms/s/t/20240101-1+2.parquet","size":10}}}]});
+        let test = json!({"Service":"Amazon S3","Event":"s3:TestEvent","Bucket":"raw"});
+        let ev = json!({"Records":[
+            {"messageId":"m1","eventSource":"aws:sqs","body": s3.to_string()},
+            {"messageId":"m2","eventSource":"aws:sqs","body": test.to_string()},
+            {"messageId":"m3","eventSource":"aws:sqs","body": "not json"}
+        ]});
+        let inv = parse(&ev).unwrap();
+        assert_eq!(inv.trigger, Trigger::Sqs);
+        let objs = inv.messages[0].objects.as_ref().unwrap();
+        assert_eq!(storage::display(&objs[0]), "s3://raw/dms/s/t/20240101-1 2.parquet");
+        assert!(inv.messages[1].objects.as_ref().unwrap().is_empty());
+        assert!(inv.messages[2].objects.is_err());
+    }
+
+    #[test]
+    fn parses_eventbridge_and_ignores_removals() {
+        let ev = json!({"version":"0","id":"x","detail-type":"Object Created","source":"aws.s3",
+            "detail":{"bucket":{"name":"raw"},"object":{"key":"dms/s/t/a b.parquet"}}});
+        let inv = parse(&ev).unwrap();
+        assert_eq!(inv.trigger, Trigger::EventBridge);
+        assert_eq!(
+            storage::display(&inv.messages[0].objects.as_ref().unwrap()[0]),
+            "s3://raw/dms/s/t/a b.parquet"
+        );
+        let del = json!({"Records":[{"eventSource":"aws:s3","eventTime":"2024-01-01T00:00:00Z",
+            "eventName":"ObjectRemoved:Delete","s3":{"bucket":{"name":"raw"},"object":{"key":"k"}}}]});
+        assert!(parse(&del).unwrap().messages[0].objects.as_ref().unwrap().is_empty());
+        assert!(parse(&json!({"hello": 1})).is_err());
+    }
+}
+
+#[cfg(test)]
+mod sample_events {
+    use super::*;
+
+    fn sample(name: &str) -> Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../events").join(name);
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn samples_in_events_folder_parse() {
+        let inv = parse(&sample("s3-put-cdc.json")).unwrap();
+        assert_eq!(inv.trigger, Trigger::S3);
+        assert_eq!(
+            storage::display(&inv.messages[0].objects.as_ref().unwrap()[0]),
+            "s3://tributary-raw/dms/delta_emr_source/travel_details/2022/10/25/20221025-2105000000.parquet"
+        );
+        let inv = parse(&sample("s3-put-encoded-key.json")).unwrap();
+        assert_eq!(
+            storage::display(&inv.messages[0].objects.as_ref().unwrap()[0]),
+            "s3://tributary-raw/dms/sales/order lines/2022/10/25/20221025-2110000000+part=1.parquet"
+        );
+        assert!(parse(&sample("s3-test-event.json")).unwrap().messages.is_empty());
+        let inv = parse(&sample("sqs-s3-batch.json")).unwrap();
+        assert_eq!(inv.trigger, Trigger::Sqs);
+        assert_eq!(inv.messages.len(), 3);
+        assert_eq!(inv.messages[0].id.as_deref(), Some("0f4e4b0a-6d1c-4b7e-9b2e-2f0d5a8c1e01"));
+        assert!(inv.messages[2].objects.as_ref().unwrap().is_empty());
+        let inv = parse(&sample("eventbridge-object-created.json")).unwrap();
+        assert_eq!(inv.trigger, Trigger::EventBridge);
+        assert_eq!(inv.messages[0].objects.as_ref().unwrap().len(), 1);
+    }
+}

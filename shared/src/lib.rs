@@ -1,0 +1,28 @@
+//! tributary: keep Delta Lake tables exactly in sync with operational databases by merging
+//! the change-data-capture files AWS DMS lands in S3.
+//!
+//! Modules, one per concept:
+//! - [`config`]: the table configuration file;
+//! - [`source`]: DMS Parquet/CSV readers (full load and CDC);
+//! - [`plan`]: latest change per key, MERGE source;
+//! - [`delta`]: Delta table creation, MERGE, tombstones;
+//! - [`engine`]: routing, batching, retries, bad-file isolation;
+//! - [`events`]: Lambda event payloads (S3, SQS, EventBridge) → object URIs;
+//! - [`storage`]: `file://` and `s3://` access;
+//! - [`demo`]: the seed scenario generator.
+
+pub mod config;
+pub mod delta;
+pub mod demo;
+pub mod engine;
+pub mod error;
+pub mod events;
+pub mod metrics;
+pub mod plan;
+pub mod source;
+pub mod storage;
+
+pub use config::{Config, TableConfig};
+pub use engine::{Engine, FileOutcome, FileStatus, ProcessReport, TableReport};
+pub use error::{Error, Result};
+pub use deltalake;

@@ -1,0 +1,184 @@
+//! Test helpers: a local-store fixture with a configurable table, DMS-shaped files for a
+//! small `items` table, and reading the curated table back.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tributary::deltalake::arrow::array::{
+    ArrayRef, AsArray, Int64Array, RecordBatch, StringArray,
+};
+use tributary::deltalake::arrow::compute::cast;
+use tributary::deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use tributary::{delta, demo, Config, Engine};
+use url::Url;
+
+/// One change of the `items` source table: id (key), part (partition column), val.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub op: char,
+    pub ts: String,
+    pub id: i64,
+    pub part: String,
+    pub val: i64,
+}
+
+impl Change {
+    pub fn new(op: char, ts: &str, id: i64, part: &str, val: i64) -> Self {
+        Change {
+            op,
+            ts: ts.into(),
+            id,
+            part: part.into(),
+            val,
+        }
+    }
+}
+
+/// A curated row: (id, part, val).
+pub type Row = (i64, String, i64);
+
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub engine: Engine,
+}
+
+pub const ITEMS_TABLE: &str = r#"
+[[table]]
+name = "items"
+source = "raw/shop/items/"
+target = "curated/items"
+primary_key = ["id"]
+partition_by = ["part"]
+sequence_by = ["ts"]
+drop_columns = ["ts"]
+"#;
+
+impl Fixture {
+    /// A fixture with the given config text (relative paths resolve in the temp dir).
+    pub fn new(config: &str) -> Fixture {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tributary.toml");
+        std::fs::write(&path, config).expect("write config");
+        let engine = Engine::new(Config::from_path(&path).expect("valid config"));
+        Fixture { dir, engine }
+    }
+
+    pub fn items() -> Fixture {
+        Fixture::new(ITEMS_TABLE)
+    }
+
+    /// Another engine (a separate "Lambda instance") over the same config.
+    pub fn another_engine(&self) -> Engine {
+        Engine::new(Config::from_path(&self.dir.path().join("tributary.toml")).expect("config"))
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn url(&self, rel: &str) -> Url {
+        Url::from_file_path(self.path(rel)).expect("url")
+    }
+
+    /// Write raw bytes to `raw/shop/items/<name>` and return its URL.
+    pub fn put_raw(&self, table_prefix: &str, name: &str, data: &[u8]) -> Url {
+        let p = self.path(&format!("raw/{table_prefix}/{name}"));
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, data).expect("write raw");
+        Url::from_file_path(&p).expect("url")
+    }
+
+    /// Write an `items` CDC (or LOAD) Parquet file.
+    pub fn put_items(&self, name: &str, changes: &[Change]) -> Url {
+        let with_op = !name.starts_with("LOAD");
+        self.put_raw("shop/items", name, &items_parquet(changes, with_op))
+    }
+
+    /// Merge files; panics with the error if any failed.
+    pub async fn merge_ok(&self, files: &[Url]) -> tributary::ProcessReport {
+        let r = self.engine.process(files).await;
+        if let Some(f) = r.failures().next() {
+            panic!("merge failed: {:?}", f);
+        }
+        r
+    }
+
+    pub async fn items_rows(&self) -> Vec<Row> {
+        read_rows(&self.url("curated/items"), "SELECT id, part, val FROM t ORDER BY id").await
+    }
+}
+
+/// Read (id, part, val) rows of a table with the given SQL.
+pub async fn read_rows(table: &Url, sql: &str) -> Vec<Row> {
+    let t = delta::open(table, &Default::default()).await.expect("open");
+    if !delta::exists(&t) {
+        return vec![];
+    }
+    let batches = delta::query(&t, sql).await.expect("query");
+    let mut out = Vec::new();
+    for b in batches {
+        let id = cast(b.column(0), &DataType::Int64).expect("id");
+        let id = id.as_primitive::<Int64Type>();
+        let part = cast(b.column(1), &DataType::Utf8).expect("part");
+        let part = part.as_string::<i32>();
+        let val = cast(b.column(2), &DataType::Int64).expect("val");
+        let val = val.as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            out.push((id.value(i), part.value(i).to_string(), val.value(i)));
+        }
+    }
+    out
+}
+
+/// The `items` rows as DMS would write them (Op first for CDC files).
+pub fn items_batch(changes: &[Change], with_op: bool) -> RecordBatch {
+    let mut fields = Vec::new();
+    let mut cols: Vec<ArrayRef> = Vec::new();
+    if with_op {
+        fields.push(Field::new("Op", DataType::Utf8, true));
+        cols.push(Arc::new(StringArray::from_iter_values(
+            changes.iter().map(|c| c.op.to_string()),
+        )));
+    }
+    fields.push(Field::new("ts", DataType::Utf8, true));
+    cols.push(Arc::new(StringArray::from_iter_values(changes.iter().map(|c| c.ts.clone()))));
+    fields.push(Field::new("id", DataType::Int64, true));
+    cols.push(Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.id))));
+    fields.push(Field::new("part", DataType::Utf8, true));
+    cols.push(Arc::new(StringArray::from_iter_values(changes.iter().map(|c| c.part.clone()))));
+    fields.push(Field::new("val", DataType::Int64, true));
+    cols.push(Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.val))));
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).expect("batch")
+}
+
+pub fn items_parquet(changes: &[Change], with_op: bool) -> Bytes {
+    demo::to_parquet(&items_batch(changes, with_op)).expect("parquet")
+}
+
+/// Apply changes in true order to a model of the source table.
+pub fn model(changes: &[Change]) -> Vec<Row> {
+    let mut m: BTreeMap<i64, (String, i64)> = BTreeMap::new();
+    for c in changes {
+        match c.op {
+            'D' => {
+                m.remove(&c.id);
+            }
+            _ => {
+                m.insert(c.id, (c.part.clone(), c.val));
+            }
+        }
+    }
+    m.into_iter().map(|(id, (p, v))| (id, p, v)).collect()
+}
+
+/// Count files of the curated table (live data files only).
+pub async fn live_files(table: &Url) -> usize {
+    let t = delta::open(table, &Default::default()).await.expect("open");
+    t.get_file_uris().map(|i| i.count()).unwrap_or(0)
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}

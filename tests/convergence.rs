@@ -1,0 +1,158 @@
+//! Convergence under real delivery: random change streams, split into DMS files,
+//! delivered shuffled and duplicated (sequentially in the property test, by ≥ 8 concurrent
+//! invocations in the concurrency test). The table must equal the source's final state.
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use tributary_tests::*;
+
+/// A consistent random history of the `items` source: inserts of absent keys, updates and
+/// deletes of present keys, with non-decreasing commit timestamps (ties = one transaction).
+/// Returns (full-load rows, CDC files in DMS order).
+fn history(seed: u64, keys: i64, changes: usize, max_file: usize) -> (Vec<Change>, Vec<Vec<Change>>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let parts = ["a", "b", "c"];
+    let mut present: std::collections::BTreeSet<i64> = Default::default();
+    let mut load = Vec::new();
+    for id in 0..keys {
+        if rng.random_bool(0.4) {
+            present.insert(id);
+            // full-load rows are stamped with the transfer time: later than any CDC change
+            load.push(Change::new('I', "2099-01-01 00:00:00.000000", id, parts[rng.random_range(0..3)], rng.random_range(0..1000)));
+        }
+    }
+    let mut t = 0u64;
+    let mut stream = Vec::new();
+    for _ in 0..changes {
+        if rng.random_bool(0.7) {
+            t += 1;
+        }
+        let ts = format!("2024-01-01 00:00:00.{t:06}");
+        let id = rng.random_range(0..keys);
+        let part = parts[rng.random_range(0..3)];
+        let val = rng.random_range(0..1000);
+        let op = if present.contains(&id) {
+            if rng.random_bool(0.3) { 'D' } else { 'U' }
+        } else {
+            'I'
+        };
+        if op == 'D' {
+            present.remove(&id);
+        } else {
+            present.insert(id);
+        }
+        stream.push(Change::new(op, &ts, id, part, val));
+    }
+    let mut files = Vec::new();
+    let mut i = 0;
+    while i < stream.len() {
+        let n = rng.random_range(1..=max_file).min(stream.len() - i);
+        files.push(stream[i..i + n].to_vec());
+        i += n;
+    }
+    (load, files)
+}
+
+/// Write the files; returns their URLs (LOAD first) and the expected final rows.
+fn land(fx: &Fixture, load: &[Change], files: &[Vec<Change>]) -> (Vec<url::Url>, Vec<Row>) {
+    let mut urls = Vec::new();
+    if !load.is_empty() {
+        urls.push(fx.put_items("LOAD00000001.parquet", load));
+    }
+    for (n, f) in files.iter().enumerate() {
+        urls.push(fx.put_items(&format!("2024/01/01/20240101-{:010}.parquet", n + 1), f));
+    }
+    let mut all = load.to_vec();
+    all.extend(files.iter().flatten().cloned());
+    (urls, model(&all))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 50, ..ProptestConfig::default() })]
+
+    /// Any delivery order, any duplication, any grouping of files into invocations.
+    #[test]
+    fn shuffled_duplicated_delivery_converges(
+        seed in any::<u64>(),
+        keys in 1i64..8,
+        changes in 1usize..25,
+        max_file in 1usize..6,
+        dup_seed in any::<u64>(),
+    ) {
+        let rt = runtime();
+        let fx = Fixture::items();
+        let (load, files) = history(seed, keys, changes, max_file);
+        let (urls, expected) = land(&fx, &load, &files);
+        let mut rng = StdRng::seed_from_u64(dup_seed);
+        let mut deliveries: Vec<url::Url> = Vec::new();
+        for u in &urls {
+            deliveries.push(u.clone());
+            if rng.random_bool(0.4) {
+                deliveries.push(u.clone());
+            }
+        }
+        deliveries.shuffle(&mut rng);
+        rt.block_on(async {
+            let mut i = 0;
+            while i < deliveries.len() {
+                let n = rng.random_range(1..=3).min(deliveries.len() - i);
+                fx.merge_ok(&deliveries[i..i + n]).await;
+                i += n;
+            }
+        });
+        let got = rt.block_on(fx.items_rows());
+        prop_assert_eq!(got, expected);
+    }
+}
+
+/// ≥ 8 invocations merging files of one table at the same time, every file delivered
+/// twice, in random order.
+#[test]
+fn concurrent_invocations_converge() {
+    let rt = runtime();
+    for seed in 0..3u64 {
+        let fx = Fixture::new(&ITEMS_TABLE.replace("drop_columns", "max_commit_attempts = 200\ndrop_columns"));
+        let (load, files) = history(1000 + seed, 12, 80, 4);
+        let (urls, expected) = land(&fx, &load, &files);
+        let mut deliveries: Vec<url::Url> = urls.iter().chain(urls.iter()).cloned().collect();
+        deliveries.shuffle(&mut StdRng::seed_from_u64(seed));
+        let workers = 8;
+        let got = rt.block_on(async {
+            let mut tasks = Vec::new();
+            for w in 0..workers {
+                // each worker is a separate "Lambda instance" with its own engine
+                let engine = fx.another_engine();
+                let mine: Vec<url::Url> = deliveries.iter().skip(w).step_by(workers).cloned().collect();
+                tasks.push(tokio::spawn(async move {
+                    let mut failures = Vec::new();
+                    for chunk in mine.chunks(2) {
+                        let r = engine.process(chunk).await;
+                        failures.extend(r.failures().map(|f| format!("{f:?}")));
+                    }
+                    failures
+                }));
+            }
+            let mut failures = Vec::new();
+            for t in tasks {
+                failures.extend(t.await.expect("task"));
+            }
+            assert!(failures.is_empty(), "failed merges: {failures:?}");
+            fx.items_rows().await
+        });
+        assert_eq!(got, expected, "seed {seed}");
+    }
+}
