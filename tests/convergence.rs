@@ -11,7 +11,12 @@ use tributary_tests::*;
 /// A consistent random history of the `items` source: inserts of absent keys, updates and
 /// deletes of present keys, with non-decreasing commit timestamps (ties = one transaction).
 /// Returns (full-load rows, CDC files in DMS order).
-fn history(seed: u64, keys: i64, changes: usize, max_file: usize) -> (Vec<Change>, Vec<Vec<Change>>) {
+fn history(
+    seed: u64,
+    keys: i64,
+    changes: usize,
+    max_file: usize,
+) -> (Vec<Change>, Vec<Vec<Change>>) {
     let mut rng = StdRng::seed_from_u64(seed);
     let parts = ["a", "b", "c"];
     let mut present: std::collections::BTreeSet<i64> = Default::default();
@@ -20,7 +25,13 @@ fn history(seed: u64, keys: i64, changes: usize, max_file: usize) -> (Vec<Change
         if rng.random_bool(0.4) {
             present.insert(id);
             // full-load rows are stamped with the transfer time: later than any CDC change
-            load.push(Change::new('I', "2099-01-01 00:00:00.000000", id, parts[rng.random_range(0..3)], rng.random_range(0..1000)));
+            load.push(Change::new(
+                'I',
+                "2099-01-01 00:00:00.000000",
+                id,
+                parts[rng.random_range(0..3)],
+                rng.random_range(0..1000),
+            ));
         }
     }
     let mut t = 0u64;
@@ -34,7 +45,11 @@ fn history(seed: u64, keys: i64, changes: usize, max_file: usize) -> (Vec<Change
         let part = parts[rng.random_range(0..3)];
         let val = rng.random_range(0..1000);
         let op = if present.contains(&id) {
-            if rng.random_bool(0.3) { 'D' } else { 'U' }
+            if rng.random_bool(0.3) {
+                'D'
+            } else {
+                'U'
+            }
         } else {
             'I'
         };
@@ -78,7 +93,10 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200)
 }
 
 proptest! {
@@ -125,7 +143,9 @@ proptest! {
 fn concurrent_invocations_converge() {
     let rt = runtime();
     for seed in 0..3u64 {
-        let fx = Fixture::new(&ITEMS_TABLE.replace("drop_columns", "max_commit_attempts = 200\ndrop_columns"));
+        let fx = Fixture::new(
+            &ITEMS_TABLE.replace("drop_columns", "max_commit_attempts = 200\ndrop_columns"),
+        );
         let (load, files) = history(1000 + seed, 12, 80, 4);
         let (urls, expected) = land(&fx, &load, &files);
         let mut deliveries: Vec<url::Url> = urls.iter().chain(urls.iter()).cloned().collect();
@@ -136,7 +156,12 @@ fn concurrent_invocations_converge() {
             for w in 0..workers {
                 // each worker is a separate "Lambda instance" with its own engine
                 let engine = fx.another_engine();
-                let mine: Vec<url::Url> = deliveries.iter().skip(w).step_by(workers).cloned().collect();
+                let mine: Vec<url::Url> = deliveries
+                    .iter()
+                    .skip(w)
+                    .step_by(workers)
+                    .cloned()
+                    .collect();
                 tasks.push(tokio::spawn(async move {
                     let mut failures = Vec::new();
                     for chunk in mine.chunks(2) {

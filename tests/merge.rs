@@ -23,7 +23,11 @@ async fn full_load_then_cdc_insert_update_delete() {
     fx.merge_ok(&[load]).await;
     assert_eq!(
         fx.items_rows().await,
-        vec![(1, "a".into(), 10), (2, "a".into(), 20), (3, "b".into(), 30)]
+        vec![
+            (1, "a".into(), 10),
+            (2, "a".into(), 20),
+            (3, "b".into(), 30)
+        ]
     );
     let cdc = fx.put_items(
         "2024/01/01/20240101-0800000000.parquet",
@@ -38,7 +42,11 @@ async fn full_load_then_cdc_insert_update_delete() {
     assert_eq!((t.inserted, t.updated, t.deleted), (1, 1, 1));
     assert_eq!(
         fx.items_rows().await,
-        vec![(1, "a".into(), 11), (3, "b".into(), 30), (4, "b".into(), 40)]
+        vec![
+            (1, "a".into(), 11),
+            (3, "b".into(), 30),
+            (4, "b".into(), 40)
+        ]
     );
 }
 
@@ -65,9 +73,15 @@ async fn several_changes_to_one_key_in_one_file_keep_the_last() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn update_that_changes_the_partition_moves_the_row() {
     let fx = Fixture::items();
-    let a = fx.put_items("20240101-0000000001.parquet", &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)]);
+    let a = fx.put_items(
+        "20240101-0000000001.parquet",
+        &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)],
+    );
     fx.merge_ok(&[a]).await;
-    let b = fx.put_items("20240101-0000000002.parquet", &[c('U', "2024-01-01 00:00:02.000000", 1, "b", 2)]);
+    let b = fx.put_items(
+        "20240101-0000000002.parquet",
+        &[c('U', "2024-01-01 00:00:02.000000", 1, "b", 2)],
+    );
     fx.merge_ok(&[b]).await;
     assert_eq!(fx.items_rows().await, vec![(1, "b".into(), 2)]);
     let t = fx.url("curated/items");
@@ -80,24 +94,42 @@ async fn update_that_changes_the_partition_moves_the_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redelivery_and_out_of_order_files_converge() {
     let fx = Fixture::items();
-    let f1 = fx.put_items("20240101-0000000001.parquet", &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)]);
-    let f2 = fx.put_items("20240101-0000000002.parquet", &[c('U', "2024-01-01 00:00:02.000000", 1, "a", 2)]);
-    let f3 = fx.put_items("20240101-0000000003.parquet", &[c('D', "2024-01-01 00:00:03.000000", 1, "a", 2)]);
-    let f4 = fx.put_items("20240101-0000000004.parquet", &[c('I', "2024-01-01 00:00:04.000000", 2, "b", 5)]);
+    let f1 = fx.put_items(
+        "20240101-0000000001.parquet",
+        &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)],
+    );
+    let f2 = fx.put_items(
+        "20240101-0000000002.parquet",
+        &[c('U', "2024-01-01 00:00:02.000000", 1, "a", 2)],
+    );
+    let f3 = fx.put_items(
+        "20240101-0000000003.parquet",
+        &[c('D', "2024-01-01 00:00:03.000000", 1, "a", 2)],
+    );
+    let f4 = fx.put_items(
+        "20240101-0000000004.parquet",
+        &[c('I', "2024-01-01 00:00:04.000000", 2, "b", 5)],
+    );
     // newest first, then the older ones late: the delete must not be undone by the late
     // insert/update of the same key (tombstone), and f4 is independent.
-    fx.merge_ok(&[f3.clone()]).await;
-    fx.merge_ok(&[f4.clone()]).await;
-    let r = fx.merge_ok(&[f1.clone()]).await;
+    fx.merge_ok(std::slice::from_ref(&f3)).await;
+    fx.merge_ok(std::slice::from_ref(&f4)).await;
+    let r = fx.merge_ok(std::slice::from_ref(&f1)).await;
     assert_eq!(r.tables[0].blocked_by_tombstone, 1);
-    fx.merge_ok(&[f2.clone()]).await;
+    fx.merge_ok(std::slice::from_ref(&f2)).await;
     assert_eq!(fx.items_rows().await, vec![(2, "b".into(), 5)]);
     // every file again, all at once: nothing changes and nothing is committed
-    let before = delta::open(&fx.url("curated/items"), &Default::default()).await.unwrap().version();
+    let before = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap()
+        .version();
     let r = fx.merge_ok(&[f1, f2, f3, f4]).await;
     let t = &r.tables[0];
     assert_eq!((t.inserted, t.updated, t.deleted), (0, 0, 0));
-    assert_eq!(t.version, before, "a re-delivery must not create a table version");
+    assert_eq!(
+        t.version, before,
+        "a re-delivery must not create a table version"
+    );
     assert_eq!(fx.items_rows().await, vec![(2, "b".into(), 5)]);
 }
 
@@ -106,9 +138,15 @@ async fn a_key_deleted_and_reinserted_later_is_present() {
     let fx = Fixture::items();
     let f1 = fx.put_items(
         "20240101-0000000001.parquet",
-        &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1), c('D', "2024-01-01 00:00:02.000000", 1, "a", 1)],
+        &[
+            c('I', "2024-01-01 00:00:01.000000", 1, "a", 1),
+            c('D', "2024-01-01 00:00:02.000000", 1, "a", 1),
+        ],
     );
-    let f2 = fx.put_items("20240101-0000000002.parquet", &[c('I', "2024-01-01 00:00:03.000000", 1, "c", 3)]);
+    let f2 = fx.put_items(
+        "20240101-0000000002.parquet",
+        &[c('I', "2024-01-01 00:00:03.000000", 1, "c", 3)],
+    );
     fx.merge_ok(&[f2]).await;
     fx.merge_ok(&[f1]).await;
     assert_eq!(fx.items_rows().await, vec![(1, "c".into(), 3)]);
@@ -121,7 +159,13 @@ async fn several_files_in_one_call_make_one_commit() {
         .map(|i| {
             fx.put_items(
                 &format!("20240101-{i:010}.parquet"),
-                &[c('I', &format!("2024-01-01 00:00:0{i}.000000"), i, "a", i * 10)],
+                &[c(
+                    'I',
+                    &format!("2024-01-01 00:00:0{i}.000000"),
+                    i,
+                    "a",
+                    i * 10,
+                )],
             )
         })
         .collect();
@@ -136,21 +180,44 @@ async fn several_files_in_one_call_make_one_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_files_fail_alone_with_clear_errors_and_stay_in_place() {
     let fx = Fixture::items();
-    let good = fx.put_items("20240101-0000000001.parquet", &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)]);
-    let corrupt = fx.put_raw("shop/items", "20240101-0000000002.parquet", b"PAR1 this is not parquet");
-    let unknown_op = fx.put_items("20240101-0000000003.parquet", &[
-        c('I', "2024-01-01 00:00:03.000000", 2, "a", 1),
-        c('X', "2024-01-01 00:00:03.000000", 3, "a", 1),
-    ]);
+    let good = fx.put_items(
+        "20240101-0000000001.parquet",
+        &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)],
+    );
+    let corrupt = fx.put_raw(
+        "shop/items",
+        "20240101-0000000002.parquet",
+        b"PAR1 this is not parquet",
+    );
+    let unknown_op = fx.put_items(
+        "20240101-0000000003.parquet",
+        &[
+            c('I', "2024-01-01 00:00:03.000000", 2, "a", 1),
+            c('X', "2024-01-01 00:00:03.000000", 3, "a", 1),
+        ],
+    );
     let not_data = fx.put_raw("shop/items", "_SUCCESS", b"");
     let elsewhere = fx.put_raw("other/table", "x.parquet", b"");
-    let r = fx.engine.process(&[good.clone(), corrupt.clone(), unknown_op.clone(), not_data, elsewhere]).await;
+    let r = fx
+        .engine
+        .process(&[
+            good.clone(),
+            corrupt.clone(),
+            unknown_op.clone(),
+            not_data,
+            elsewhere,
+        ])
+        .await;
     let status = |u: &url::Url| &r.files.iter().find(|f| &f.file == u).unwrap().status;
     assert!(matches!(status(&good), FileStatus::Merged { .. }));
     match status(&corrupt) {
         FileStatus::Failed { error, .. } => {
             let m = error.to_string();
-            assert!(m.contains("20240101-0000000002.parquet") && m.contains("not a readable Parquet file"), "{m}");
+            assert!(
+                m.contains("20240101-0000000002.parquet")
+                    && m.contains("not a readable Parquet file"),
+                "{m}"
+            );
             assert!(!error.is_retryable());
         }
         s => panic!("expected failure, got {s:?}"),
@@ -158,22 +225,42 @@ async fn bad_files_fail_alone_with_clear_errors_and_stay_in_place() {
     match status(&unknown_op) {
         FileStatus::Failed { error, .. } => {
             let m = error.to_string();
-            assert!(m.contains("row 2, column `Op`") && m.contains("unknown operation \"X\""), "{m}");
+            assert!(
+                m.contains("row 2, column `Op`") && m.contains("unknown operation \"X\""),
+                "{m}"
+            );
         }
         s => panic!("expected failure, got {s:?}"),
     }
-    assert_eq!(r.files.iter().filter(|f| matches!(f.status, FileStatus::Ignored { .. })).count(), 2);
-    assert!(exists(&corrupt.to_file_path().unwrap()) && exists(&unknown_op.to_file_path().unwrap()));
+    assert_eq!(
+        r.files
+            .iter()
+            .filter(|f| matches!(f.status, FileStatus::Ignored { .. }))
+            .count(),
+        2
+    );
+    assert!(
+        exists(&corrupt.to_file_path().unwrap()) && exists(&unknown_op.to_file_path().unwrap())
+    );
     // the good file landed; nothing of the bad ones did (no half-applied file)
     assert_eq!(fx.items_rows().await, vec![(1, "a".into(), 1)]);
     // fix the file and replay it: converges
     std::fs::write(
         unknown_op.to_file_path().unwrap(),
-        items_parquet(&[c('I', "2024-01-01 00:00:03.000000", 2, "a", 1), c('U', "2024-01-01 00:00:03.000000", 3, "a", 1)], true),
+        items_parquet(
+            &[
+                c('I', "2024-01-01 00:00:03.000000", 2, "a", 1),
+                c('U', "2024-01-01 00:00:03.000000", 3, "a", 1),
+            ],
+            true,
+        ),
     )
     .unwrap();
     fx.merge_ok(&[unknown_op]).await;
-    assert_eq!(fx.items_rows().await, vec![(1, "a".into(), 1), (2, "a".into(), 1), (3, "a".into(), 1)]);
+    assert_eq!(
+        fx.items_rows().await,
+        vec![(1, "a".into(), 1), (2, "a".into(), 1), (3, "a".into(), 1)]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,18 +279,33 @@ async fn missing_key_null_key_and_bad_cast_are_reported() {
         })
         .collect();
     assert_eq!(errs.len(), 2, "{errs:?}");
-    assert!(errs.iter().any(|e| e.contains("20240101-1.csv, row 2, column `val`") && e.contains("\"eleven\"")), "{errs:?}");
-    assert!(errs.iter().any(|e| e.contains("20240101-2.csv, row 1, column `id`: primary key is null")), "{errs:?}");
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("20240101-1.csv, row 2, column `val`") && e.contains("\"eleven\"")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("20240101-2.csv, row 1, column `id`: primary key is null")),
+        "{errs:?}"
+    );
     // A parquet file without the key column
     let batch = items_batch(&[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)], true);
     let no_key = batch.project(&[0, 1, 3, 4]).unwrap();
-    let u = fx.put_raw("shop/items", "20240101-9.parquet", &demo::to_parquet(&no_key).unwrap());
+    let u = fx.put_raw(
+        "shop/items",
+        "20240101-9.parquet",
+        &demo::to_parquet(&no_key).unwrap(),
+    );
     let r = fx.engine.process(&[u]).await;
     let e = match &r.files[0].status {
         FileStatus::Failed { error, .. } => error.to_string(),
         s => panic!("{s:?}"),
     };
-    assert!(e.contains("column `id`: primary key column is missing"), "{e}");
+    assert!(
+        e.contains("column `id`: primary key column is missing"),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,53 +343,117 @@ columns = [
     );
     fx.merge_ok(&[load]).await;
     fx.merge_ok(&[cdc]).await;
-    let t = delta::open(&fx.url("curated/policies"), &Default::default()).await.unwrap();
+    let t = delta::open(&fx.url("curated/policies"), &Default::default())
+        .await
+        .unwrap();
     let b = delta::query(&t, "SELECT policy_id, holder, CAST(premium AS VARCHAR) AS p, CAST(starts AS VARCHAR) AS s FROM t ORDER BY policy_id").await.unwrap();
-    let text = tributary::deltalake::arrow::util::pretty::pretty_format_batches(&b).unwrap().to_string();
-    assert!(text.contains("| 1         | Smith, Jane | 100.50 | 2024-01-01 |"), "{text}");
-    assert!(text.contains("| 2         | Bob         | 250.00 | 2024-02-01 |"), "{text}");
-    assert!(text.contains("| 4         | Ann         | 1.25   |            |"), "{text}");
+    let text = tributary::deltalake::arrow::util::pretty::pretty_format_batches(&b)
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains("| 1         | Smith, Jane | 100.50 | 2024-01-01 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| 2         | Bob         | 250.00 | 2024-02-01 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| 4         | Ann         | 1.25   |            |"),
+        "{text}"
+    );
     assert!(!text.contains("| 3 "), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_source_columns_are_added_and_type_changes_are_refused() {
     let fx = Fixture::items();
-    let a = fx.put_items("20240101-0000000001.parquet", &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)]);
+    let a = fx.put_items(
+        "20240101-0000000001.parquet",
+        &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)],
+    );
     fx.merge_ok(&[a]).await;
     // DMS picks up an ALTER TABLE ADD COLUMN: a new `note` column.
-    let batch = items_batch(&[c('U', "2024-01-01 00:00:02.000000", 1, "a", 2), c('I', "2024-01-01 00:00:03.000000", 2, "a", 3)], true);
-    let mut fields: Vec<_> = batch.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let batch = items_batch(
+        &[
+            c('U', "2024-01-01 00:00:02.000000", 1, "a", 2),
+            c('I', "2024-01-01 00:00:03.000000", 2, "a", 3),
+        ],
+        true,
+    );
+    let mut fields: Vec<_> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
     let mut cols = batch.columns().to_vec();
-    fields.push(tributary::deltalake::arrow::datatypes::Field::new("note", tributary::deltalake::arrow::datatypes::DataType::Utf8, true));
-    cols.push(std::sync::Arc::new(tributary::deltalake::arrow::array::StringArray::from(vec![Some("hello"), None])));
+    fields.push(tributary::deltalake::arrow::datatypes::Field::new(
+        "note",
+        tributary::deltalake::arrow::datatypes::DataType::Utf8,
+        true,
+    ));
+    cols.push(std::sync::Arc::new(
+        tributary::deltalake::arrow::array::StringArray::from(vec![Some("hello"), None]),
+    ));
     let with_note = tributary::deltalake::arrow::array::RecordBatch::try_new(
         std::sync::Arc::new(tributary::deltalake::arrow::datatypes::Schema::new(fields)),
         cols,
     )
     .unwrap();
-    let b = fx.put_raw("shop/items", "20240101-0000000002.parquet", &demo::to_parquet(&with_note).unwrap());
+    let b = fx.put_raw(
+        "shop/items",
+        "20240101-0000000002.parquet",
+        &demo::to_parquet(&with_note).unwrap(),
+    );
     fx.merge_ok(&[b]).await;
-    let t = delta::open(&fx.url("curated/items"), &Default::default()).await.unwrap();
-    let out = delta::query(&t, "SELECT id, note FROM t ORDER BY id").await.unwrap();
-    let text = tributary::deltalake::arrow::util::pretty::pretty_format_batches(&out).unwrap().to_string();
-    assert!(text.contains("| 1  | hello |") && text.contains("| 2  |       |"), "{text}");
+    let t = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let out = delta::query(&t, "SELECT id, note FROM t ORDER BY id")
+        .await
+        .unwrap();
+    let text = tributary::deltalake::arrow::util::pretty::pretty_format_batches(&out)
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains("| 1  | hello |") && text.contains("| 2  |       |"),
+        "{text}"
+    );
     // `val` arrives as text that is not a number: a clear, non-retryable error.
-    let mut fields: Vec<_> = batch.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut fields: Vec<_> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
     let mut cols = batch.columns().to_vec();
-    fields[4] = tributary::deltalake::arrow::datatypes::Field::new("val", tributary::deltalake::arrow::datatypes::DataType::Utf8, true);
-    cols[4] = std::sync::Arc::new(tributary::deltalake::arrow::array::StringArray::from(vec!["2", "three"]));
+    fields[4] = tributary::deltalake::arrow::datatypes::Field::new(
+        "val",
+        tributary::deltalake::arrow::datatypes::DataType::Utf8,
+        true,
+    );
+    cols[4] = std::sync::Arc::new(tributary::deltalake::arrow::array::StringArray::from(vec![
+        "2", "three",
+    ]));
     let wrong = tributary::deltalake::arrow::array::RecordBatch::try_new(
         std::sync::Arc::new(tributary::deltalake::arrow::datatypes::Schema::new(fields)),
         cols,
     )
     .unwrap();
-    let w = fx.put_raw("shop/items", "20240101-0000000003.parquet", &demo::to_parquet(&wrong).unwrap());
+    let w = fx.put_raw(
+        "shop/items",
+        "20240101-0000000003.parquet",
+        &demo::to_parquet(&wrong).unwrap(),
+    );
     let r = fx.engine.process(&[w]).await;
     match &r.files[0].status {
         FileStatus::Failed { error, .. } => {
             let m = error.to_string();
-            assert!(m.contains("row 2, column `val`") && m.contains("\"three\""), "{m}");
+            assert!(
+                m.contains("row 2, column `val`") && m.contains("\"three\""),
+                "{m}"
+            );
             assert!(!error.is_retryable());
         }
         s => panic!("{s:?}"),
@@ -298,10 +464,20 @@ async fn new_source_columns_are_added_and_type_changes_are_refused() {
 async fn two_tables_in_one_call_are_independent() {
     let fx = Fixture::new(&format!(
         "{ITEMS_TABLE}\n{}",
-        ITEMS_TABLE.replace("\"items\"", "\"items2\"").replace("shop/items", "shop/items2").replace("curated/items", "curated/items2")
+        ITEMS_TABLE
+            .replace("\"items\"", "\"items2\"")
+            .replace("shop/items", "shop/items2")
+            .replace("curated/items", "curated/items2")
     ));
-    let a = fx.put_items("20240101-1.parquet", &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)]);
-    let b = fx.put_raw("shop/items2", "20240101-1.parquet", &items_parquet(&[c('I', "2024-01-01 00:00:01.000000", 9, "z", 9)], true));
+    let a = fx.put_items(
+        "20240101-1.parquet",
+        &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)],
+    );
+    let b = fx.put_raw(
+        "shop/items2",
+        "20240101-1.parquet",
+        &items_parquet(&[c('I', "2024-01-01 00:00:01.000000", 9, "z", 9)], true),
+    );
     let bad = fx.put_raw("shop/items2", "20240101-2.parquet", b"garbage");
     let r = fx.engine.process(&[a, b, bad]).await;
     assert_eq!(r.tables.len(), 2);
@@ -321,18 +497,33 @@ async fn seed_scenario_equals_source() {
     let t = &engine.config().tables[0];
     for f in &s.files {
         let u = t.source.join(&f.path).unwrap();
-        engine.storage().put(&u, demo::to_parquet(&f.batch).unwrap()).await.unwrap();
+        engine
+            .storage()
+            .put(&u, demo::to_parquet(&f.batch).unwrap())
+            .await
+            .unwrap();
         let r = engine.process(&[u]).await;
         assert_eq!(r.failures().count(), 0);
     }
     let table = delta::open(&t.target, &Default::default()).await.unwrap();
-    let got = delta::query(&table, "SELECT destination, count(*) FROM t GROUP BY destination ORDER BY destination").await.unwrap();
+    let got = delta::query(
+        &table,
+        "SELECT destination, count(*) FROM t GROUP BY destination ORDER BY destination",
+    )
+    .await
+    .unwrap();
     let mut counts = std::collections::BTreeMap::new();
     for b in got {
         use tributary::deltalake::arrow::array::AsArray;
-        let d = tributary::deltalake::arrow::compute::cast(b.column(0), &tributary::deltalake::arrow::datatypes::DataType::Utf8).unwrap();
+        let d = tributary::deltalake::arrow::compute::cast(
+            b.column(0),
+            &tributary::deltalake::arrow::datatypes::DataType::Utf8,
+        )
+        .unwrap();
         let d = d.as_string::<i32>();
-        let n = b.column(1).as_primitive::<tributary::deltalake::arrow::datatypes::Int64Type>();
+        let n = b
+            .column(1)
+            .as_primitive::<tributary::deltalake::arrow::datatypes::Int64Type>();
         for i in 0..b.num_rows() {
             counts.insert(d.value(i).to_string(), n.value(i));
         }
@@ -344,14 +535,19 @@ async fn seed_scenario_equals_source() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_batch_reports_only_the_bad_message_as_failed() {
     // The Lambda handler path, with s3://tributary-raw/... served from the temp dir.
-    let fx = Fixture::new(&ITEMS_TABLE.replace("raw/shop/items/", "s3root/tributary-raw/dms/shop/items/"));
+    let fx = Fixture::new(
+        &ITEMS_TABLE.replace("raw/shop/items/", "s3root/tributary-raw/dms/shop/items/"),
+    );
     let engine = fx.another_engine().with_local_s3_root(fx.path("s3root"));
     let write = |name: &str, data: &[u8]| {
         let p = fx.path(&format!("s3root/tributary-raw/dms/shop/items/{name}"));
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, data).unwrap();
     };
-    write("20240101-1.parquet", &items_parquet(&[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)], true));
+    write(
+        "20240101-1.parquet",
+        &items_parquet(&[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)], true),
+    );
     write("20240101 2.parquet", b"corrupt");
     let s3 = |key: &str| {
         serde_json::json!({"Records":[{"eventSource":"aws:s3","eventTime":"2024-01-01T00:00:00Z",
@@ -368,6 +564,10 @@ async fn sqs_batch_reports_only_the_bad_message_as_failed() {
         handled.response().unwrap(),
         serde_json::json!({"batchItemFailures":[{"itemIdentifier":"bad"}]})
     );
-    assert!(handled.failed_messages[0].1.contains("20240101 2.parquet"), "{:?}", handled.failed_messages);
+    assert!(
+        handled.failed_messages[0].1.contains("20240101 2.parquet"),
+        "{:?}",
+        handled.failed_messages
+    );
     assert_eq!(fx.items_rows().await, vec![(1, "a".into(), 1)]);
 }

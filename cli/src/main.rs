@@ -10,10 +10,18 @@ use tributary::{delta, demo, storage, Config, Engine, FileStatus};
 use url::Url;
 
 #[derive(Parser)]
-#[command(name = "tributary", version, about = "Merge AWS DMS CDC files into Delta Lake tables")]
+#[command(
+    name = "tributary",
+    version,
+    about = "Merge AWS DMS CDC files into Delta Lake tables"
+)]
 struct Cli {
-    /// Log level for diagnostics on stderr (error, warn, info, debug).
-    #[arg(long, global = true, default_value = "warn")]
+    /// Log filter for diagnostics on stderr (RUST_LOG syntax, e.g. `info` or `debug`).
+    #[arg(
+        long,
+        global = true,
+        default_value = "warn,tributary=off,deltalake_core::operations::merge=error,buoyant_kernel::snapshot::builder=off"
+    )]
     log: String,
     #[command(subcommand)]
     command: Command,
@@ -51,14 +59,28 @@ enum Command {
 }
 
 #[tokio::main(flavor = "multi_thread")]
-async fn main() -> Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Demo { dir, rows, new_rows } => run_demo(&dir, rows, new_rows).await,
+        Command::Demo {
+            dir,
+            rows,
+            new_rows,
+        } => run_demo(&dir, rows, new_rows).await,
         Command::Merge {
             config,
             batch,
@@ -72,7 +94,8 @@ fn to_url(input: &str) -> Result<Url> {
         return Url::parse(input).with_context(|| format!("invalid URI {input}"));
     }
     let p = Path::new(input);
-    let abs = std::fs::canonicalize(p).with_context(|| format!("no such file or folder: {input}"))?;
+    let abs =
+        std::fs::canonicalize(p).with_context(|| format!("no such file or folder: {input}"))?;
     let url = if abs.is_dir() {
         Url::from_directory_path(&abs)
     } else {
@@ -123,7 +146,11 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
                         "FAILED {} ({}, {}): {error}",
                         storage::display(&f.file),
                         error.kind(),
-                        if error.is_retryable() { "retryable" } else { "not retryable" }
+                        if error.is_retryable() {
+                            "retryable"
+                        } else {
+                            "not retryable"
+                        }
                     );
                 }
             }
@@ -132,7 +159,9 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
             println!(
                 "{}: v{} files={} inserted={} updated={} deleted={} skipped_stale={} ({} ms)",
                 t.table,
-                t.version.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+                t.version
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 t.files,
                 t.inserted,
                 t.updated,
@@ -171,11 +200,18 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
     println!("  config: {}", config_path.display());
     let scenario = demo::seed_scenario(2022, rows, new_rows)?;
     let raw_root = dir.join("raw").join(demo::SOURCE_PREFIX);
-    println!("\n1. DMS lands {} files under {}:", scenario.files.len(), raw_root.display());
+    println!(
+        "\n1. DMS lands {} files under {}:",
+        scenario.files.len(),
+        raw_root.display()
+    );
     let mut urls = Vec::new();
     for f in &scenario.files {
         let url = table_cfg.source.join(&f.path)?;
-        engine.storage().put(&url, demo::to_parquet(&f.batch)?).await?;
+        engine
+            .storage()
+            .put(&url, demo::to_parquet(&f.batch)?)
+            .await?;
         println!("   {:<42} {}", f.path, f.description);
         urls.push(url);
     }
@@ -203,17 +239,18 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
         }
     }
 
-    println!("\n3. Re-delivering every event (at-least-once delivery) changes nothing:");
+    println!("\n3. Every event delivered again, all at once (at-least-once delivery):");
     let t0 = Instant::now();
     let report = engine.process(&urls).await;
     for t in &report.tables {
         println!(
-            "   {} files in one commit: inserted={} updated={} deleted={} skipped_stale={} ({} ms)",
+            "   {} files in one call: inserted={} updated={} deleted={} skipped_stale={}; table still at v{} ({} ms)",
             t.files,
             t.inserted,
             t.updated,
             t.deleted,
             t.skipped_stale,
+            t.version.unwrap_or_default(),
             t0.elapsed().as_millis()
         );
     }
@@ -247,15 +284,31 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
             cast(b.column(2), &DataType::Utf8)?,
             cast(b.column(3), &DataType::Utf8)?,
         );
-        let (dest, src, route) = (dest.as_string::<i32>(), src.as_string::<i32>(), route.as_string::<i32>());
+        let (dest, src, route) = (
+            dest.as_string::<i32>(),
+            src.as_string::<i32>(),
+            route.as_string::<i32>(),
+        );
         for i in 0..b.num_rows() {
-            table_rows.push((id.value(i), dest.value(i).to_string(), src.value(i).to_string(), route.value(i).to_string()));
+            table_rows.push((
+                id.value(i),
+                dest.value(i).to_string(),
+                src.value(i).to_string(),
+                route.value(i).to_string(),
+            ));
         }
     }
     let source_rows: Vec<_> = scenario
         .source
         .iter()
-        .map(|(id, t)| (*id, t.destination.clone(), t.source_location.clone(), t.route_id.clone()))
+        .map(|(id, t)| {
+            (
+                *id,
+                t.destination.clone(),
+                t.source_location.clone(),
+                t.route_id.clone(),
+            )
+        })
         .collect();
     if table_rows == source_rows {
         println!(
@@ -274,18 +327,34 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
     let latest = table.version().unwrap_or(0);
     let history = table_history(&table).await?;
     for (i, (op, files, ts)) in history.iter().enumerate() {
-        println!("   v{:<3} {:<24} {:<10} {}", latest.saturating_sub(i as u64), ts, op, files);
+        println!(
+            "   v{:<3} {:<24} {:<10} {}",
+            latest.saturating_sub(i as u64),
+            ts,
+            op,
+            files
+        );
     }
     let v0 = delta::open(&table_cfg.target, engine.storage_options()).await?;
     let mut v0 = v0;
     v0.load_version(0).await?;
     let c = delta::query(&v0, "SELECT count(*) AS rows FROM t").await?;
-    println!("\n   Time travel to version 0 (table creation): {}", one_line(&c)?);
-    println!("\nInspect: {}/curated/travel_details (Delta table), {}/raw (DMS files).", dir.display(), dir.display());
+    println!("\n   Time travel: version 0 (table creation) has {} rows; version 2 (full load) has {} rows.", count(&c), {
+        let mut v2 = delta::open(&table_cfg.target, engine.storage_options()).await?;
+        v2.load_version(2).await?;
+        count(&delta::query(&v2, "SELECT count(*) AS rows FROM t").await?)
+    });
+    println!(
+        "\nInspect: {}/curated/travel_details (Delta table), {}/raw (DMS files).",
+        dir.display(),
+        dir.display()
+    );
     Ok(())
 }
 
-async fn table_history(table: &tributary::deltalake::DeltaTable) -> Result<Vec<(String, String, String)>> {
+async fn table_history(
+    table: &tributary::deltalake::DeltaTable,
+) -> Result<Vec<(String, String, String)>> {
     use futures::TryStreamExt;
     let commits: Vec<_> = table.history(None).try_collect().await?;
     Ok(commits
@@ -313,10 +382,18 @@ async fn table_history(table: &tributary::deltalake::DeltaTable) -> Result<Vec<(
         .collect())
 }
 
-fn one_line(b: &[tributary::deltalake::arrow::array::RecordBatch]) -> Result<String> {
-    Ok(pretty_format_batches(b)?.to_string().lines().nth(3).unwrap_or("").trim().to_string())
+fn count(b: &[tributary::deltalake::arrow::array::RecordBatch]) -> i64 {
+    use tributary::deltalake::arrow::array::AsArray;
+    use tributary::deltalake::arrow::datatypes::Int64Type;
+    b.iter()
+        .filter(|b| b.num_rows() > 0)
+        .map(|b| b.column(0).as_primitive::<Int64Type>().value(0))
+        .sum()
 }
 
 fn indent(s: &str) -> String {
-    s.lines().map(|l| format!("   {l}")).collect::<Vec<_>>().join("\n")
+    s.lines()
+        .map(|l| format!("   {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -196,12 +196,14 @@ impl Config {
                     "`name` must be non-empty and use only letters, digits, `_`, `-` or `.`".into(),
                 ));
             }
-            let mut source = resolve_uri(&t.source, base_dir).map_err(|m| terr(format!("`source`: {m}")))?;
+            let mut source =
+                resolve_uri(&t.source, base_dir).map_err(|m| terr(format!("`source`: {m}")))?;
             if !source.path().ends_with('/') {
                 let p = format!("{}/", source.path());
                 source.set_path(&p);
             }
-            let target = resolve_uri(&t.target, base_dir).map_err(|m| terr(format!("`target`: {m}")))?;
+            let target =
+                resolve_uri(&t.target, base_dir).map_err(|m| terr(format!("`target`: {m}")))?;
             let target = trim_trailing_slash(target);
             let tombstones = match &t.tombstones {
                 Some(s) => trim_trailing_slash(
@@ -247,7 +249,9 @@ impl Config {
                 }
             }
             if t.sequence_by.contains(&op_column) {
-                return Err(terr(format!("`sequence_by` cannot contain the operation column `{op_column}`")));
+                return Err(terr(format!(
+                    "`sequence_by` cannot contain the operation column `{op_column}`"
+                )));
             }
             let format = match t.format.to_ascii_lowercase().as_str() {
                 "parquet" => {
@@ -272,7 +276,10 @@ impl Config {
                     "`tombstone_retention_days` is {days}; it must be a positive number of days (default 7)"
                 )));
             }
-            let max_commit_attempts = t.max_commit_attempts.or(d.max_commit_attempts).unwrap_or(30);
+            let max_commit_attempts = t
+                .max_commit_attempts
+                .or(d.max_commit_attempts)
+                .unwrap_or(30);
             if max_commit_attempts == 0 {
                 return Err(terr("`max_commit_attempts` must be at least 1".into()));
             }
@@ -295,7 +302,10 @@ impl Config {
         let mut names = HashSet::new();
         for t in &tables {
             if !names.insert(t.name.as_str()) {
-                return Err(err(format!("table name `{}` is used twice; names must be unique", t.name)));
+                return Err(err(format!(
+                    "table name `{}` is used twice; names must be unique",
+                    t.name
+                )));
             }
         }
         for (i, a) in tables.iter().enumerate() {
@@ -364,14 +374,17 @@ fn csv_options(raw: Option<RawCsv>) -> std::result::Result<CsvOptions, String> {
     let raw = raw.ok_or_else(|| {
         "format = \"csv\" needs a [table.csv] section (at least `header` and, without a header, `columns`)".to_string()
     })?;
-    let single_byte = |v: Option<String>, field: &str, default: u8| -> std::result::Result<u8, String> {
-        match v {
-            None => Ok(default),
-            Some(s) if s == "\\t" => Ok(b'\t'),
-            Some(s) if s.len() == 1 && s.is_ascii() => Ok(s.as_bytes()[0]),
-            Some(s) => Err(format!("csv.{field} must be one ASCII character (or \"\\t\"), got {s:?}")),
-        }
-    };
+    let single_byte =
+        |v: Option<String>, field: &str, default: u8| -> std::result::Result<u8, String> {
+            match v {
+                None => Ok(default),
+                Some(s) if s == "\\t" => Ok(b'\t'),
+                Some(s) if s.len() == 1 && s.is_ascii() => Ok(s.as_bytes()[0]),
+                Some(s) => Err(format!(
+                    "csv.{field} must be one ASCII character (or \"\\t\"), got {s:?}"
+                )),
+            }
+        };
     let delimiter = single_byte(raw.delimiter, "delimiter", b',')?;
     let quote = single_byte(raw.quote, "quote", b'"')?;
     let mut columns = Vec::with_capacity(raw.columns.len());
@@ -509,7 +522,10 @@ drop_columns = ["schema_name", "table_name", "update_ts_dms"]
     fn parses_seed_config_with_defaults() {
         let c = Config::from_toml(SEED, "test", None).unwrap();
         let t = &c.tables[0];
-        assert_eq!(t.source.as_str(), "s3://raw-bucket/dms/delta_emr_source/travel_details/");
+        assert_eq!(
+            t.source.as_str(),
+            "s3://raw-bucket/dms/delta_emr_source/travel_details/"
+        );
         assert_eq!(t.target.as_str(), "s3://curated-bucket/travel_details");
         assert_eq!(
             t.tombstones.as_str(),
@@ -521,9 +537,12 @@ drop_columns = ["schema_name", "table_name", "update_ts_dms"]
         assert!(!t.keeps_column("Op"));
         assert!(!t.keeps_column("update_ts_dms"));
         assert!(t.keeps_column("destination"));
-        let f = Url::parse("s3://raw-bucket/dms/delta_emr_source/travel_details/2022/10/25/x.parquet").unwrap();
+        let f =
+            Url::parse("s3://raw-bucket/dms/delta_emr_source/travel_details/2022/10/25/x.parquet")
+                .unwrap();
         assert_eq!(c.table_for(&f).unwrap().name, "travel_details");
-        let other = Url::parse("s3://raw-bucket/dms/delta_emr_source/travel_details_v2/x.parquet").unwrap();
+        let other =
+            Url::parse("s3://raw-bucket/dms/delta_emr_source/travel_details_v2/x.parquet").unwrap();
         assert!(c.table_for(&other).is_none());
     }
 
@@ -542,7 +561,9 @@ primary_key = ["id"]
     }
 
     fn err_of(text: &str) -> String {
-        Config::from_toml(text, "cfg.toml", None).unwrap_err().to_string()
+        Config::from_toml(text, "cfg.toml", None)
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -604,7 +625,10 @@ source = "s3://b/raw/x/"
 target = "s3://c/b"
 primary_key = ["id"]"#;
         assert!(err_of(two).contains("overlapping `source` prefixes"));
-        assert!(err_of(&two.replace("raw/x/", "raw2/").replace("\"b\"", "\"a\"")).contains("used twice"));
+        assert!(
+            err_of(&two.replace("raw/x/", "raw2/").replace("\"b\"", "\"a\""))
+                .contains("used twice")
+        );
         let e = err_of(
             r#"[[table]]
 name = "t"
@@ -617,7 +641,10 @@ primary_key = ["id"]"#,
 
     #[test]
     fn csv_types_parse() {
-        assert_eq!(parse_type("decimal(10, 2)").unwrap(), DataType::Decimal128(10, 2));
+        assert_eq!(
+            parse_type("decimal(10, 2)").unwrap(),
+            DataType::Decimal128(10, 2)
+        );
         assert_eq!(parse_type("BIGINT").unwrap(), DataType::Int64);
         assert!(parse_type("decimal(50,2)").is_err());
         assert!(parse_type("uuid").unwrap_err().contains("unknown type"));

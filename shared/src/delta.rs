@@ -29,7 +29,8 @@ pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaT
     if url.scheme() == "file" {
         // delta-rs wants a local table's folder to exist before it creates the table.
         if let Ok(path) = url.to_file_path() {
-            std::fs::create_dir_all(&path).map_err(|e| Error::Internal(format!("cannot create {}: {e}", path.display())))?;
+            std::fs::create_dir_all(&path)
+                .map_err(|e| Error::Internal(format!("cannot create {}: {e}", path.display())))?;
         }
     }
     let mut table = DeltaTableBuilder::from_url(url.clone())
@@ -51,10 +52,7 @@ pub fn exists(table: &DeltaTable) -> bool {
 
 /// The table's Arrow schema, when it exists.
 pub fn arrow_schema(table: &DeltaTable) -> Option<SchemaRef> {
-    table
-        .snapshot()
-        .ok()
-        .map(|s| s.snapshot().arrow_schema())
+    table.snapshot().ok().map(|s| s.snapshot().arrow_schema())
 }
 
 /// Create the table with this schema and partitioning, unless it exists. A concurrent
@@ -73,12 +71,10 @@ pub async fn create(
             .map(|f| f.as_ref().clone().with_nullable(true))
             .collect::<Vec<_>>(),
     );
-    let kernel: StructType = (&nullable)
-        .try_into_kernel()
-        .map_err(|e| Error::Schema {
-            table: name.to_string(),
-            message: format!("cannot map the columns to Delta types: {e}"),
-        })?;
+    let kernel: StructType = (&nullable).try_into_kernel().map_err(|e| Error::Schema {
+        table: name.to_string(),
+        message: format!("cannot map the columns to Delta types: {e}"),
+    })?;
     table
         .create()
         .with_table_name(name)
@@ -110,7 +106,11 @@ fn ucol(name: &str) -> Column {
 
 /// Check the plan against an existing table: keys, partitioning, types. New columns are
 /// fine (added by the MERGE); a column whose type differs is cast when lossless.
-pub fn align_to_table(table_cfg: &TableConfig, plan: &mut MergePlan, table: &DeltaTable) -> Result<()> {
+pub fn align_to_table(
+    table_cfg: &TableConfig,
+    plan: &mut MergePlan,
+    table: &DeltaTable,
+) -> Result<()> {
     let Some(tschema) = arrow_schema(table) else {
         return Ok(());
     };
@@ -263,6 +263,25 @@ fn tombstone_schema(table_cfg: &TableConfig, plan_schema: &Schema) -> Result<Sch
     Ok(Schema::new(fields))
 }
 
+/// Open the tombstone table, creating it (empty) when missing, so that later opens never
+/// hit a missing table. A concurrent creator winning the race is fine.
+async fn open_tombstones(
+    table_cfg: &TableConfig,
+    options: &HashMap<String, String>,
+    plan_schema: &Schema,
+) -> Result<DeltaTable> {
+    let t = open(&table_cfg.tombstones, options).await?;
+    if exists(&t) {
+        return Ok(t);
+    }
+    let schema = tombstone_schema(table_cfg, plan_schema)?;
+    match create(t, &format!("{}_tombstones", table_cfg.name), &schema, &[]).await {
+        Ok(t) => Ok(t),
+        Err(e) if is_conflict(&e) => open(&table_cfg.tombstones, options).await,
+        Err(e) => Err(e),
+    }
+}
+
 /// Record the plan's deletes in the tombstone table (keeping the newest per key).
 /// Returns how many tombstones the plan carried.
 pub async fn record_tombstones(
@@ -271,13 +290,17 @@ pub async fn record_tombstones(
     plan: &MergePlan,
     files: &[String],
 ) -> Result<usize> {
-    let op = plan.batch.column_by_name(OP_COLUMN).ok_or_else(|| Error::Internal("op column".into()))?;
+    let op = plan
+        .batch
+        .column_by_name(OP_COLUMN)
+        .ok_or_else(|| Error::Internal("op column".into()))?;
     let mask: arrow::array::BooleanArray = op
         .as_string::<i32>()
         .iter()
         .map(|v| Some(v == Some("D")))
         .collect();
-    let deletes = filter_record_batch(&plan.batch, &mask).map_err(|e| Error::Internal(e.to_string()))?;
+    let deletes =
+        filter_record_batch(&plan.batch, &mask).map_err(|e| Error::Internal(e.to_string()))?;
     if deletes.num_rows() == 0 {
         return Ok(0);
     }
@@ -295,23 +318,14 @@ pub async fn record_tombstones(
     cols.push(Arc::new(
         TimestampMicrosecondArray::from(vec![now; deletes.num_rows()]).with_timezone("UTC"),
     ));
-    let batch = RecordBatch::try_new(schema.clone(), cols).map_err(|e| Error::Internal(e.to_string()))?;
+    let batch =
+        RecordBatch::try_new(schema.clone(), cols).map_err(|e| Error::Internal(e.to_string()))?;
     let n = batch.num_rows();
     let label = format!("{} tombstones", table_cfg.name);
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let mut t = open(&table_cfg.tombstones, options).await?;
-        if !exists(&t) {
-            match create(t, &format!("{}_tombstones", table_cfg.name), &schema, &[]).await {
-                Ok(created) => t = created,
-                Err(e) if attempt < table_cfg.max_commit_attempts && is_conflict(&e) => {
-                    backoff(attempt).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let t = open_tombstones(table_cfg, options, &plan.batch.schema()).await?;
         let ctx = SessionContext::new();
         let source = ctx
             .read_batch(batch.clone())
@@ -349,7 +363,10 @@ pub async fn record_tombstones(
             .await;
         match res {
             Ok(_) => return Ok(n),
-            Err(e) if attempt < table_cfg.max_commit_attempts && crate::error::is_commit_conflict(&e) => {
+            Err(e)
+                if attempt < table_cfg.max_commit_attempts
+                    && crate::error::is_commit_conflict(&e) =>
+            {
                 backoff(attempt).await;
             }
             Err(e) => return Err(Error::delta(&label, e)),
@@ -367,10 +384,7 @@ pub async fn read_tombstones(
     if plan.upserts == 0 {
         return Ok(out);
     }
-    let t = open(&table_cfg.tombstones, options).await?;
-    if !exists(&t) {
-        return Ok(out);
-    }
+    let t = open_tombstones(table_cfg, options, &plan.batch.schema()).await?;
     let label = format!("{} tombstones", table_cfg.name);
     let ctx = SessionContext::new();
     t.update_datafusion_session(&ctx.state())
@@ -413,11 +427,9 @@ pub async fn read_tombstones(
             let f = plan_schema
                 .field_with_name(k)
                 .map_err(|e| Error::Internal(e.to_string()))?;
-            cols.push(cast(b.column(i), f.data_type()).map_err(|e| {
-                Error::Schema {
-                    table: table_cfg.name.clone(),
-                    message: format!("tombstone key column `{k}` does not match the table's type: {e}"),
-                }
+            cols.push(cast(b.column(i), f.data_type()).map_err(|e| Error::Schema {
+                table: table_cfg.name.clone(),
+                message: format!("tombstone key column `{k}` does not match the table's type: {e}"),
             })?);
             fields.push(Field::new(k, f.data_type().clone(), true));
         }
@@ -446,8 +458,10 @@ fn min_max(a: &ArrayRef) -> Result<Option<(ScalarValue, ScalarValue)>> {
     if a.is_empty() {
         return Ok(None);
     }
-    let idx = arrow::compute::sort_to_indices(a, None, None).map_err(|e| Error::Internal(e.to_string()))?;
-    let lo = ScalarValue::try_from_array(a, idx.value(0) as usize).map_err(|e| Error::Internal(e.to_string()))?;
+    let idx = arrow::compute::sort_to_indices(a, None, None)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    let lo = ScalarValue::try_from_array(a, idx.value(0) as usize)
+        .map_err(|e| Error::Internal(e.to_string()))?;
     let hi = ScalarValue::try_from_array(a, idx.value(idx.len() - 1) as usize)
         .map_err(|e| Error::Internal(e.to_string()))?;
     Ok(Some((lo, hi)))
@@ -469,8 +483,14 @@ pub fn superseded_upserts(
         return Ok(None);
     }
     // Keep only rows that turned from upsert into delete.
-    let before = plan.batch.column_by_name(OP_COLUMN).ok_or_else(|| Error::Internal("op".into()))?;
-    let after = p.batch.column_by_name(OP_COLUMN).ok_or_else(|| Error::Internal("op".into()))?;
+    let before = plan
+        .batch
+        .column_by_name(OP_COLUMN)
+        .ok_or_else(|| Error::Internal("op".into()))?;
+    let after = p
+        .batch
+        .column_by_name(OP_COLUMN)
+        .ok_or_else(|| Error::Internal("op".into()))?;
     let (b, a) = (before.as_string::<i32>(), after.as_string::<i32>());
     let mask: arrow::array::BooleanArray = (0..b.len())
         .map(|i| Some(b.value(i) == "U" && a.value(i) == "D"))

@@ -81,7 +81,11 @@ fn schema(with_op: bool) -> Arc<Schema> {
         Field::new("schema_name", DataType::Utf8, true),
         Field::new("table_name", DataType::Utf8, true),
         Field::new("trip_id", DataType::Int32, true),
-        Field::new("tstamp", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+        Field::new(
+            "tstamp",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            true,
+        ),
         Field::new("route_id", DataType::Utf8, true),
         Field::new("destination", DataType::Utf8, true),
         Field::new("source_location", DataType::Utf8, true),
@@ -94,17 +98,31 @@ pub fn dms_batch(rows: &[(Option<&str>, String, i32, Trip)]) -> Result<RecordBat
     let with_op = rows.first().is_some_and(|r| r.0.is_some());
     let mut cols: Vec<ArrayRef> = Vec::new();
     if with_op {
-        cols.push(Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0.unwrap_or("I")))));
+        cols.push(Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.0.unwrap_or("I")),
+        )));
     }
-    cols.push(Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1.as_str()))));
-    cols.push(Arc::new(StringArray::from_iter_values(rows.iter().map(|_| "delta_emr_source"))));
-    cols.push(Arc::new(StringArray::from_iter_values(rows.iter().map(|_| "travel_details"))));
-    cols.push(Arc::new(Int32Array::from_iter_values(rows.iter().map(|r| r.2))));
+    cols.push(Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|r| r.1.as_str()),
+    )));
+    cols.push(Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|_| "delta_emr_source"),
+    )));
+    cols.push(Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|_| "travel_details"),
+    )));
+    cols.push(Arc::new(Int32Array::from_iter_values(
+        rows.iter().map(|r| r.2),
+    )));
     cols.push(Arc::new(TimestampMicrosecondArray::from_iter_values(
         rows.iter().map(|r| r.3.tstamp_micros),
     )));
-    cols.push(Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.3.route_id.as_str()))));
-    cols.push(Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.3.destination.as_str()))));
+    cols.push(Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|r| r.3.route_id.as_str()),
+    )));
+    cols.push(Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|r| r.3.destination.as_str()),
+    )));
     cols.push(Arc::new(StringArray::from_iter_values(
         rows.iter().map(|r| r.3.source_location.as_str()),
     )));
@@ -155,7 +173,12 @@ pub fn seed_scenario(seed: u64, full_load_rows: i32, new_rows: i32) -> Result<Se
     let mut files = Vec::new();
 
     // 1. Full load. DMS stamps full-load rows with the transfer time.
-    let ids = insert(&mut rng, &mut source, full_load_rows, "2022-10-25 20:55:01.000000");
+    let ids = insert(
+        &mut rng,
+        &mut source,
+        full_load_rows,
+        "2022-10-25 20:55:01.000000",
+    );
     let transfer = "2022-10-25 21:00:03.112233".to_string();
     let half = ids.len().div_ceil(2);
     for (n, chunk) in ids.chunks(half.max(1)).enumerate() {
@@ -237,7 +260,10 @@ mod tests {
         let s = seed_scenario(7, 2000, 200).unwrap();
         assert_eq!(s.files.len(), 5);
         assert_eq!(s.files[0].path, "LOAD00000001.parquet");
-        assert!(s.source.values().all(|t| t.destination != "Miami" && t.destination != "Los Angeles"));
+        assert!(s
+            .source
+            .values()
+            .all(|t| t.destination != "Miami" && t.destination != "Los Angeles"));
         assert_eq!(*s.source.keys().next_back().unwrap(), 2200);
         let deleted = s.files[4].batch.num_rows();
         assert_eq!(s.source.len(), 2200 - deleted);

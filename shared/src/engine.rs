@@ -30,7 +30,10 @@ pub enum FileStatus {
     /// Not a file for us (no table owns the prefix, or not a data file). Not an error.
     Ignored { reason: String },
     /// Could not be merged; the file stays where it is and the event must fail.
-    Failed { table: Option<String>, error: Arc<Error> },
+    Failed {
+        table: Option<String>,
+        error: Arc<Error>,
+    },
 }
 
 /// Outcome per input file.
@@ -118,9 +121,11 @@ impl Engine {
     pub fn resolve(&self, url: &Url) -> Url {
         match (&self.local_s3_root, url.scheme()) {
             (Some(root), "s3") => {
-                let p = root
-                    .join(url.host_str().unwrap_or(""))
-                    .join(storage::object_path(url).map(|p| p.to_string()).unwrap_or_default());
+                let p = root.join(url.host_str().unwrap_or("")).join(
+                    storage::object_path(url)
+                        .map(|p| p.to_string())
+                        .unwrap_or_default(),
+                );
                 Url::from_file_path(&p).unwrap_or_else(|_| url.clone())
             }
             _ => url.clone(),
@@ -188,7 +193,10 @@ impl Engine {
         }
         let results = stream::iter(by_table)
             .map(|(name, files)| async move {
-                let table = self.config.table(&name).expect("routed to a configured table");
+                let table = self
+                    .config
+                    .table(&name)
+                    .expect("routed to a configured table");
                 self.process_table(table, files).await
             })
             .buffer_unordered(4)
@@ -289,7 +297,11 @@ impl Engine {
 
     /// Plan and commit change sets of one table. Retries commit conflicts with jittered
     /// backoff, re-reading the table (and tombstones) each time.
-    pub async fn merge_change_sets(&self, table: &TableConfig, changes: &[ChangeSet]) -> Result<TableReport> {
+    pub async fn merge_change_sets(
+        &self,
+        table: &TableConfig,
+        changes: &[ChangeSet],
+    ) -> Result<TableReport> {
         let start = Instant::now();
         let file_names: Vec<String> = changes.iter().map(|c| storage::display(&c.file)).collect();
         let base_plan = plan::plan(table, changes)?;
@@ -308,7 +320,10 @@ impl Engine {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            match self.try_merge(table, &base_plan, &file_names, &mut report).await {
+            match self
+                .try_merge(table, &base_plan, &file_names, &mut report)
+                .await
+            {
                 Ok(()) => break,
                 Err(e) if delta::is_conflict(&e) && attempt < table.max_commit_attempts => {
                     tracing::debug!(table = %table.name, attempt, error = %e, "commit conflict; retrying");
@@ -353,7 +368,13 @@ impl Engine {
     ) -> Result<()> {
         let mut target: DeltaTable = delta::open(&table.target, &self.options).await?;
         if !delta::exists(&target) {
-            target = delta::create(target, &table.name, &base_plan.table_schema(), &table.partition_by).await?;
+            target = delta::create(
+                target,
+                &table.name,
+                &base_plan.table_schema(),
+                &table.partition_by,
+            )
+            .await?;
         }
         let mut plan = base_plan.clone();
         let tombs = delta::read_tombstones(table, &self.options, &plan).await?;
@@ -496,11 +517,20 @@ sequence_by = ["ts"]
         let insert = src.join("20240101-0000000001.parquet").unwrap();
         let delete = src.join("20240101-0000000002.parquet").unwrap();
         let storage = Storage::new();
-        storage.put(&insert, cdc("I", "2024-01-01 00:00:01", 1)).await.unwrap();
-        storage.put(&delete, cdc("D", "2024-01-01 00:00:02", 1)).await.unwrap();
+        storage
+            .put(&insert, cdc("I", "2024-01-01 00:00:01", 1))
+            .await
+            .unwrap();
+        storage
+            .put(&delete, cdc("D", "2024-01-01 00:00:02", 1))
+            .await
+            .unwrap();
         // create the table first with an unrelated row
         let other = src.join("20240101-0000000000.parquet").unwrap();
-        storage.put(&other, cdc("I", "2024-01-01 00:00:00", 2)).await.unwrap();
+        storage
+            .put(&other, cdc("I", "2024-01-01 00:00:00", 2))
+            .await
+            .unwrap();
         assert_eq!(deleter.process(&[other]).await.failures().count(), 0);
 
         let fired = Arc::new(AtomicBool::new(false));
@@ -519,10 +549,17 @@ sequence_by = ["ts"]
         let r = inserter.process(&[insert]).await;
         assert_eq!(r.failures().count(), 0, "{:?}", r.files);
         assert!(fired.load(Ordering::SeqCst));
-        assert_eq!(r.tables[0].inserted, 1, "the insert did commit before the re-check");
+        assert_eq!(
+            r.tables[0].inserted, 1,
+            "the insert did commit before the re-check"
+        );
         assert_eq!(r.tables[0].deleted, 1, "the re-check removed it again");
-        let table = delta::open(&config.tables[0].target, &Default::default()).await.unwrap();
-        let rows = delta::query(&table, "SELECT id FROM t ORDER BY id").await.unwrap();
+        let table = delta::open(&config.tables[0].target, &Default::default())
+            .await
+            .unwrap();
+        let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
+            .await
+            .unwrap();
         let ids: Vec<i64> = rows
             .iter()
             .flat_map(|b| {

@@ -74,7 +74,10 @@ pub fn parse(event: &Value) -> Result<Invocation, String> {
                 messages: records
                     .iter()
                     .map(|r| Message {
-                        id: r.get("messageId").and_then(Value::as_str).map(str::to_string),
+                        id: r
+                            .get("messageId")
+                            .and_then(Value::as_str)
+                            .map(str::to_string),
                         objects: match r.get("body").and_then(Value::as_str) {
                             Some(body) => serde_json::from_str::<Value>(body)
                                 .map_err(|e| format!("SQS message body is not JSON: {e}"))
@@ -138,7 +141,10 @@ fn objects_of(v: &Value) -> Result<Vec<Url>, String> {
         // strict `aws_lambda_events` S3 types require.
         let mut out = Vec::new();
         for r in records {
-            let name = r.get("eventName").and_then(Value::as_str).unwrap_or_default();
+            let name = r
+                .get("eventName")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             if !name.starts_with("ObjectCreated:") {
                 continue;
             }
@@ -167,7 +173,9 @@ fn objects_of(v: &Value) -> Result<Vec<Url>, String> {
             .pointer("/object/key")
             .and_then(Value::as_str)
             .ok_or("EventBridge Object Created without detail.object.key")?;
-        return Ok(vec![storage::s3_url(bucket, key).map_err(|e| e.to_string())?]);
+        return Ok(vec![
+            storage::s3_url(bucket, key).map_err(|e| e.to_string())?
+        ]);
     }
     Err("message is neither an S3 notification nor an EventBridge event".into())
 }
@@ -188,7 +196,11 @@ impl Handled {
         match self.trigger {
             Trigger::Sqs => {
                 let mut r = SqsBatchResponse::default();
-                for id in self.failed_messages.iter().filter_map(|(id, _)| id.as_ref()) {
+                for id in self
+                    .failed_messages
+                    .iter()
+                    .filter_map(|(id, _)| id.as_ref())
+                {
                     r.add_failure(id.clone());
                 }
                 serde_json::to_value(r).map_err(|e| e.to_string())
@@ -258,7 +270,10 @@ mod tests {
 
     #[test]
     fn decodes_keys() {
-        assert_eq!(decode_s3_key("a/my+file%2B1%3A2.parquet"), "a/my file+1:2.parquet");
+        assert_eq!(
+            decode_s3_key("a/my+file%2B1%3A2.parquet"),
+            "a/my file+1:2.parquet"
+        );
         assert_eq!(decode_s3_key("100%"), "100%");
     }
 
@@ -276,7 +291,10 @@ mod tests {
         let inv = parse(&ev).unwrap();
         assert_eq!(inv.trigger, Trigger::Sqs);
         let objs = inv.messages[0].objects.as_ref().unwrap();
-        assert_eq!(storage::display(&objs[0]), "s3://raw/dms/s/t/20240101-1 2.parquet");
+        assert_eq!(
+            storage::display(&objs[0]),
+            "s3://raw/dms/s/t/20240101-1 2.parquet"
+        );
         assert!(inv.messages[1].objects.as_ref().unwrap().is_empty());
         assert!(inv.messages[2].objects.is_err());
     }
@@ -293,7 +311,11 @@ mod tests {
         );
         let del = json!({"Records":[{"eventSource":"aws:s3","eventTime":"2024-01-01T00:00:00Z",
             "eventName":"ObjectRemoved:Delete","s3":{"bucket":{"name":"raw"},"object":{"key":"k"}}}]});
-        assert!(parse(&del).unwrap().messages[0].objects.as_ref().unwrap().is_empty());
+        assert!(parse(&del).unwrap().messages[0]
+            .objects
+            .as_ref()
+            .unwrap()
+            .is_empty());
         assert!(parse(&json!({"hello": 1})).is_err());
     }
 }
@@ -303,7 +325,9 @@ mod sample_events {
     use super::*;
 
     fn sample(name: &str) -> Value {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../events").join(name);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../events")
+            .join(name);
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
     }
 
@@ -320,11 +344,17 @@ mod sample_events {
             storage::display(&inv.messages[0].objects.as_ref().unwrap()[0]),
             "s3://tributary-raw/dms/sales/order lines/2022/10/25/20221025-2110000000+part=1.parquet"
         );
-        assert!(parse(&sample("s3-test-event.json")).unwrap().messages.is_empty());
+        assert!(parse(&sample("s3-test-event.json"))
+            .unwrap()
+            .messages
+            .is_empty());
         let inv = parse(&sample("sqs-s3-batch.json")).unwrap();
         assert_eq!(inv.trigger, Trigger::Sqs);
         assert_eq!(inv.messages.len(), 3);
-        assert_eq!(inv.messages[0].id.as_deref(), Some("0f4e4b0a-6d1c-4b7e-9b2e-2f0d5a8c1e01"));
+        assert_eq!(
+            inv.messages[0].id.as_deref(),
+            Some("0f4e4b0a-6d1c-4b7e-9b2e-2f0d5a8c1e01")
+        );
         assert!(inv.messages[2].objects.as_ref().unwrap().is_empty());
         let inv = parse(&sample("eventbridge-object-created.json")).unwrap();
         assert_eq!(inv.trigger, Trigger::EventBridge);

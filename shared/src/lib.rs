@@ -23,6 +23,12 @@ pub mod source;
 pub mod storage;
 
 pub use config::{Config, TableConfig};
+pub use deltalake;
 pub use engine::{Engine, FileOutcome, FileStatus, ProcessReport, TableReport};
 pub use error::{Error, Result};
-pub use deltalake;
+
+/// Default log filter: `info`, minus delta-rs's per-merge metric warning and the kernel's
+/// error line when a table does not exist yet (tributary creates it; real failures are
+/// returned as errors and logged by tributary).
+pub const LOG_FILTER: &str =
+    "info,deltalake_core::operations::merge=error,buoyant_kernel::snapshot::builder=off";

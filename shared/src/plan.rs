@@ -167,8 +167,16 @@ pub fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePlan> {
         }
     })));
     let mut out_fields = fields;
-    out_fields.push(Field::new(&table.sequence_column, arrow::datatypes::DataType::Utf8, false));
-    out_fields.push(Field::new(OP_COLUMN, arrow::datatypes::DataType::Utf8, false));
+    out_fields.push(Field::new(
+        &table.sequence_column,
+        arrow::datatypes::DataType::Utf8,
+        false,
+    ));
+    out_fields.push(Field::new(
+        OP_COLUMN,
+        arrow::datatypes::DataType::Utf8,
+        false,
+    ));
     let batch = RecordBatch::try_new(Arc::new(Schema::new(out_fields)), out_cols)
         .map_err(|e| Error::Internal(format!("assemble plan: {e}")))?;
     Ok(MergePlan {
@@ -195,7 +203,9 @@ pub fn apply_tombstones(
     let seq_idx = schema
         .index_of(&table.sequence_column)
         .map_err(|e| Error::Internal(e.to_string()))?;
-    let op_idx = schema.index_of(OP_COLUMN).map_err(|e| Error::Internal(e.to_string()))?;
+    let op_idx = schema
+        .index_of(OP_COLUMN)
+        .map_err(|e| Error::Internal(e.to_string()))?;
     let seqs = plan.batch.column(seq_idx).as_string::<i32>();
     let ops = plan.batch.column(op_idx).as_string::<i32>();
     let mut new_seq: Vec<&str> = Vec::with_capacity(keys.len());

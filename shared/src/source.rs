@@ -199,9 +199,9 @@ fn cast_reporting(file: &str, column: &str, array: &ArrayRef, to: &DataType) -> 
         Ok(a) => Ok(a),
         Err(e) => {
             let lenient = cast_with_options(array, to, &CastOptions::default()).ok();
-            let row = lenient.as_ref().and_then(|l| {
-                (0..array.len()).find(|&i| array.is_valid(i) && l.is_null(i))
-            });
+            let row = lenient
+                .as_ref()
+                .and_then(|l| (0..array.len()).find(|&i| array.is_valid(i) && l.is_null(i)));
             let location = match row {
                 Some(r) => Location::Row {
                     row: r + 1,
@@ -211,7 +211,7 @@ fn cast_reporting(file: &str, column: &str, array: &ArrayRef, to: &DataType) -> 
             };
             let value = row
                 .and_then(|r| arrow::util::display::array_value_to_string(array, r).ok())
-                .map(|v| format!("value {v:?} ")) 
+                .map(|v| format!("value {v:?} "))
                 .unwrap_or_default();
             Err(Error::bad_input(
                 file,
@@ -348,7 +348,10 @@ fn to_change_set(
             let r = (0..rows).find(|&i| a.is_null(i)).unwrap_or(0);
             return Err(Error::bad_input(
                 name,
-                Location::Row { row: r + 1, column: Some(k.clone()) },
+                Location::Row {
+                    row: r + 1,
+                    column: Some(k.clone()),
+                },
                 "primary key is null",
             ));
         }
@@ -405,7 +408,10 @@ fn to_change_set(
                 Error::bad_input(
                     name,
                     Location::Column(f.name().clone()),
-                    format!("type {} has no Delta Lake equivalent; drop the column with `drop_columns`", f.data_type()),
+                    format!(
+                        "type {} has no Delta Lake equivalent; drop the column with `drop_columns`",
+                        f.data_type()
+                    ),
                 )
             })?,
         };
@@ -418,12 +424,20 @@ fn to_change_set(
             return Err(Error::bad_input(
                 name,
                 Location::Column(p.clone()),
-                format!("partition column is missing (columns: {})", column_list(&schema)),
+                format!(
+                    "partition column is missing (columns: {})",
+                    column_list(&schema)
+                ),
             ));
         }
     }
-    let data = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-        .map_err(|e| Error::bad_input(name, Location::File, format!("cannot assemble columns: {e}")))?;
+    let data = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| {
+        Error::bad_input(
+            name,
+            Location::File,
+            format!("cannot assemble columns: {e}"),
+        )
+    })?;
     Ok(ChangeSet {
         file: file.clone(),
         kind,
@@ -448,19 +462,31 @@ fn sequence_strings(file: &str, column: &str, a: &ArrayRef) -> Result<Vec<String
     if let Some(r) = (0..a.len()).find(|&i| a.is_null(i)) {
         return Err(Error::bad_input(
             file,
-            Location::Row { row: r + 1, column: Some(column.to_string()) },
+            Location::Row {
+                row: r + 1,
+                column: Some(column.to_string()),
+            },
             "sequence value is null; every CDC row needs it to be ordered",
         ));
     }
     let int_key = |v: i128| format!("{:020}", v + (1i128 << 63));
     let out = match a.data_type() {
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Date32 | DataType::Date64 => {
+        DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Utf8View
+        | DataType::Date32
+        | DataType::Date64 => {
             let s = cast_reporting(file, column, a, &DataType::Utf8)?;
             let s: &StringArray = s.as_string::<i32>();
             (0..s.len()).map(|i| s.value(i).to_string()).collect()
         }
-        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
-        | DataType::UInt8 | DataType::UInt16 | DataType::UInt32 => {
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32 => {
             let s = cast_reporting(file, column, a, &DataType::Int64)?;
             let s = s.as_primitive::<arrow::datatypes::Int64Type>();
             (0..s.len()).map(|i| int_key(s.value(i) as i128)).collect()
@@ -470,22 +496,29 @@ fn sequence_strings(file: &str, column: &str, a: &ArrayRef) -> Result<Vec<String
             (0..s.len()).map(|i| int_key(s.value(i) as i128)).collect()
         }
         DataType::Timestamp(_, _) => {
-            let s = cast_reporting(file, column, a, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
+            let s = cast_reporting(
+                file,
+                column,
+                a,
+                &DataType::Timestamp(TimeUnit::Microsecond, None),
+            )?;
             let s = s.as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
             (0..s.len())
-                .map(|i| match chrono::DateTime::from_timestamp_micros(s.value(i)) {
-                    Some(t) => t.format("%Y-%m-%d %H:%M:%S%.6f").to_string(),
-                    None => int_key(s.value(i) as i128),
-                })
+                .map(
+                    |i| match chrono::DateTime::from_timestamp_micros(s.value(i)) {
+                        Some(t) => t.format("%Y-%m-%d %H:%M:%S%.6f").to_string(),
+                        None => int_key(s.value(i) as i128),
+                    },
+                )
                 .collect()
         }
-        other => {
-            return Err(Error::bad_input(
-                file,
-                Location::Column(column.to_string()),
-                format!("sequence column has type {other}; use a string, integer, date or timestamp column"),
-            ))
-        }
+        other => return Err(Error::bad_input(
+            file,
+            Location::Column(column.to_string()),
+            format!(
+                "sequence column has type {other}; use a string, integer, date or timestamp column"
+            ),
+        )),
     };
     Ok(out)
 }

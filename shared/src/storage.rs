@@ -39,7 +39,10 @@ pub fn delta_storage_options() -> HashMap<String, String> {
         }
         opts.insert("AWS_ENDPOINT_URL".to_string(), ep);
         // Emulators serve path-style requests.
-        opts.insert("AWS_VIRTUAL_HOSTED_STYLE_REQUEST".to_string(), "false".to_string());
+        opts.insert(
+            "AWS_VIRTUAL_HOSTED_STYLE_REQUEST".to_string(),
+            "false".to_string(),
+        );
     }
     if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
         opts.insert("AWS_REGION".to_string(), "us-east-1".to_string());
@@ -136,7 +139,8 @@ impl Storage {
                     .with_endpoint(ep)
                     .with_virtual_hosted_style_request(false);
             }
-            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
+            {
                 b = b.with_region("us-east-1");
             }
             Arc::new(b.build().map_err(|e| Error::storage(url.as_str(), e))?)
@@ -201,7 +205,10 @@ mod tests {
             "dms/sales/my table/2024/01/01/20240101-1+2.parquet"
         );
         assert_eq!(file_name(&u), "20240101-1+2.parquet");
-        assert_eq!(display(&u), "s3://raw/dms/sales/my table/2024/01/01/20240101-1+2.parquet");
+        assert_eq!(
+            display(&u),
+            "s3://raw/dms/sales/my table/2024/01/01/20240101-1+2.parquet"
+        );
     }
 
     #[tokio::test]

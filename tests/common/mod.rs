@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tributary::deltalake::arrow::array::{
-    ArrayRef, AsArray, Int64Array, RecordBatch, StringArray,
-};
+use tributary::deltalake::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use tributary::deltalake::arrow::compute::cast;
 use tributary::deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use tributary::{delta, demo, Config, Engine};
@@ -106,7 +104,11 @@ impl Fixture {
     }
 
     pub async fn items_rows(&self) -> Vec<Row> {
-        read_rows(&self.url("curated/items"), "SELECT id, part, val FROM t ORDER BY id").await
+        read_rows(
+            &self.url("curated/items"),
+            "SELECT id, part, val FROM t ORDER BY id",
+        )
+        .await
     }
 }
 
@@ -143,13 +145,21 @@ pub fn items_batch(changes: &[Change], with_op: bool) -> RecordBatch {
         )));
     }
     fields.push(Field::new("ts", DataType::Utf8, true));
-    cols.push(Arc::new(StringArray::from_iter_values(changes.iter().map(|c| c.ts.clone()))));
+    cols.push(Arc::new(StringArray::from_iter_values(
+        changes.iter().map(|c| c.ts.clone()),
+    )));
     fields.push(Field::new("id", DataType::Int64, true));
-    cols.push(Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.id))));
+    cols.push(Arc::new(Int64Array::from_iter_values(
+        changes.iter().map(|c| c.id),
+    )));
     fields.push(Field::new("part", DataType::Utf8, true));
-    cols.push(Arc::new(StringArray::from_iter_values(changes.iter().map(|c| c.part.clone()))));
+    cols.push(Arc::new(StringArray::from_iter_values(
+        changes.iter().map(|c| c.part.clone()),
+    )));
     fields.push(Field::new("val", DataType::Int64, true));
-    cols.push(Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.val))));
+    cols.push(Arc::new(Int64Array::from_iter_values(
+        changes.iter().map(|c| c.val),
+    )));
     RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).expect("batch")
 }
 
