@@ -84,6 +84,20 @@ pub struct TableConfig {
     pub format: Format,
     pub tombstone_retention: Duration,
     pub max_commit_attempts: u32,
+    /// Keep `_symlink_format_manifest` up to date after every merge (Athena / Spectrum).
+    pub manifests: bool,
+    pub maintenance: MaintenanceConfig,
+}
+
+/// What the maintenance function does to a table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaintenanceConfig {
+    /// Compaction target size of data files, in bytes.
+    pub target_file_size: u64,
+    /// VACUUM deletes unreferenced files older than this.
+    pub vacuum_retention: Duration,
+    /// VACUUM refuses a shorter retention unless forced.
+    pub min_vacuum_retention: Duration,
 }
 
 impl TableConfig {
@@ -118,6 +132,10 @@ struct RawDefaults {
     max_commit_attempts: Option<u32>,
     op_column: Option<String>,
     sequence_column: Option<String>,
+    manifests: Option<bool>,
+    target_file_size_mb: Option<f64>,
+    vacuum_retention_hours: Option<f64>,
+    min_vacuum_retention_hours: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,6 +159,10 @@ struct RawTable {
     csv: Option<RawCsv>,
     tombstone_retention_days: Option<f64>,
     max_commit_attempts: Option<u32>,
+    manifests: Option<bool>,
+    target_file_size_mb: Option<f64>,
+    vacuum_retention_hours: Option<f64>,
+    min_vacuum_retention_hours: Option<f64>,
 }
 
 fn default_format() -> String {
@@ -283,6 +305,33 @@ impl Config {
             if max_commit_attempts == 0 {
                 return Err(terr("`max_commit_attempts` must be at least 1".into()));
             }
+            let positive = |v: f64, field: &str| -> Result<f64> {
+                if v.is_finite() && v > 0.0 {
+                    Ok(v)
+                } else {
+                    Err(terr(format!(
+                        "`{field}` is {v}; it must be a positive number"
+                    )))
+                }
+            };
+            let target_mb = positive(
+                t.target_file_size_mb
+                    .or(d.target_file_size_mb)
+                    .unwrap_or(128.0),
+                "target_file_size_mb",
+            )?;
+            let vacuum_h = positive(
+                t.vacuum_retention_hours
+                    .or(d.vacuum_retention_hours)
+                    .unwrap_or(168.0),
+                "vacuum_retention_hours",
+            )?;
+            let min_vacuum_h = positive(
+                t.min_vacuum_retention_hours
+                    .or(d.min_vacuum_retention_hours)
+                    .unwrap_or(168.0),
+                "min_vacuum_retention_hours",
+            )?;
             tables.push(TableConfig {
                 name: t.name,
                 source,
@@ -297,6 +346,12 @@ impl Config {
                 format,
                 tombstone_retention: Duration::from_secs_f64(days * 86_400.0),
                 max_commit_attempts,
+                manifests: t.manifests.or(d.manifests).unwrap_or(true),
+                maintenance: MaintenanceConfig {
+                    target_file_size: (target_mb * 1024.0 * 1024.0) as u64,
+                    vacuum_retention: Duration::from_secs_f64(vacuum_h * 3600.0),
+                    min_vacuum_retention: Duration::from_secs_f64(min_vacuum_h * 3600.0),
+                },
             });
         }
         let mut names = HashSet::new();

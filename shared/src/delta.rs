@@ -85,6 +85,32 @@ pub async fn create(
         .map_err(|e| Error::delta(&label, e))
 }
 
+/// Create the table unless it exists; if a concurrent writer created it first (whatever
+/// error delta-rs reports for that), use theirs.
+pub async fn create_or_open(
+    url: &Url,
+    options: &HashMap<String, String>,
+    name: &str,
+    schema: &Schema,
+    partition_by: &[String],
+) -> Result<DeltaTable> {
+    let t = open(url, options).await?;
+    if exists(&t) {
+        return Ok(t);
+    }
+    match create(t, name, schema, partition_by).await {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            let t = open(url, options).await?;
+            if exists(&t) {
+                Ok(t)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
 pub(crate) fn tributary_commit(files: &[String]) -> CommitProperties {
     let mut meta = vec![(
         "engineInfo".to_string(),
@@ -270,16 +296,9 @@ async fn open_tombstones(
     options: &HashMap<String, String>,
     plan_schema: &Schema,
 ) -> Result<DeltaTable> {
-    let t = open(&table_cfg.tombstones, options).await?;
-    if exists(&t) {
-        return Ok(t);
-    }
     let schema = tombstone_schema(table_cfg, plan_schema)?;
-    match create(t, &format!("{}_tombstones", table_cfg.name), &schema, &[]).await {
-        Ok(t) => Ok(t),
-        Err(e) if is_conflict(&e) => open(&table_cfg.tombstones, options).await,
-        Err(e) => Err(e),
-    }
+    let name = format!("{}_tombstones", table_cfg.name);
+    create_or_open(&table_cfg.tombstones, options, &name, &schema, &[]).await
 }
 
 /// Record the plan's deletes in the tombstone table (keeping the newest per key).
@@ -507,7 +526,6 @@ pub fn superseded_upserts(
 
 pub(crate) fn is_conflict(e: &Error) -> bool {
     matches!(e, Error::Delta { source, .. } if crate::error::is_commit_conflict(source))
-        || matches!(e, Error::Delta { source: deltalake::DeltaTableError::Generic(m), .. } if m.contains("already exists"))
 }
 
 /// Jittered exponential backoff: ~50 ms doubling up to ~3 s.

@@ -18,6 +18,7 @@ use url::Url;
 use crate::config::{Config, TableConfig};
 use crate::delta;
 use crate::error::{Error, Result};
+use crate::manifest;
 use crate::plan::{self, MergePlan};
 use crate::source::{self, ChangeSet, FileCounts};
 use crate::storage::{self, Storage};
@@ -72,6 +73,12 @@ pub struct TableReport {
     pub files_removed: usize,
     pub commit_attempts: u32,
     pub duration_ms: u64,
+    /// Manifests written / deleted after the commit (when enabled).
+    pub manifests_written: usize,
+    pub manifests_deleted: usize,
+    /// Why the manifests could not be updated (the merge itself succeeded; the next merge
+    /// of the partition or the maintenance run rewrites them).
+    pub manifest_error: Option<String>,
 }
 
 /// Result of one [`Engine::process`] call.
@@ -318,13 +325,13 @@ impl Engine {
             delta::record_tombstones(table, &self.options, &base_plan, &file_names).await?;
 
         let mut attempt = 0u32;
-        loop {
+        let committed = loop {
             attempt += 1;
             match self
                 .try_merge(table, &base_plan, &file_names, &mut report)
                 .await
             {
-                Ok(()) => break,
+                Ok(c) => break c,
                 Err(e) if delta::is_conflict(&e) && attempt < table.max_commit_attempts => {
                     tracing::debug!(table = %table.name, attempt, error = %e, "commit conflict; retrying");
                     delta::backoff(attempt).await;
@@ -338,8 +345,12 @@ impl Engine {
                 }
                 Err(e) => return Err(e),
             }
-        }
+        };
         report.commit_attempts = attempt;
+        if let Some((before, after)) = committed {
+            self.update_manifests(table, &before, after, &mut report)
+                .await;
+        }
         report.duration_ms = start.elapsed().as_millis() as u64;
         tracing::info!(
             table = %report.table,
@@ -354,9 +365,39 @@ impl Engine {
             blocked_by_tombstone = report.blocked_by_tombstone,
             commit_attempts = report.commit_attempts,
             duration_ms = report.duration_ms,
+            manifests_written = report.manifests_written,
             "merged"
         );
         Ok(report)
+    }
+
+    /// Rewrite the manifests of the partitions the commit touched. A failure here does not
+    /// fail the merge (it is committed); it is logged and reported.
+    async fn update_manifests(
+        &self,
+        table: &TableConfig,
+        before: &[manifest::LiveFile],
+        after: DeltaTable,
+        report: &mut TableReport,
+    ) {
+        let result = async {
+            let touched = manifest::touched_partitions(before, &manifest::live_files(&after)?);
+            if touched.is_empty() {
+                return Ok(manifest::ManifestReport::default());
+            }
+            manifest::sync(&self.storage, after, Some(&touched)).await
+        }
+        .await;
+        match result {
+            Ok(m) => {
+                report.manifests_written = m.written;
+                report.manifests_deleted = m.deleted;
+            }
+            Err(e) => {
+                tracing::error!(table = %table.name, error = %e, "manifests not updated; maintenance will regenerate them");
+                report.manifest_error = Some(e.to_string());
+            }
+        }
     }
 
     async fn try_merge(
@@ -365,17 +406,15 @@ impl Engine {
         base_plan: &MergePlan,
         files: &[String],
         report: &mut TableReport,
-    ) -> Result<()> {
-        let mut target: DeltaTable = delta::open(&table.target, &self.options).await?;
-        if !delta::exists(&target) {
-            target = delta::create(
-                target,
-                &table.name,
-                &base_plan.table_schema(),
-                &table.partition_by,
-            )
-            .await?;
-        }
+    ) -> Result<Option<(Vec<manifest::LiveFile>, DeltaTable)>> {
+        let target = delta::create_or_open(
+            &table.target,
+            &self.options,
+            &table.name,
+            &base_plan.table_schema(),
+            &table.partition_by,
+        )
+        .await?;
         let mut plan = base_plan.clone();
         let tombs = delta::read_tombstones(table, &self.options, &plan).await?;
         let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?;
@@ -384,6 +423,12 @@ impl Engine {
         if let Some(hook) = &self.before_merge {
             (hook.0)().await;
         }
+        let read_version = target.version();
+        let before = if table.manifests {
+            manifest::live_files(&target)?
+        } else {
+            Vec::new()
+        };
         let (mut target, m) = delta::merge(table, target, &plan, files).await?;
         report.blocked_by_tombstone = blocked;
         report.inserted = m.num_target_rows_inserted;
@@ -421,7 +466,8 @@ impl Engine {
         let applied = report.inserted + report.updated + report.deleted;
         report.skipped_stale = plan.batch.num_rows().saturating_sub(applied);
         report.version = target.version();
-        Ok(())
+        let committed = target.version() != read_version;
+        Ok((committed && table.manifests).then_some((before, target)))
     }
 }
 

@@ -17,6 +17,8 @@ pub mod demo;
 pub mod engine;
 pub mod error;
 pub mod events;
+pub mod maintenance;
+pub mod manifest;
 pub mod metrics;
 pub mod plan;
 pub mod source;

@@ -81,3 +81,42 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
         })
         .collect()
 }
+
+/// One EMF document per maintained (or failed) table.
+pub fn maintenance_emf(summary: &crate::maintenance::Summary, now_ms: i64) -> Vec<Value> {
+    let names: [(&str, &str); 7] = [
+        ("MaintenanceFailed", "Count"),
+        ("FilesBefore", "Count"),
+        ("FilesAfter", "Count"),
+        ("FilesCompacted", "Count"),
+        ("FilesVacuumed", "Count"),
+        ("TombstonesExpired", "Count"),
+        ("MaintenanceDuration", "Milliseconds"),
+    ];
+    let doc = |table: &str, failed: u64, m: Option<&crate::maintenance::MaintenanceReport>| {
+        json!({
+            "_aws": {
+                "Timestamp": now_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": NAMESPACE,
+                    "Dimensions": [["Table"]],
+                    "Metrics": names.iter().map(|(n, u)| json!({"Name": n, "Unit": u})).collect::<Vec<_>>(),
+                }]
+            },
+            "Table": table,
+            "MaintenanceFailed": failed,
+            "FilesBefore": m.map(|m| m.files_before).unwrap_or_default(),
+            "FilesAfter": m.map(|m| m.files_after).unwrap_or_default(),
+            "FilesCompacted": m.map(|m| m.files_compacted).unwrap_or_default(),
+            "FilesVacuumed": m.map(|m| m.files_vacuumed).unwrap_or_default(),
+            "TombstonesExpired": m.map(|m| m.tombstones_expired).unwrap_or_default(),
+            "MaintenanceDuration": m.map(|m| m.duration_ms).unwrap_or_default(),
+        })
+    };
+    summary
+        .maintained
+        .iter()
+        .map(|m| doc(&m.table, 0, Some(m)))
+        .chain(summary.failed.iter().map(|(t, _)| doc(t, 1, None)))
+        .collect()
+}

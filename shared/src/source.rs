@@ -512,13 +512,15 @@ fn sequence_strings(file: &str, column: &str, a: &ArrayRef) -> Result<Vec<String
                 )
                 .collect()
         }
-        other => return Err(Error::bad_input(
-            file,
-            Location::Column(column.to_string()),
-            format!(
+        other => {
+            return Err(Error::bad_input(
+                file,
+                Location::Column(column.to_string()),
+                format!(
                 "sequence column has type {other}; use a string, integer, date or timestamp column"
             ),
-        )),
+            ))
+        }
     };
     Ok(out)
 }

@@ -57,7 +57,7 @@ pub fn object_path(url: &Url) -> Result<Path> {
     Path::parse(decoded).map_err(|e| Error::storage(url.as_str(), e.into()))
 }
 
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     // `Url` keeps paths percent-encoded; object paths are the decoded keys.
     fn hex(b: u8) -> Option<u8> {
         (b as char).to_digit(16).map(|d| d as u8)

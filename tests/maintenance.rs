@@ -1,0 +1,365 @@
+//! Maintenance: compaction, vacuum retention, tombstone expiry, manifests after merges and
+//! maintenance (read back with a plain Parquet reader), and maintenance racing merges.
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use tributary::deltalake::arrow::array::AsArray;
+use tributary::deltalake::arrow::compute::cast;
+use tributary::deltalake::arrow::datatypes::{DataType, Int64Type};
+use tributary::maintenance::{self, MaintenanceOptions};
+use tributary::{delta, manifest};
+use tributary_tests::*;
+
+fn c(op: char, ts: &str, id: i64, part: &str, val: i64) -> Change {
+    Change::new(op, ts, id, part, val)
+}
+
+fn ts(i: usize) -> String {
+    format!("2024-01-01 00:00:00.{i:06}")
+}
+
+async fn maintain(fx: &Fixture, force: bool) -> tributary::Result<maintenance::MaintenanceReport> {
+    let t = &fx.engine.config().tables[0];
+    maintenance::maintain(
+        t,
+        fx.engine.storage(),
+        fx.engine.storage_options(),
+        MaintenanceOptions { force },
+    )
+    .await
+}
+
+/// Manifests on disk equal the live files of the latest version.
+async fn assert_manifests_exact(fx: &Fixture) {
+    let t = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let got = manifest::read_manifests(fx.engine.storage(), &t)
+        .await
+        .unwrap();
+    let want = manifest::expected_manifests(&t).unwrap();
+    assert_eq!(
+        got,
+        want,
+        "manifests differ from the live files of v{:?}",
+        t.version()
+    );
+}
+
+/// What an engine that only understands manifests (Athena, Spectrum) sees: every file
+/// listed, read with a plain Parquet reader, partition value from the manifest folder.
+async fn rows_via_manifests(fx: &Fixture) -> Vec<Row> {
+    let t = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let manifests = manifest::read_manifests(fx.engine.storage(), &t)
+        .await
+        .unwrap();
+    let mut rows = Vec::new();
+    for (partition, files) in manifests {
+        let part = partition.strip_prefix("part=").unwrap().to_string();
+        for f in files {
+            let path = url::Url::parse(&f).unwrap().to_file_path().unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .unwrap()
+                    .build()
+                    .unwrap();
+            for b in reader {
+                let b = b.unwrap();
+                assert!(
+                    b.column_by_name("part").is_none(),
+                    "partition values live in folder names"
+                );
+                let id = cast(b.column_by_name("id").unwrap(), &DataType::Int64).unwrap();
+                let val = cast(b.column_by_name("val").unwrap(), &DataType::Int64).unwrap();
+                for i in 0..b.num_rows() {
+                    rows.push((
+                        id.as_primitive::<Int64Type>().value(i),
+                        part.clone(),
+                        val.as_primitive::<Int64Type>().value(i),
+                    ));
+                }
+            }
+        }
+    }
+    rows.sort();
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_reduces_files_keeps_rows_and_manifests_match() {
+    let fx = Fixture::items();
+    // 12 insert-only merges: each adds a small file to each of its partitions.
+    let mut all = Vec::new();
+    for i in 0..12 {
+        let ch = vec![
+            c('I', &ts(i * 2), i as i64 * 2, "a", i as i64),
+            c('I', &ts(i * 2 + 1), i as i64 * 2 + 1, "b", i as i64),
+        ];
+        all.extend(ch.clone());
+        let u = fx.put_items(&format!("20240101-{i:010}.parquet"), &ch);
+        fx.merge_ok(&[u]).await;
+        assert_manifests_exact(&fx).await;
+    }
+    let before = live_files(&fx.url("curated/items")).await;
+    assert_eq!(before, 24);
+    let r = maintain(&fx, false).await.unwrap();
+    assert_eq!((r.files_before, r.files_after), (24, 2), "{r:?}");
+    assert_eq!(r.partitions_compacted, 2);
+    assert_eq!(
+        r.files_vacuumed, 0,
+        "default retention keeps the compacted-away files"
+    );
+    assert_eq!(fx.items_rows().await, model(&all));
+    assert_manifests_exact(&fx).await;
+    assert_eq!(rows_via_manifests(&fx).await, model(&all));
+    // a second run has nothing to compact
+    let r2 = maintain(&fx, false).await.unwrap();
+    assert_eq!((r2.partitions_compacted, r2.files_after), (0, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifests_follow_merges_and_an_emptied_partition_loses_its_manifest() {
+    let fx = Fixture::items();
+    let f1 = fx.put_items(
+        "20240101-1.parquet",
+        &[c('I', &ts(1), 1, "a", 1), c('I', &ts(2), 2, "c", 2)],
+    );
+    fx.merge_ok(&[f1]).await;
+    assert_manifests_exact(&fx).await;
+    assert!(fx
+        .path("curated/items/_symlink_format_manifest/part=c/manifest")
+        .exists());
+    // move the only row of partition c to b, then delete everything in a
+    let f2 = fx.put_items("20240101-2.parquet", &[c('U', &ts(3), 2, "b", 3)]);
+    fx.merge_ok(&[f2]).await;
+    assert_manifests_exact(&fx).await;
+    assert!(!fx
+        .path("curated/items/_symlink_format_manifest/part=c/manifest")
+        .exists());
+    let f3 = fx.put_items("20240101-3.parquet", &[c('D', &ts(4), 1, "a", 1)]);
+    fx.merge_ok(&[f3]).await;
+    assert_manifests_exact(&fx).await;
+    assert!(!fx
+        .path("curated/items/_symlink_format_manifest/part=a/manifest")
+        .exists());
+    assert_eq!(rows_via_manifests(&fx).await, vec![(2, "b".into(), 3)]);
+    // maintenance also removes a stale manifest it finds (e.g. left by a crash)
+    let stale = fx.path("curated/items/_symlink_format_manifest/part=z/manifest");
+    std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+    std::fs::write(&stale, "file:///nowhere.parquet\n").unwrap();
+    let r = maintain(&fx, false).await.unwrap();
+    assert_eq!(r.manifests_deleted, 1);
+    assert!(!stale.exists());
+    assert_manifests_exact(&fx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifests_can_be_switched_off() {
+    let fx = Fixture::new(&ITEMS_TABLE.replace("drop_columns", "manifests = false\ndrop_columns"));
+    let f1 = fx.put_items("20240101-1.parquet", &[c('I', &ts(1), 1, "a", 1)]);
+    fx.merge_ok(&[f1]).await;
+    assert!(!fx.path("curated/items/_symlink_format_manifest").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vacuum_respects_retention_and_refuses_short_ones() {
+    let short = ITEMS_TABLE.replace(
+        "drop_columns",
+        "vacuum_retention_hours = 0.0003\nmin_vacuum_retention_hours = 0.0001\ntombstone_retention_days = 0.00001\ndrop_columns",
+    );
+    let fx = Fixture::new(&short);
+    for i in 0..4 {
+        let u = fx.put_items(
+            &format!("20240101-{i}.parquet"),
+            &[c('I', &ts(i), i as i64, "a", 1)],
+        );
+        fx.merge_ok(&[u]).await;
+    }
+    let d = fx.put_items("20240101-9.parquet", &[c('D', &ts(9), 0, "a", 1)]);
+    fx.merge_ok(&[d]).await;
+    let data_files = |fx: &Fixture| {
+        std::fs::read_dir(fx.path("curated/items/part=a"))
+            .unwrap()
+            .count()
+    };
+    let r = maintain(&fx, false).await.unwrap();
+    assert!(r.files_compacted >= 2, "{r:?}");
+    let on_disk = data_files(&fx);
+    assert!(
+        on_disk > 1,
+        "compacted-away files are still there within the retention"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let r = maintain(&fx, false).await.unwrap();
+    assert!(
+        r.files_vacuumed >= on_disk - 1,
+        "{r:?} on disk before: {on_disk}"
+    );
+    assert_eq!(data_files(&fx), 1);
+    assert_eq!(r.tombstones_expired, 1);
+    assert_eq!(fx.items_rows().await.len(), 3);
+    assert_manifests_exact(&fx).await;
+
+    // A retention below the configured minimum is refused unless forced.
+    let risky = Fixture::new(
+        &ITEMS_TABLE.replace("drop_columns", "vacuum_retention_hours = 1\ndrop_columns"),
+    );
+    let u = risky.put_items("20240101-1.parquet", &[c('I', &ts(1), 1, "a", 1)]);
+    risky.merge_ok(&[u]).await;
+    let e = maintain(&risky, false).await.unwrap_err().to_string();
+    assert!(e.contains("shorter than min_vacuum_retention_hours"), "{e}");
+    assert!(maintain(&risky, true).await.is_ok());
+}
+
+#[test]
+fn maintenance_requests_from_events() {
+    use serde_json::json;
+    let r = maintenance::Request::from_event(
+        &json!({"detail-type":"Scheduled Event","source":"aws.events","detail":{}}),
+    );
+    assert_eq!(r, maintenance::Request::default());
+    let r = maintenance::Request::from_event(&json!({"table":"items","force":true}));
+    assert_eq!(r.tables, vec!["items".to_string()]);
+    assert!(r.force);
+    let r = maintenance::Request::from_event(&json!({"detail":{"tables":["a","b"]}}));
+    assert_eq!(r.tables, vec!["a".to_string(), "b".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_table_and_failing_table_are_reported() {
+    let fx = Fixture::items();
+    let e = maintenance::handle(
+        &fx.engine,
+        &maintenance::Request {
+            tables: vec!["nope".into()],
+            force: false,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("`nope`, which is not configured"), "{e}");
+    // a table that does not exist yet is skipped, not failed
+    let s = maintenance::handle(&fx.engine, &Default::default())
+        .await
+        .unwrap();
+    assert!(s.failed.is_empty());
+    assert!(s.maintained[0].skipped.is_some());
+}
+
+/// Merges (4 invocations at a time) and maintenance (in a loop, compacting aggressively)
+/// run together: the table converges, and the manifests end exact.
+#[test]
+fn concurrent_merges_and_maintenance_converge() {
+    for seed in 0..3 {
+        concurrent_merges_and_maintenance(seed);
+    }
+}
+
+fn concurrent_merges_and_maintenance(seed: u64) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fx = Fixture::new(&ITEMS_TABLE.replace(
+        "drop_columns",
+        "max_commit_attempts = 200\ntarget_file_size_mb = 1\ndrop_columns",
+    ));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut present = std::collections::BTreeSet::new();
+    let mut all = Vec::new();
+    let mut files = Vec::new();
+    for f in 0..30 {
+        let mut ch = Vec::new();
+        for _ in 0..rng.random_range(1..4) {
+            let id = rng.random_range(0..15i64);
+            let op = if present.contains(&id) {
+                if rng.random_bool(0.3) {
+                    'D'
+                } else {
+                    'U'
+                }
+            } else {
+                'I'
+            };
+            if op == 'D' {
+                present.remove(&id);
+            } else {
+                present.insert(id);
+            }
+            ch.push(c(
+                op,
+                &ts(all.len()),
+                id,
+                ["a", "b", "c"][rng.random_range(0..3)],
+                rng.random_range(0..100),
+            ));
+            all.push(ch.last().unwrap().clone());
+        }
+        files.push(fx.put_items(&format!("20240101-{f:010}.parquet"), &ch));
+    }
+    files.shuffle(&mut rng);
+    rt.block_on(async {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut merges = Vec::new();
+        for w in 0..4 {
+            let engine = fx.another_engine();
+            let mine: Vec<_> = files.iter().skip(w).step_by(4).cloned().collect();
+            merges.push(tokio::spawn(async move {
+                let mut failures = Vec::new();
+                for f in mine {
+                    let r = engine.process(&[f]).await;
+                    failures.extend(r.failures().map(|f| format!("{f:?}")));
+                }
+                failures
+            }));
+        }
+        let (engine, stop) = (fx.another_engine(), done.clone());
+        let maint = tokio::spawn(async move {
+            let (mut runs, mut compacted) = (0, 0);
+            let mut errors = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let t = &engine.config().tables[0];
+                match maintenance::maintain(
+                    t,
+                    engine.storage(),
+                    engine.storage_options(),
+                    MaintenanceOptions::default(),
+                )
+                .await
+                {
+                    Ok(r) => compacted += r.partitions_compacted,
+                    Err(e) => errors.push(e.to_string()),
+                }
+                runs += 1;
+            }
+            (runs, compacted, errors)
+        });
+        let mut failures = Vec::new();
+        for m in merges {
+            failures.extend(m.await.unwrap());
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (runs, compacted, errors) = maint.await.unwrap();
+        assert!(failures.is_empty(), "merges failed: {failures:?}");
+        eprintln!(
+            "maintenance ran {runs} times alongside the merges, compacting {compacted} partitions"
+        );
+        assert!(
+            runs >= 2 && compacted >= 1,
+            "runs={runs} compacted={compacted}"
+        );
+        assert!(errors.is_empty(), "maintenance failed: {errors:?}");
+    });
+    assert_eq!(rt.block_on(fx.items_rows()), model(&all));
+    // a last maintenance run leaves exact manifests
+    rt.block_on(async {
+        maintain(&fx, false).await.unwrap();
+        assert_manifests_exact(&fx).await;
+        assert_eq!(rows_via_manifests(&fx).await, model(&all));
+    });
+}
