@@ -29,8 +29,8 @@ pub use deltalake;
 pub use engine::{Engine, FileOutcome, FileStatus, ProcessReport, TableReport};
 pub use error::{Error, Result};
 
-/// Default log filter: `info`, minus delta-rs's per-merge metric warning and the kernel's
-/// error line when a table does not exist yet (tributary creates it; real failures are
-/// returned as errors and logged by tributary).
-pub const LOG_FILTER: &str =
-    "info,deltalake_core::operations::merge=error,buoyant_kernel::snapshot::builder=off";
+/// Default log filter of the functions: tributary's own `info` lines; `warn` for libraries,
+/// minus delta-rs's per-merge metric warning and the kernel's error line when a table does
+/// not exist yet (tributary creates it; real failures come back as errors and are logged).
+pub const LOG_FILTER: &str = "warn,tributary=info,tributary_merge=info,tributary_maintenance=info,\
+deltalake_core::operations::merge=error,buoyant_kernel::snapshot::builder=off";

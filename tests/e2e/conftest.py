@@ -1,0 +1,252 @@
+"""End-to-end fixtures: LocalStack S3 + SQS set up through the AWS API as a deployment
+would, the real function binaries under `cargo lambda watch`, and a driver that plays
+Lambda's SQS poller (receive, invoke with a real SQS event, delete per partial-batch
+response, let failed messages be redriven to the dead-letter queue)."""
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import boto3
+import pytest
+from deltalake import DeltaTable
+
+ROOT = Path(__file__).resolve().parents[2]
+ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
+REGION = "us-east-1"
+CREDS = dict(aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION)
+TIMINGS = []
+TABLES = ["seed", "twice", "reverse", "burst", "bad"]
+
+
+def record_timing(scenario, seconds, detail=""):
+    TIMINGS.append((scenario, seconds, detail))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not TIMINGS:
+        return
+    terminalreporter.section("end-to-end timings (upload of the first file → rows visible)")
+    for scenario, seconds, detail in TIMINGS:
+        terminalreporter.write_line(f"{scenario:<34} {seconds:7.2f} s  {detail}")
+    out = Path(os.environ.get("E2E_TIMINGS", ROOT / "target" / "e2e-timings.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps([{"scenario": s, "seconds": round(t, 3), "detail": d} for s, t, d in TIMINGS], indent=2))
+
+
+@pytest.fixture(scope="session")
+def aws():
+    return SimpleNamespace(
+        s3=boto3.client("s3", endpoint_url=ENDPOINT, **CREDS),
+        sqs=boto3.client("sqs", endpoint_url=ENDPOINT, **CREDS),
+    )
+
+
+def table_config(raw, curated, name, extra=""):
+    return f"""
+[[table]]
+name = "{name}"
+source = "s3://{raw}/dms/{name}/travel_details/"
+target = "s3://{curated}/delta/{name}"
+primary_key = ["trip_id"]
+partition_by = ["route_id"]
+sequence_by = ["update_ts_dms"]
+drop_columns = ["schema_name", "table_name", "update_ts_dms"]
+{extra}
+"""
+
+
+@pytest.fixture(scope="session")
+def stack(aws):
+    run = uuid.uuid4().hex[:8]
+    raw, curated = f"tributary-raw-{run}", f"tributary-curated-{run}"
+    for b in (raw, curated):
+        aws.s3.create_bucket(Bucket=b)
+    dlq_url = aws.sqs.create_queue(QueueName=f"tributary-dlq-{run}")["QueueUrl"]
+    dlq_arn = aws.sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    queue_url = aws.sqs.create_queue(
+        QueueName=f"tributary-merge-{run}",
+        Attributes={
+            "VisibilityTimeout": "3",
+            "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "2"}),
+        },
+    )["QueueUrl"]
+    queue_arn = aws.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    aws.sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"},
+                       "Action": "sqs:SendMessage", "Resource": queue_arn,
+                       "Condition": {"ArnLike": {"aws:SourceArn": f"arn:aws:s3:::{raw}"}}}],
+    })})
+    aws.s3.put_bucket_notification_configuration(Bucket=raw, NotificationConfiguration={
+        "QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"],
+                                 "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "dms/"}]}}}],
+    })
+    config = "".join(table_config(raw, curated, t) for t in TABLES)
+    aws.s3.put_object(Bucket=curated, Key="config/tributary.toml", Body=config.encode())
+    return SimpleNamespace(raw=raw, curated=curated, queue_url=queue_url, queue_arn=queue_arn,
+                           dlq_url=dlq_url, config=f"s3://{curated}/config/tributary.toml")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Functions:
+    """The function binaries under `cargo lambda watch` (its Lambda runtime API emulator)."""
+
+    def __init__(self, stack):
+        self.port = free_port()
+        env = dict(os.environ)
+        env_vars = ",".join([
+            f"AWS_ENDPOINT_URL={ENDPOINT}", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
+            f"AWS_REGION={REGION}", f"TRIBUTARY_CONFIG={stack.config}",
+        ])
+        (ROOT / "target").mkdir(exist_ok=True)
+        self.log = open(ROOT / "target" / "e2e-cargo-lambda.log", "w")
+        self.proc = subprocess.Popen(
+            ["cargo", "lambda", "watch", "--ignore-changes", "-A", "127.0.0.1", "-P", str(self.port),
+             "--concurrency", "8", "--env-var", env_vars],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"cargo lambda watch exited; see {self.log.name}")
+                time.sleep(0.5)
+        raise RuntimeError("cargo lambda watch did not start listening")
+
+    def invoke(self, function, event, timeout=600):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/2015-03-31/functions/{function}/invocations",
+            data=json.dumps(event).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
+            error = resp.headers.get("X-Amz-Function-Error")
+        payload = json.loads(body) if body else None
+        return payload, error
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        except Exception:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def functions(stack):
+    f = Functions(stack)
+    # First invocations start (and if needed build) the functions.
+    payload, error = f.invoke("tributary-merge", {"Records": []})
+    assert error is None, payload
+    yield f
+    f.stop()
+
+
+class Poller:
+    """Plays Lambda's SQS event source mapping with ReportBatchItemFailures."""
+
+    def __init__(self, aws, stack, functions):
+        self.aws, self.stack, self.functions = aws, stack, functions
+        self.invocations = 0
+
+    def receive(self, max_messages=10, wait=1):
+        r = self.aws.sqs.receive_message(
+            QueueUrl=self.stack.queue_url, MaxNumberOfMessages=max_messages, WaitTimeSeconds=wait,
+            AttributeNames=["All"])
+        return r.get("Messages", [])
+
+    def event(self, messages):
+        return {"Records": [{
+            "messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"], "body": m["Body"],
+            "attributes": m.get("Attributes", {}), "messageAttributes": {},
+            "md5OfBody": m["MD5OfBody"], "eventSource": "aws:sqs",
+            "eventSourceARN": self.stack.queue_arn, "awsRegion": REGION,
+        } for m in messages]}
+
+    def deliver(self, messages, times=1):
+        """Invoke with these messages (`times` times), delete those not reported failed."""
+        failed = set()
+        for _ in range(times):
+            payload, error = self.functions.invoke("tributary-merge", self.event(messages))
+            self.invocations += 1
+            if error:  # the whole batch failed: nothing is deleted
+                return {m["MessageId"] for m in messages}
+            failed |= {f["itemIdentifier"] for f in payload.get("batchItemFailures", [])}
+        done = [m for m in messages if m["MessageId"] not in failed]
+        if done:
+            self.aws.sqs.delete_message_batch(QueueUrl=self.stack.queue_url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)])
+        return failed
+
+    def run_until(self, condition, timeout=180, times=1, batch=10):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            messages = self.receive(batch)
+            if messages:
+                self.deliver(messages, times)
+            elif condition():
+                return True
+        return condition()
+
+    def deliver_concurrently(self, messages, workers, per_invocation):
+        chunks = [messages[i:i + per_invocation] for i in range(0, len(messages), per_invocation)]
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            failed = set().union(*pool.map(self.deliver, chunks))
+        return failed
+
+
+@pytest.fixture(scope="session")
+def poller(aws, stack, functions):
+    return Poller(aws, stack, functions)
+
+
+def storage_options():
+    return {"AWS_ENDPOINT_URL": ENDPOINT, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": REGION}
+
+
+def read_table(stack, name):
+    """The curated table read back from S3 by another Delta reader (Python deltalake)."""
+    try:
+        dt = DeltaTable(f"s3://{stack.curated}/delta/{name}", storage_options=storage_options())
+    except Exception:
+        return None, {}
+    t = dt.to_pyarrow_table(columns=["trip_id", "route_id", "destination", "source_location"]).to_pylist()
+    return dt, {r["trip_id"]: (r["route_id"], r["destination"], r["source_location"]) for r in t}
+
+
+def manifests_exact(aws, stack, name):
+    """Every manifest lists exactly the live files of its partition; none for empty ones."""
+    dt, _ = read_table(stack, name)
+    live = set(dt.file_uris())
+    prefix = f"delta/{name}/_symlink_format_manifest/"
+    listed = set()
+    pages = aws.s3.get_paginator("list_objects_v2").paginate(Bucket=stack.curated, Prefix=prefix)
+    for page in pages:
+        for obj in page.get("Contents", []):
+            partition = obj["Key"][len(prefix):].rsplit("/", 1)[0]
+            body = aws.s3.get_object(Bucket=stack.curated, Key=obj["Key"])["Body"].read().decode()
+            uris = [u for u in body.splitlines() if u]
+            if not uris:
+                return False, f"empty manifest {obj['Key']}"
+            for u in uris:
+                if f"/{partition}/" not in u:
+                    return False, f"{u} listed under {partition}"
+            listed |= set(uris)
+    return listed == live, f"manifests {len(listed)} files, table {len(live)} files"

@@ -1,0 +1,129 @@
+"""End-to-end scenarios against LocalStack: real S3 notifications into a real SQS queue,
+the real function binaries, and the curated table read back from S3 by another reader."""
+
+import json
+import time
+from pathlib import Path
+
+import dms
+from conftest import ROOT, manifests_exact, read_table, record_timing
+
+
+def upload(aws, stack, table, files):
+    for key, body in files:
+        aws.s3.put_object(Bucket=stack.raw, Key=f"dms/{table}/travel_details/{key}", Body=body)
+
+
+def converge(aws, stack, poller, table, expected, scenario, start, times=1, batch=10, timeout=240):
+    def done():
+        _, got = read_table(stack, table)
+        return got == expected
+    ok = poller.run_until(done, timeout=timeout, times=times, batch=batch)
+    elapsed = time.time() - start
+    _, got = read_table(stack, table)
+    assert ok, f"{scenario}: table has {len(got)} rows, source has {len(expected)}; " \
+               f"missing {len(set(expected) - set(got))}, extra {len(set(got) - set(expected))}"
+    exact, why = manifests_exact(aws, stack, table)
+    assert exact, why
+    record_timing(scenario, elapsed, f"{len(expected)} rows, {poller.invocations} invocations so far")
+    return elapsed
+
+
+def test_seed_scenario(aws, stack, poller):
+    source = dms.Source(seed=1)
+    files = dms.seed_files(source)
+    start = time.time()
+    upload(aws, stack, "seed", files)
+    converge(aws, stack, poller, "seed", source.state(), "seed: full load + 3 CDC files", start)
+    _, got = read_table(stack, "seed")
+    destinations = {d for _, d, _ in got.values()}
+    assert "Miami" not in destinations and "Los Angeles" not in destinations
+    assert 20000 < max(got) <= 20200, "the 200 new trips are there (minus those deleted)"
+
+
+def test_every_notification_delivered_twice(aws, stack, poller):
+    source = dms.Source(seed=2)
+    files = dms.seed_files(source, full_load_rows=3000, new_rows=100)
+    files += [(f"2022/10/26/20221026-{i:010d}.parquet", dms.parquet(source.random_changes(20), True)) for i in range(5)]
+    start = time.time()
+    upload(aws, stack, "twice", files)
+    # one message per invocation, each invocation made twice
+    converge(aws, stack, poller, "twice", source.state(), "every notification twice", start, times=2, batch=1)
+
+
+def test_files_uploaded_in_reverse_order(aws, stack, poller):
+    source = dms.Source(seed=3)
+    files = dms.seed_files(source, full_load_rows=3000, new_rows=100)
+    files += [(f"2022/10/26/20221026-{i:010d}.parquet", dms.parquet(source.random_changes(20), True)) for i in range(5)]
+    start = time.time()
+    upload(aws, stack, "reverse", list(reversed(files)))
+    # one message per invocation: the files are merged newest first
+    converge(aws, stack, poller, "reverse", source.state(), "files uploaded in reverse order", start, batch=1)
+
+
+def test_burst_of_concurrent_invocations(aws, stack, poller):
+    source = dms.Source(seed=4)
+    files = [("LOAD00000001.parquet", dms.parquet([(None, "2022-10-25 23:59:59.000000", *r[2:]) for r in source.insert_records(500)], False))]
+    files += [(f"2022/10/26/20221026-{i:010d}.parquet", dms.parquet(source.random_changes(15), True)) for i in range(23)]
+    start = time.time()
+    upload(aws, stack, "burst", files)
+    # Collect every notification first, then fire 8 invocations at once (3 messages each).
+    messages, deadline = [], time.time() + 60
+    while len(messages) < len(files) and time.time() < deadline:
+        messages += [m for m in poller.receive(10) if "burst/" in m["Body"]]
+    assert len(messages) == len(files), f"got {len(messages)} notifications for {len(files)} files"
+    failed = poller.deliver_concurrently(messages, workers=8, per_invocation=3)
+    assert not failed, f"{len(failed)} messages failed in the burst"
+    converge(aws, stack, poller, "burst", source.state(), "burst: 8 concurrent invocations", start)
+
+
+def test_bad_files_go_to_the_dlq_and_replay_converges(aws, stack, poller):
+    source = dms.Source(seed=5)
+    load = source.insert_records(200)
+    good_before = source.state()
+    files = [("LOAD00000001.parquet", dms.parquet([(None, "2022-10-25 23:59:59.000000", *r[2:]) for r in load], False))]
+    changes = source.random_changes(10)
+    bad_op = [("X" if i == 3 else op, ts, t, row) for i, (op, ts, t, row) in enumerate(changes)]
+    corrupt_key = "2022/10/26/20221026-0000000001.parquet"
+    bad_op_key = "2022/10/26/20221026-0000000002.parquet"
+    start = time.time()
+    upload(aws, stack, "bad", files + [(corrupt_key, b"PAR1 not a parquet file"), (bad_op_key, dms.parquet(bad_op, True))])
+    # Good files land; the bad ones are retried, then dead-lettered by SQS (maxReceiveCount 2).
+    dead = []
+
+    def bad_ones_dead():
+        dead.extend(aws.sqs.receive_message(QueueUrl=stack.dlq_url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get("Messages", []))
+        return len(dead) >= 2
+    assert poller.run_until(bad_ones_dead, timeout=120), f"{len(dead)} messages in the DLQ"
+    dead_keys = sorted(json.loads(m["Body"])["Records"][0]["s3"]["object"]["key"] for m in dead)
+    assert dead_keys == [f"dms/bad/travel_details/{corrupt_key}", f"dms/bad/travel_details/{bad_op_key}"], dead_keys
+    _, got = read_table(stack, "bad")
+    assert got == good_before, "the good file of the same table landed, nothing of the bad ones"
+    # The raw files are untouched.
+    assert aws.s3.get_object(Bucket=stack.raw, Key=f"dms/bad/travel_details/{corrupt_key}")["Body"].read() == b"PAR1 not a parquet file"
+    # Fix and replay: upload the corrected files (as a user would after fixing them).
+    fixed_start = time.time()
+    upload(aws, stack, "bad", [(corrupt_key, dms.parquet(changes[:1], True)),
+                               (bad_op_key, dms.parquet(changes[1:], True))])
+    converge(aws, stack, poller, "bad", source.state(), "bad files fixed and replayed", fixed_start)
+    record_timing("bad files → DLQ", fixed_start - start, "2 bad files dead-lettered after 2 receives")
+
+
+def test_scheduled_maintenance_after_merges(aws, stack, poller, functions):
+    before = {t: read_table(stack, t)[1] for t in ["seed", "twice", "burst"]}
+    event = json.loads(Path(ROOT / "events" / "scheduled-maintenance.json").read_text())
+    start = time.time()
+    payload, error = functions.invoke("tributary-maintenance", event)
+    elapsed = time.time() - start
+    assert error is None, payload
+    reports = {m["table"]: m for m in payload["maintained"]}
+    assert not payload["failed"], payload["failed"]
+    for t in before:
+        r = reports[t]
+        assert r["files_after"] <= r["files_before"], r
+        assert read_table(stack, t)[1] == before[t], f"{t}: maintenance changed rows"
+        exact, why = manifests_exact(aws, stack, t)
+        assert exact, why
+    compacted = sum(r["files_compacted"] for r in reports.values())
+    record_timing("maintenance (all tables)", elapsed,
+                  f"{compacted} files compacted; " + ", ".join(f"{t}: {reports[t]['files_before']}→{reports[t]['files_after']} files" for t in before))
