@@ -493,7 +493,7 @@ async fn seed_scenario_equals_source() {
     let cfg = dir.path().join("tributary.toml");
     std::fs::write(&cfg, demo::CONFIG).unwrap();
     let engine = tributary::Engine::new(tributary::Config::from_path(&cfg).unwrap());
-    let s = demo::seed_scenario(1, 2_000, 200).unwrap();
+    let s = demo::seed_scenario(1, 2_000, 200, 2).unwrap();
     let t = &engine.config().tables[0];
     for f in &s.files {
         let u = t.source.join(&f.path).unwrap();

@@ -56,6 +56,18 @@ enum Command {
         #[arg(required = true)]
         inputs: Vec<String>,
     },
+    /// Write the seed scenario's DMS files in the S3 layout of the sample events in
+    /// `events/` (`<dir>/tributary-raw/dms/...`), plus `<dir>/tributary.toml` with s3://
+    /// locations: for the local Lambda loop (TRIBUTARY_LOCAL_S3_ROOT=<dir>) or to upload to
+    /// an emulator (`scripts/localstack seed`).
+    Seed {
+        /// Folder standing for S3 (one sub-folder per bucket).
+        #[arg(long, default_value = "local-s3")]
+        dir: PathBuf,
+        /// Rows in the full load.
+        #[arg(long, default_value_t = 20_000)]
+        rows: i32,
+    },
     /// Maintain tables: compact small files, checkpoint, vacuum, expire tombstones and
     /// regenerate the symlink manifests (what the maintenance function does on schedule).
     Maintain {
@@ -98,6 +110,7 @@ async fn run() -> Result<()> {
             batch,
             inputs,
         } => run_merge(&config, batch.max(1), &inputs).await,
+        Command::Seed { dir, rows } => run_seed(&dir, rows).await,
         Command::Maintain {
             config,
             force,
@@ -195,6 +208,39 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
     Ok(())
 }
 
+async fn run_seed(dir: &Path, rows: i32) -> Result<()> {
+    if rows < 1 {
+        bail!("--rows must be at least 1");
+    }
+    let raw = dir.join(demo::S3_RAW_BUCKET).join(demo::S3_RAW_PREFIX);
+    let scenario = demo::seed_scenario(2022, rows, 200, 1)?;
+    for f in &scenario.files {
+        let path = raw.join(&f.path);
+        std::fs::create_dir_all(path.parent().context("file path has a parent")?)?;
+        std::fs::write(&path, demo::to_parquet(&f.batch)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!(
+            "{:<60} {}",
+            format!(
+                "s3://{}/{}{}",
+                demo::S3_RAW_BUCKET,
+                demo::S3_RAW_PREFIX,
+                f.path
+            ),
+            f.description
+        );
+    }
+    std::fs::create_dir_all(dir.join("tributary-curated"))?;
+    let config = dir.join("tributary.toml");
+    std::fs::write(&config, demo::S3_CONFIG)?;
+    println!(
+        "config: {} (s3:// locations; run the functions with TRIBUTARY_LOCAL_S3_ROOT={})",
+        config.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
 async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()> {
     let engine = Engine::from_config_location(config).await?;
     let request = tributary::maintenance::Request {
@@ -259,7 +305,7 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
 
     println!("tributary demo in {}", dir.display());
     println!("  config: {}", config_path.display());
-    let scenario = demo::seed_scenario(2022, rows, new_rows)?;
+    let scenario = demo::seed_scenario(2022, rows, new_rows, 2)?;
     let raw_root = dir.join("raw").join(demo::SOURCE_PREFIX);
     println!(
         "\n1. DMS lands {} files under {}:",

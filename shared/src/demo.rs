@@ -29,6 +29,23 @@ pub const CITIES: [&str; 10] = [
 /// Folder (under the raw root) where DMS lands the table: `<schema>/<table>/`.
 pub const SOURCE_PREFIX: &str = "delta_emr_source/travel_details/";
 
+/// The local Lambda loop's configuration: the S3 layout of the sample events in `events/`
+/// (served from a local folder with `TRIBUTARY_LOCAL_S3_ROOT`, or from an emulator).
+pub const S3_CONFIG: &str = r#"# tributary table configuration for the sample events (see docs/configuration.md)
+[[table]]
+name = "travel_details"
+source = "s3://tributary-raw/dms/delta_emr_source/travel_details/"
+target = "s3://tributary-curated/delta/travel_details"
+primary_key = ["trip_id"]
+partition_by = ["route_id"]
+sequence_by = ["update_ts_dms"]
+drop_columns = ["schema_name", "table_name", "update_ts_dms"]
+"#;
+
+/// Where the sample events' raw files live: bucket and key prefix of the table.
+pub const S3_RAW_BUCKET: &str = "tributary-raw";
+pub const S3_RAW_PREFIX: &str = "dms/delta_emr_source/travel_details/";
+
 /// The demo's table configuration (paths relative to the demo folder).
 pub const CONFIG: &str = r#"# tributary table configuration for the seed scenario (see docs/configuration.md)
 [[table]]
@@ -148,11 +165,16 @@ fn ts(s: &str) -> i64 {
         .unwrap_or(0)
 }
 
-/// The walkthrough: `insert_records(full_load_rows)` (full load, two LOAD files), then
+/// The walkthrough: `insert_records(full_load_rows)` (full load, `load_files` LOAD files), then
 /// `insert_records(new_rows)`, Miami→Tucson and deleting Los Angeles (three CDC files).
 /// The inserts run before the update so that, as the walkthrough's check expects, no
 /// Miami trip is left (new trips draw their destination at random, Miami included).
-pub fn seed_scenario(seed: u64, full_load_rows: i32, new_rows: i32) -> Result<SeedScenario> {
+pub fn seed_scenario(
+    seed: u64,
+    full_load_rows: i32,
+    new_rows: i32,
+    load_files: usize,
+) -> Result<SeedScenario> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut source: BTreeMap<i32, Trip> = BTreeMap::new();
     let insert = |rng: &mut StdRng, source: &mut BTreeMap<i32, Trip>, n: i32, now: &str| {
@@ -180,8 +202,8 @@ pub fn seed_scenario(seed: u64, full_load_rows: i32, new_rows: i32) -> Result<Se
         "2022-10-25 20:55:01.000000",
     );
     let transfer = "2022-10-25 21:00:03.112233".to_string();
-    let half = ids.len().div_ceil(2);
-    for (n, chunk) in ids.chunks(half.max(1)).enumerate() {
+    let per_file = ids.len().div_ceil(load_files.max(1));
+    for (n, chunk) in ids.chunks(per_file.max(1)).enumerate() {
         let rows: Vec<_> = chunk
             .iter()
             .map(|id| (None, transfer.clone(), *id, source[id].clone()))
@@ -257,7 +279,7 @@ mod tests {
 
     #[test]
     fn scenario_matches_walkthrough() {
-        let s = seed_scenario(7, 2000, 200).unwrap();
+        let s = seed_scenario(7, 2000, 200, 2).unwrap();
         assert_eq!(s.files.len(), 5);
         assert_eq!(s.files[0].path, "LOAD00000001.parquet");
         assert!(s

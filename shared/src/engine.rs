@@ -117,10 +117,20 @@ impl Engine {
         }
     }
 
-    /// Serve `s3://bucket/key` from `<root>/bucket/key` on the local disk: for running the
-    /// Lambda locally (`cargo lambda watch`) against sample events without AWS.
+    /// Serve `s3://bucket/key` from `<root>/bucket/key` on the local disk — the announced
+    /// files and the configured tables alike: for running the Lambda locally
+    /// (`cargo lambda watch`) against the sample events without AWS.
     pub fn with_local_s3_root(mut self, root: impl Into<std::path::PathBuf>) -> Self {
-        self.local_s3_root = Some(Arc::new(root.into()));
+        let root: std::path::PathBuf = root.into();
+        let root = std::fs::canonicalize(&root).unwrap_or(root);
+        self.local_s3_root = Some(Arc::new(root));
+        let mut config = (*self.config).clone();
+        for t in &mut config.tables {
+            t.source = self.resolve(&t.source);
+            t.target = self.resolve(&t.target);
+            t.tombstones = self.resolve(&t.tombstones);
+        }
+        self.config = Arc::new(config);
         self
     }
 

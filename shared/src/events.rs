@@ -337,7 +337,7 @@ mod sample_events {
         assert_eq!(inv.trigger, Trigger::S3);
         assert_eq!(
             storage::display(&inv.messages[0].objects.as_ref().unwrap()[0]),
-            "s3://tributary-raw/dms/delta_emr_source/travel_details/2022/10/25/20221025-2105000000.parquet"
+            "s3://tributary-raw/dms/delta_emr_source/travel_details/2022/10/25/20221025-2110000000.parquet"
         );
         let inv = parse(&sample("s3-put-encoded-key.json")).unwrap();
         assert_eq!(

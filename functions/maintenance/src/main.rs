@@ -4,7 +4,8 @@
 //! Event: any scheduled event. `{"table": "name"}`, `{"tables": ["a", "b"]}` (also inside
 //! `detail`, as EventBridge rules with input transformers deliver it) limit the run;
 //! `"force": true` allows a VACUUM retention below the configured minimum.
-//! Environment: `TRIBUTARY_CONFIG` (required), `RUST_LOG`, `AWS_ENDPOINT_URL`.
+//! Environment: `TRIBUTARY_CONFIG` (required), `RUST_LOG`, `AWS_ENDPOINT_URL`,
+//! `TRIBUTARY_LOCAL_S3_ROOT` (local loop, as for the merge function).
 
 use std::sync::Arc;
 
@@ -27,7 +28,12 @@ async fn main() -> Result<(), Error> {
     let location = std::env::var("TRIBUTARY_CONFIG").map_err(|_| {
         "TRIBUTARY_CONFIG is not set: point it at the table configuration (s3://bucket/key or a file path)"
     })?;
-    let engine = Arc::new(Engine::from_config_location(&location).await?);
+    let mut engine = Engine::from_config_location(&location).await?;
+    if let Ok(root) = std::env::var("TRIBUTARY_LOCAL_S3_ROOT") {
+        // Local loop: serve s3://bucket/key from <root>/bucket/key (no AWS needed).
+        engine = engine.with_local_s3_root(root);
+    }
+    let engine = Arc::new(engine);
     tracing::info!(config = %location, tables = engine.config().tables.len(), "tributary maintenance function ready");
     lambda_runtime::run(service_fn(move |ev: LambdaEvent<Value>| {
         let engine = engine.clone();
