@@ -1,0 +1,368 @@
+//! tributary-bench: generate DMS workloads shaped like the seed table (partitioned by
+//! route_id) at scale and measure the merge engine on them.
+//!
+//! ```text
+//! tributary-bench prepare --dir D --rows N            base Delta table of N rows (cached)
+//! tributary-bench files --dir D --rows N --changes C --mix M --count K
+//!                                                      K DMS CDC files of C changes each
+//! tributary-bench run --dir D --rows N --changes C --mix M --count K
+//!                                                      copy the base table, merge the K files one
+//!                                                      by one, then maintain; print one JSON line
+//! ```
+//! `benches/run.sh` drives the matrix (and the Python deltalake comparison) and writes
+//! `docs/benchmarks.md` numbers; see there.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tributary::deltalake::arrow::array::{
+    ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use tributary::deltalake::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use tributary::deltalake::DeltaTable;
+use tributary::{delta, demo, manifest, Config, Engine};
+
+const CITIES: [&str; 10] = demo::CITIES;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Mix {
+    /// 40 % inserts of new keys, 55 % updates of the newest 5 % of keys, 5 % deletes of those.
+    Realistic,
+    /// 95 % updates and 5 % deletes spread uniformly over all keys.
+    Worst,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Prepare {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        rows: i64,
+    },
+    Files {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        rows: i64,
+        #[arg(long)]
+        changes: usize,
+        #[arg(long, value_enum)]
+        mix: Mix,
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+    },
+    Run {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        rows: i64,
+        #[arg(long)]
+        changes: usize,
+        #[arg(long, value_enum)]
+        mix: Mix,
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+        /// Keep manifests on (default, as shipped).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        manifests: bool,
+    },
+}
+
+fn schema(with_dms: bool) -> Arc<Schema> {
+    let mut f = Vec::new();
+    if with_dms {
+        f.push(Field::new("Op", DataType::Utf8, true));
+        f.push(Field::new("update_ts_dms", DataType::Utf8, true));
+    }
+    f.extend([
+        Field::new("trip_id", DataType::Int64, true),
+        Field::new("tstamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
+        Field::new("route_id", DataType::Utf8, true),
+        Field::new("destination", DataType::Utf8, true),
+        Field::new("source_location", DataType::Utf8, true),
+    ]);
+    if !with_dms {
+        f.push(Field::new("_tributary_seq", DataType::Utf8, true));
+    }
+    Arc::new(Schema::new(f))
+}
+
+fn route(id: i64) -> String {
+    ((b'A' + (id % 10) as u8) as char).to_string()
+}
+
+fn base_dir(dir: &Path, rows: i64) -> PathBuf {
+    dir.join(format!("base-{rows}"))
+}
+
+/// The base table: `rows` trips loaded by a full load, written with delta-rs in 1M-row
+/// batches (one file per partition per batch).
+async fn prepare(dir: &Path, rows: i64) -> Result<()> {
+    let base = base_dir(dir, rows);
+    let url = url::Url::from_directory_path(std::fs::canonicalize(dir)?.join(format!("base-{rows}")))
+        .map_err(|_| anyhow::anyhow!("bad dir"))?;
+    if base.join("_delta_log").exists() {
+        let t = delta::open(&url, &Default::default()).await?;
+        if delta::exists(&t) {
+            eprintln!("base table {} exists", base.display());
+            return Ok(());
+        }
+    }
+    std::fs::create_dir_all(&base)?;
+    let mut rng = StdRng::seed_from_u64(rows as u64);
+    let mut table: DeltaTable = delta::open(&url, &Default::default()).await?;
+    let t0 = Instant::now();
+    let batch_rows = 1_000_000i64;
+    let mut start = 1i64;
+    while start <= rows {
+        let end = (start + batch_rows - 1).min(rows);
+        let ids: Vec<i64> = (start..=end).collect();
+        let n = ids.len();
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(ids.clone())),
+            Arc::new(TimestampMicrosecondArray::from(vec![1_666_731_600_000_000i64; n]).with_timezone("UTC")),
+            Arc::new(StringArray::from_iter_values(ids.iter().map(|i| route(*i)))),
+            Arc::new(StringArray::from_iter_values((0..n).map(|_| CITIES[rng.random_range(0..10)]))),
+            Arc::new(StringArray::from_iter_values((0..n).map(|_| CITIES[rng.random_range(0..10)]))),
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|i| format!("0 LOAD00000001.parquet {i:010}")),
+            )),
+        ];
+        let batch = RecordBatch::try_new(schema(false), cols)?;
+        table = table
+            .write(vec![batch])
+            .with_partition_columns(vec!["route_id".to_string()])
+            .with_table_name("bench")
+            .await?;
+        start = end + 1;
+    }
+    eprintln!("wrote {rows} rows to {} in {:.1}s", base.display(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn files_dir(dir: &Path, rows: i64, changes: usize, mix: Mix) -> PathBuf {
+    dir.join(format!("files-{rows}-{changes}-{mix:?}").to_lowercase())
+}
+
+/// `count` CDC files of `changes` rows, DMS-shaped (Op, update_ts_dms first).
+fn make_files(dir: &Path, rows: i64, changes: usize, mix: Mix, count: usize) -> Result<Vec<PathBuf>> {
+    let out = files_dir(dir, rows, changes, mix);
+    std::fs::create_dir_all(&out)?;
+    let mut rng = StdRng::seed_from_u64(rows as u64 ^ changes as u64);
+    let mut next_id = rows + 1;
+    let mut paths = Vec::new();
+    let mut clock = 0u64;
+    for f in 0..count {
+        let name = format!("20240101-{:010}.parquet", f + 1);
+        let path = out.join(&name);
+        paths.push(path.clone());
+        if path.exists() {
+            continue;
+        }
+        let (mut ops, mut ts, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..changes {
+            clock += 1;
+            let roll: f64 = rng.random();
+            let (op, id) = match mix {
+                Mix::Realistic if roll < 0.40 => {
+                    next_id += 1;
+                    ("I", next_id - 1)
+                }
+                Mix::Realistic => {
+                    let recent = (rows / 20).max(1);
+                    let id = rng.random_range((rows - recent + 1).max(1)..=rows);
+                    (if roll < 0.95 { "U" } else { "D" }, id)
+                }
+                Mix::Worst => (if roll < 0.95 { "U" } else { "D" }, rng.random_range(1..=rows)),
+            };
+            ops.push(op);
+            ts.push(format!("2024-01-01 {:02}:{:02}:{:02}.{:06}", clock / 3_600_000_000 % 24, clock / 60_000_000 % 60, clock / 1_000_000 % 60, clock % 1_000_000));
+            ids.push(id);
+        }
+        let n = ids.len();
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(ops)),
+            Arc::new(StringArray::from(ts)),
+            Arc::new(Int64Array::from(ids.clone())),
+            Arc::new(TimestampMicrosecondArray::from(vec![1_704_067_200_000_000i64; n]).with_timezone("UTC")),
+            Arc::new(StringArray::from_iter_values(ids.iter().map(|i| route(*i)))),
+            Arc::new(StringArray::from_iter_values((0..n).map(|_| CITIES[rng.random_range(0..10)]))),
+            Arc::new(StringArray::from_iter_values((0..n).map(|_| CITIES[rng.random_range(0..10)]))),
+        ];
+        let batch = RecordBatch::try_new(schema(true), cols)?;
+        std::fs::write(&path, demo::to_parquet(&batch)?)?;
+    }
+    Ok(paths)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    if to.exists() {
+        std::fs::remove_dir_all(to)?;
+    }
+    let status = std::process::Command::new("cp").arg("-r").arg(from).arg(to).status()?;
+    if !status.success() {
+        bail!("cp -r {} {} failed", from.display(), to.display());
+    }
+    Ok(())
+}
+
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+#[derive(Serialize)]
+struct RunResult {
+    engine: &'static str,
+    rows: i64,
+    changes: usize,
+    mix: Mix,
+    files: usize,
+    latency_ms: Vec<f64>,
+    p50_ms: f64,
+    p95_ms: f64,
+    changes_per_s: f64,
+    /// File written → rows visible in the table and the manifests (merge incl. manifests).
+    freshness_p50_ms: f64,
+    files_rewritten_per_merge: f64,
+    bytes_rewritten_per_merge: f64,
+    files_added_per_merge: f64,
+    table_files_after: usize,
+    maintenance_ms: f64,
+    peak_rss_mb: f64,
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() {
+        return 0.0;
+    }
+    let i = ((s.len() - 1) as f64 * p).round() as usize;
+    s[i]
+}
+
+async fn run(dir: &Path, rows: i64, changes: usize, mix: Mix, count: usize, manifests: bool) -> Result<()> {
+    let dir = std::fs::canonicalize(dir)?;
+    let base = base_dir(&dir, rows);
+    if !base.join("_delta_log").exists() {
+        bail!("no base table at {}: run `prepare` first", base.display());
+    }
+    let files = make_files(&dir, rows, changes, mix, count)?;
+    let work = dir.join("work-rust");
+    let table_dir = work.join("curated/bench");
+    std::fs::create_dir_all(work.join("curated"))?;
+    copy_dir(&base, &table_dir)?;
+    let raw = work.join("raw/bench/");
+    if raw.exists() {
+        std::fs::remove_dir_all(&raw)?;
+    }
+    std::fs::create_dir_all(&raw)?;
+    let config = format!(
+        r#"[[table]]
+name = "bench"
+source = "raw/bench/"
+target = "curated/bench"
+primary_key = ["trip_id"]
+partition_by = ["route_id"]
+sequence_by = ["update_ts_dms"]
+drop_columns = ["update_ts_dms"]
+manifests = {manifests}
+"#
+    );
+    std::fs::write(work.join("tributary.toml"), config)?;
+    let engine = Engine::new(Config::from_path(&work.join("tributary.toml"))?);
+    let tcfg = engine.config().tables[0].clone();
+    let mut latency = Vec::new();
+    let mut freshness = Vec::new();
+    let (mut rewritten, mut rewritten_bytes, mut added) = (0usize, 0i64, 0usize);
+    for f in &files {
+        let before = manifest::live_files(&delta::open(&tcfg.target, &Default::default()).await?)?;
+        // "Landing": DMS writes the file, then the merge runs.
+        let landed = Instant::now();
+        let dest = raw.join(f.file_name().context("file name")?);
+        std::fs::copy(f, &dest)?;
+        let url = url::Url::from_file_path(&dest).map_err(|_| anyhow::anyhow!("url"))?;
+        let t0 = Instant::now();
+        let report = engine.process(&[url]).await;
+        let ms = t0.elapsed().as_secs_f64() * 1000.0;
+        if let Some(fail) = report.failures().next() {
+            bail!("merge failed: {fail:?}");
+        }
+        freshness.push(landed.elapsed().as_secs_f64() * 1000.0);
+        latency.push(ms);
+        let after = manifest::live_files(&delta::open(&tcfg.target, &Default::default()).await?)?;
+        let after_set: std::collections::HashSet<&str> = after.iter().map(|f| f.path.as_str()).collect();
+        for b in &before {
+            if !after_set.contains(b.path.as_str()) {
+                rewritten += 1;
+                rewritten_bytes += b.size;
+            }
+        }
+        added += report.tables.iter().map(|t| t.files_added).sum::<usize>();
+    }
+    let t0 = Instant::now();
+    let m = tributary::maintenance::maintain(&tcfg, engine.storage(), engine.storage_options(), Default::default()).await?;
+    let maintenance_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let total_s: f64 = latency.iter().sum::<f64>() / 1000.0;
+    let n = files.len() as f64;
+    let r = RunResult {
+        engine: "tributary",
+        rows,
+        changes,
+        mix,
+        files: files.len(),
+        p50_ms: pct(&latency, 0.5),
+        p95_ms: pct(&latency, 0.95),
+        changes_per_s: (changes as f64 * n) / total_s,
+        freshness_p50_ms: pct(&freshness, 0.5),
+        files_rewritten_per_merge: rewritten as f64 / n,
+        bytes_rewritten_per_merge: rewritten_bytes as f64 / n,
+        files_added_per_merge: added as f64 / n,
+        table_files_after: m.files_after,
+        maintenance_ms,
+        peak_rss_mb: peak_rss_mb(),
+        latency_ms: latency.iter().map(|v| (v * 10.0).round() / 10.0).collect(),
+    };
+    println!("{}", serde_json::to_string(&r)?);
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Prepare { dir, rows } => {
+            std::fs::create_dir_all(&dir)?;
+            prepare(&dir, rows).await
+        }
+        Cmd::Files { dir, rows, changes, mix, count } => {
+            std::fs::create_dir_all(&dir)?;
+            for p in make_files(&dir, rows, changes, mix, count)? {
+                println!("{}", p.display());
+            }
+            Ok(())
+        }
+        Cmd::Run { dir, rows, changes, mix, count, manifests } => run(&dir, rows, changes, mix, count, manifests).await,
+    }
+}
