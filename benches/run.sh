@@ -3,6 +3,8 @@
 # Usage: benches/run.sh [DIR] [--smoke]
 #   DIR      work folder (default /tmp/tributary-bench; needs ~2 GB for the 10M-row table)
 #   --smoke  tiny sizes, debug build: checks that the harness works (CI)
+# BENCH_BIN=path skips the build and uses that harness binary; BENCH_CASES overrides the
+# matrix ("rows:changes:mix:files ...").
 # Output: one JSON line per case in DIR/results.jsonl, and a Markdown table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,12 +16,18 @@ CACHE="${TRIBUTARY_CACHE:-$HOME/.cache/tributary}"
 PY="$CACHE/venv-e2e/bin/python"
 [ -x "$PY" ] || { echo "needs the Python env of scripts/e2e (deltalake, pyarrow): run scripts/e2e once" >&2; exit 1; }
 mkdir -p "$DIR"
-if [ -n "$SMOKE" ]; then
-  cargo build --quiet -p tributary-bench
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN="$BENCH_BIN"   # a prebuilt harness (skips the build)
+  CASES="${BENCH_CASES:-1000000:1000:realistic:10 1000000:1000:worst:10 1000000:100000:realistic:3 1000000:100000:worst:3
+         10000000:1000:realistic:10 10000000:1000:worst:10 10000000:100000:realistic:3 10000000:100000:worst:3}"
+elif [ -n "$SMOKE" ]; then
+  # same package set as the test build, so no dependency is rebuilt with other features
+  cargo build --quiet --workspace
   BIN="${CARGO_TARGET_DIR:-target}/debug/tributary-bench"
   CASES="20000:500:realistic:2 20000:500:worst:2"
 else
-  cargo build --quiet --release -p tributary-bench
+  # same package set as the Lambda release builds, so dependencies are shared
+  cargo build --quiet --release -p tributary-cli -p tributary-merge -p tributary-bench
   BIN="${CARGO_TARGET_DIR:-target}/release/tributary-bench"
   CASES="1000000:1000:realistic:10 1000000:1000:worst:10 1000000:100000:realistic:3 1000000:100000:worst:3
          10000000:1000:realistic:10 10000000:1000:worst:10 10000000:100000:realistic:3 10000000:100000:worst:3"

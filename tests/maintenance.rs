@@ -3,7 +3,7 @@
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use tributary::deltalake::arrow::array::AsArray;
 use tributary::deltalake::arrow::compute::cast;
 use tributary::deltalake::arrow::datatypes::{DataType, Int64Type};
@@ -260,48 +260,14 @@ fn concurrent_merges_and_maintenance_converge() {
 }
 
 fn concurrent_merges_and_maintenance(seed: u64) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let fx = Fixture::new(&ITEMS_TABLE.replace(
         "drop_columns",
         "max_commit_attempts = 200\ntarget_file_size_mb = 1\ndrop_columns",
     ));
+    let (load, history_files) = history(seed, 15, 60, 3);
+    let (mut files, expected) = land(&fx, &load, &history_files);
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut present = std::collections::BTreeSet::new();
-    let mut all = Vec::new();
-    let mut files = Vec::new();
-    for f in 0..30 {
-        let mut ch = Vec::new();
-        for _ in 0..rng.random_range(1..4) {
-            let id = rng.random_range(0..15i64);
-            let op = if present.contains(&id) {
-                if rng.random_bool(0.3) {
-                    'D'
-                } else {
-                    'U'
-                }
-            } else {
-                'I'
-            };
-            if op == 'D' {
-                present.remove(&id);
-            } else {
-                present.insert(id);
-            }
-            ch.push(c(
-                op,
-                &ts(all.len()),
-                id,
-                ["a", "b", "c"][rng.random_range(0..3)],
-                rng.random_range(0..100),
-            ));
-            all.push(ch.last().unwrap().clone());
-        }
-        files.push(fx.put_items(&format!("20240101-{f:010}.parquet"), &ch));
-    }
     files.shuffle(&mut rng);
     rt.block_on(async {
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -355,11 +321,11 @@ fn concurrent_merges_and_maintenance(seed: u64) {
         );
         assert!(errors.is_empty(), "maintenance failed: {errors:?}");
     });
-    assert_eq!(rt.block_on(fx.items_rows()), model(&all));
+    assert_eq!(rt.block_on(fx.items_rows()), expected);
     // a last maintenance run leaves exact manifests
     rt.block_on(async {
         maintain(&fx, false).await.unwrap();
         assert_manifests_exact(&fx).await;
-        assert_eq!(rows_via_manifests(&fx).await, model(&all));
+        assert_eq!(rows_via_manifests(&fx).await, expected);
     });
 }

@@ -90,7 +90,11 @@ fn schema(with_dms: bool) -> Arc<Schema> {
     }
     f.extend([
         Field::new("trip_id", DataType::Int64, true),
-        Field::new("tstamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
+        Field::new(
+            "tstamp",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
         Field::new("route_id", DataType::Utf8, true),
         Field::new("destination", DataType::Utf8, true),
         Field::new("source_location", DataType::Utf8, true),
@@ -113,8 +117,9 @@ fn base_dir(dir: &Path, rows: i64) -> PathBuf {
 /// batches (one file per partition per batch).
 async fn prepare(dir: &Path, rows: i64) -> Result<()> {
     let base = base_dir(dir, rows);
-    let url = url::Url::from_directory_path(std::fs::canonicalize(dir)?.join(format!("base-{rows}")))
-        .map_err(|_| anyhow::anyhow!("bad dir"))?;
+    let url =
+        url::Url::from_directory_path(std::fs::canonicalize(dir)?.join(format!("base-{rows}")))
+            .map_err(|_| anyhow::anyhow!("bad dir"))?;
     if base.join("_delta_log").exists() {
         let t = delta::open(&url, &Default::default()).await?;
         if delta::exists(&t) {
@@ -134,12 +139,20 @@ async fn prepare(dir: &Path, rows: i64) -> Result<()> {
         let n = ids.len();
         let cols: Vec<ArrayRef> = vec![
             Arc::new(Int64Array::from(ids.clone())),
-            Arc::new(TimestampMicrosecondArray::from(vec![1_666_731_600_000_000i64; n]).with_timezone("UTC")),
+            Arc::new(
+                TimestampMicrosecondArray::from(vec![1_666_731_600_000_000i64; n])
+                    .with_timezone("UTC"),
+            ),
             Arc::new(StringArray::from_iter_values(ids.iter().map(|i| route(*i)))),
-            Arc::new(StringArray::from_iter_values((0..n).map(|_| CITIES[rng.random_range(0..10)]))),
-            Arc::new(StringArray::from_iter_values((0..n).map(|_| CITIES[rng.random_range(0..10)]))),
             Arc::new(StringArray::from_iter_values(
-                ids.iter().map(|i| format!("0 LOAD00000001.parquet {i:010}")),
+                (0..n).map(|_| CITIES[rng.random_range(0..10)]),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                (0..n).map(|_| CITIES[rng.random_range(0..10)]),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                ids.iter()
+                    .map(|i| format!("0 LOAD00000001.parquet {i:010}")),
             )),
         ];
         let batch = RecordBatch::try_new(schema(false), cols)?;
@@ -150,7 +163,11 @@ async fn prepare(dir: &Path, rows: i64) -> Result<()> {
             .await?;
         start = end + 1;
     }
-    eprintln!("wrote {rows} rows to {} in {:.1}s", base.display(), t0.elapsed().as_secs_f64());
+    eprintln!(
+        "wrote {rows} rows to {} in {:.1}s",
+        base.display(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -159,7 +176,13 @@ fn files_dir(dir: &Path, rows: i64, changes: usize, mix: Mix) -> PathBuf {
 }
 
 /// `count` CDC files of `changes` rows, DMS-shaped (Op, update_ts_dms first).
-fn make_files(dir: &Path, rows: i64, changes: usize, mix: Mix, count: usize) -> Result<Vec<PathBuf>> {
+fn make_files(
+    dir: &Path,
+    rows: i64,
+    changes: usize,
+    mix: Mix,
+    count: usize,
+) -> Result<Vec<PathBuf>> {
     let out = files_dir(dir, rows, changes, mix);
     std::fs::create_dir_all(&out)?;
     let mut rng = StdRng::seed_from_u64(rows as u64 ^ changes as u64);
@@ -187,10 +210,19 @@ fn make_files(dir: &Path, rows: i64, changes: usize, mix: Mix, count: usize) -> 
                     let id = rng.random_range((rows - recent + 1).max(1)..=rows);
                     (if roll < 0.95 { "U" } else { "D" }, id)
                 }
-                Mix::Worst => (if roll < 0.95 { "U" } else { "D" }, rng.random_range(1..=rows)),
+                Mix::Worst => (
+                    if roll < 0.95 { "U" } else { "D" },
+                    rng.random_range(1..=rows),
+                ),
             };
             ops.push(op);
-            ts.push(format!("2024-01-01 {:02}:{:02}:{:02}.{:06}", clock / 3_600_000_000 % 24, clock / 60_000_000 % 60, clock / 1_000_000 % 60, clock % 1_000_000));
+            ts.push(format!(
+                "2024-01-01 {:02}:{:02}:{:02}.{:06}",
+                clock / 3_600_000_000 % 24,
+                clock / 60_000_000 % 60,
+                clock / 1_000_000 % 60,
+                clock % 1_000_000
+            ));
             ids.push(id);
         }
         let n = ids.len();
@@ -198,10 +230,17 @@ fn make_files(dir: &Path, rows: i64, changes: usize, mix: Mix, count: usize) -> 
             Arc::new(StringArray::from(ops)),
             Arc::new(StringArray::from(ts)),
             Arc::new(Int64Array::from(ids.clone())),
-            Arc::new(TimestampMicrosecondArray::from(vec![1_704_067_200_000_000i64; n]).with_timezone("UTC")),
+            Arc::new(
+                TimestampMicrosecondArray::from(vec![1_704_067_200_000_000i64; n])
+                    .with_timezone("UTC"),
+            ),
             Arc::new(StringArray::from_iter_values(ids.iter().map(|i| route(*i)))),
-            Arc::new(StringArray::from_iter_values((0..n).map(|_| CITIES[rng.random_range(0..10)]))),
-            Arc::new(StringArray::from_iter_values((0..n).map(|_| CITIES[rng.random_range(0..10)]))),
+            Arc::new(StringArray::from_iter_values(
+                (0..n).map(|_| CITIES[rng.random_range(0..10)]),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                (0..n).map(|_| CITIES[rng.random_range(0..10)]),
+            )),
         ];
         let batch = RecordBatch::try_new(schema(true), cols)?;
         std::fs::write(&path, demo::to_parquet(&batch)?)?;
@@ -213,7 +252,11 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     if to.exists() {
         std::fs::remove_dir_all(to)?;
     }
-    let status = std::process::Command::new("cp").arg("-r").arg(from).arg(to).status()?;
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(from)
+        .arg(to)
+        .status()?;
     if !status.success() {
         bail!("cp -r {} {} failed", from.display(), to.display());
     }
@@ -224,9 +267,11 @@ fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
         })
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
@@ -251,6 +296,8 @@ struct RunResult {
     table_files_after: usize,
     maintenance_ms: f64,
     peak_rss_mb: f64,
+    /// Mean milliseconds per merge phase (tributary's own breakdown).
+    phases_ms_mean: std::collections::BTreeMap<String, f64>,
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -263,7 +310,14 @@ fn pct(v: &[f64], p: f64) -> f64 {
     s[i]
 }
 
-async fn run(dir: &Path, rows: i64, changes: usize, mix: Mix, count: usize, manifests: bool) -> Result<()> {
+async fn run(
+    dir: &Path,
+    rows: i64,
+    changes: usize,
+    mix: Mix,
+    count: usize,
+    manifests: bool,
+) -> Result<()> {
     let dir = std::fs::canonicalize(dir)?;
     let base = base_dir(&dir, rows);
     if !base.join("_delta_log").exists() {
@@ -297,6 +351,7 @@ manifests = {manifests}
     let mut latency = Vec::new();
     let mut freshness = Vec::new();
     let (mut rewritten, mut rewritten_bytes, mut added) = (0usize, 0i64, 0usize);
+    let mut phases: std::collections::BTreeMap<String, f64> = Default::default();
     for f in &files {
         let before = manifest::live_files(&delta::open(&tcfg.target, &Default::default()).await?)?;
         // "Landing": DMS writes the file, then the merge runs.
@@ -313,7 +368,8 @@ manifests = {manifests}
         freshness.push(landed.elapsed().as_secs_f64() * 1000.0);
         latency.push(ms);
         let after = manifest::live_files(&delta::open(&tcfg.target, &Default::default()).await?)?;
-        let after_set: std::collections::HashSet<&str> = after.iter().map(|f| f.path.as_str()).collect();
+        let after_set: std::collections::HashSet<&str> =
+            after.iter().map(|f| f.path.as_str()).collect();
         for b in &before {
             if !after_set.contains(b.path.as_str()) {
                 rewritten += 1;
@@ -321,9 +377,23 @@ manifests = {manifests}
             }
         }
         added += report.tables.iter().map(|t| t.files_added).sum::<usize>();
+        for t in &report.tables {
+            if let serde_json::Value::Object(m) = serde_json::to_value(&t.phases_ms)? {
+                for (k, v) in m {
+                    *phases.entry(k).or_default() +=
+                        v.as_f64().unwrap_or_default() / files.len() as f64;
+                }
+            }
+        }
     }
     let t0 = Instant::now();
-    let m = tributary::maintenance::maintain(&tcfg, engine.storage(), engine.storage_options(), Default::default()).await?;
+    let m = tributary::maintenance::maintain(
+        &tcfg,
+        engine.storage(),
+        engine.storage_options(),
+        Default::default(),
+    )
+    .await?;
     let maintenance_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let total_s: f64 = latency.iter().sum::<f64>() / 1000.0;
     let n = files.len() as f64;
@@ -343,6 +413,7 @@ manifests = {manifests}
         table_files_after: m.files_after,
         maintenance_ms,
         peak_rss_mb: peak_rss_mb(),
+        phases_ms_mean: phases,
         latency_ms: latency.iter().map(|v| (v * 10.0).round() / 10.0).collect(),
     };
     println!("{}", serde_json::to_string(&r)?);
@@ -356,13 +427,26 @@ async fn main() -> Result<()> {
             std::fs::create_dir_all(&dir)?;
             prepare(&dir, rows).await
         }
-        Cmd::Files { dir, rows, changes, mix, count } => {
+        Cmd::Files {
+            dir,
+            rows,
+            changes,
+            mix,
+            count,
+        } => {
             std::fs::create_dir_all(&dir)?;
             for p in make_files(&dir, rows, changes, mix, count)? {
                 println!("{}", p.display());
             }
             Ok(())
         }
-        Cmd::Run { dir, rows, changes, mix, count, manifests } => run(&dir, rows, changes, mix, count, manifests).await,
+        Cmd::Run {
+            dir,
+            rows,
+            changes,
+            mix,
+            count,
+            manifests,
+        } => run(&dir, rows, changes, mix, count, manifests).await,
     }
 }

@@ -240,13 +240,19 @@ pub async fn merge(
         .map(|f| f.name().clone())
         .filter(|n| n != OP_COLUMN)
         .collect();
+    // Schema evolution only when the plan brings columns the table lacks (it costs extra
+    // planning in every MERGE otherwise).
+    let new_columns = match arrow_schema(&table) {
+        Some(ts) => data_cols.iter().any(|c| ts.field_with_name(c).is_err()),
+        None => true,
+    };
     let upd_cols = data_cols.clone();
     let ins_cols = data_cols;
     let (table, metrics) = table
         .merge(source, on)
         .with_source_alias("s")
         .with_target_alias("t")
-        .with_merge_schema(true)
+        .with_merge_schema(new_columns)
         .with_commit_properties(tributary_commit(files))
         .when_matched_update(|u| {
             let mut u = u.predicate(is_upsert.clone().and(newer.clone()));

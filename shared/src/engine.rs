@@ -73,12 +73,30 @@ pub struct TableReport {
     pub files_removed: usize,
     pub commit_attempts: u32,
     pub duration_ms: u64,
+    /// Where the time went (last attempt): loading the table, reading tombstones, the
+    /// MERGE, the post-commit tombstone re-check, manifests.
+    pub phases_ms: Phases,
     /// Manifests written / deleted after the commit (when enabled).
     pub manifests_written: usize,
     pub manifests_deleted: usize,
     /// Why the manifests could not be updated (the merge itself succeeded; the next merge
     /// of the partition or the maintenance run rewrites them).
     pub manifest_error: Option<String>,
+}
+
+/// Milliseconds per phase of a table merge.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    pub tombstones_recorded: u64,
+    pub load_table: u64,
+    pub tombstones_read: u64,
+    pub merge: u64,
+    pub recheck: u64,
+    pub manifests: u64,
+}
+
+fn ms_since(t: Instant) -> u64 {
+    t.elapsed().as_millis() as u64
 }
 
 /// Result of one [`Engine::process`] call.
@@ -331,8 +349,10 @@ impl Engine {
         };
         // Deletes are recorded first: a tombstone states a fact of the source, true whether
         // or not the main table has caught up, and it stops late older upserts.
+        let t = Instant::now();
         report.tombstones_recorded =
             delta::record_tombstones(table, &self.options, &base_plan, &file_names).await?;
+        report.phases_ms.tombstones_recorded = ms_since(t);
 
         let mut attempt = 0u32;
         let committed = loop {
@@ -358,8 +378,10 @@ impl Engine {
         };
         report.commit_attempts = attempt;
         if let Some((before, after)) = committed {
+            let t = Instant::now();
             self.update_manifests(table, &before, after, &mut report)
                 .await;
+            report.phases_ms.manifests = ms_since(t);
         }
         report.duration_ms = start.elapsed().as_millis() as u64;
         tracing::info!(
@@ -376,6 +398,7 @@ impl Engine {
             commit_attempts = report.commit_attempts,
             duration_ms = report.duration_ms,
             manifests_written = report.manifests_written,
+            phases_ms = ?report.phases_ms,
             "merged"
         );
         Ok(report)
@@ -417,6 +440,7 @@ impl Engine {
         files: &[String],
         report: &mut TableReport,
     ) -> Result<Option<(Vec<manifest::LiveFile>, DeltaTable)>> {
+        let t = Instant::now();
         let target = delta::create_or_open(
             &table.target,
             &self.options,
@@ -425,9 +449,12 @@ impl Engine {
             &table.partition_by,
         )
         .await?;
+        report.phases_ms.load_table = ms_since(t);
+        let t = Instant::now();
         let mut plan = base_plan.clone();
         let tombs = delta::read_tombstones(table, &self.options, &plan).await?;
         let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?;
+        report.phases_ms.tombstones_read = ms_since(t);
         delta::align_to_table(table, &mut plan, &target)?;
         #[cfg(test)]
         if let Some(hook) = &self.before_merge {
@@ -439,7 +466,10 @@ impl Engine {
         } else {
             Vec::new()
         };
+        let t = Instant::now();
         let (mut target, m) = delta::merge(table, target, &plan, files).await?;
+        report.phases_ms.merge = ms_since(t);
+        let t = Instant::now();
         report.blocked_by_tombstone = blocked;
         report.inserted = m.num_target_rows_inserted;
         report.updated = m.num_target_rows_updated;
@@ -473,6 +503,7 @@ impl Engine {
                 report.files_removed += m.num_target_files_removed;
             }
         }
+        report.phases_ms.recheck = ms_since(t);
         let applied = report.inserted + report.updated + report.deleted;
         report.skipped_stale = plan.batch.num_rows().saturating_sub(applied);
         report.version = target.version();

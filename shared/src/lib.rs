@@ -17,6 +17,7 @@ pub mod demo;
 pub mod engine;
 pub mod error;
 pub mod events;
+pub mod lambda;
 pub mod maintenance;
 pub mod manifest;
 pub mod metrics;

@@ -193,30 +193,39 @@ async fn write_from(
     }
     if partitions.is_none() {
         // Remove manifests of partitions that no longer have files (or were never ours).
-        let mut prefix = table_dir(table);
-        let p = format!("{}{MANIFEST_DIR}/", prefix.path());
-        prefix.set_path(&p);
-        let existing = match storage.list(&prefix).await {
-            Ok(v) => v,
-            Err(Error::Storage {
-                source: deltalake::ObjectStoreError::NotFound { .. },
-                ..
-            }) => vec![],
-            Err(e) => return Err(e),
-        };
-        for url in existing {
-            let rel = url.path().strip_prefix(prefix.path()).unwrap_or("");
-            let part = rel
-                .strip_suffix("manifest")
-                .unwrap_or(rel)
-                .trim_end_matches('/');
-            let part = storage::percent_decode(part);
+        for (part, url) in list_manifests(storage, table).await? {
             if !by_part.contains_key(part.as_str()) && delete_if_exists(storage, &url).await? {
                 report.deleted += 1;
             }
         }
     }
     Ok(report)
+}
+
+/// Existing manifests: (partition folder, URL), none when the folder does not exist.
+async fn list_manifests(storage: &Storage, table: &DeltaTable) -> Result<Vec<(String, Url)>> {
+    let mut prefix = table_dir(table);
+    let p = format!("{}{MANIFEST_DIR}/", prefix.path());
+    prefix.set_path(&p);
+    let listed = match storage.list(&prefix).await {
+        Ok(v) => v,
+        Err(Error::Storage {
+            source: deltalake::ObjectStoreError::NotFound { .. },
+            ..
+        }) => vec![],
+        Err(e) => return Err(e),
+    };
+    Ok(listed
+        .into_iter()
+        .map(|url| {
+            let rel = url.path().strip_prefix(prefix.path()).unwrap_or("");
+            let part = rel
+                .strip_suffix("manifest")
+                .unwrap_or(rel)
+                .trim_end_matches('/');
+            (storage::percent_decode(part), url)
+        })
+        .collect())
 }
 
 async fn delete_if_exists(storage: &Storage, url: &Url) -> Result<bool> {
@@ -262,25 +271,8 @@ pub async fn read_manifests(
     storage: &Storage,
     table: &DeltaTable,
 ) -> Result<BTreeMap<String, Vec<String>>> {
-    let mut prefix = table_dir(table);
-    let p = format!("{}{MANIFEST_DIR}/", prefix.path());
-    prefix.set_path(&p);
     let mut out = BTreeMap::new();
-    let listed = match storage.list(&prefix).await {
-        Ok(v) => v,
-        Err(Error::Storage {
-            source: deltalake::ObjectStoreError::NotFound { .. },
-            ..
-        }) => vec![],
-        Err(e) => return Err(e),
-    };
-    for url in listed {
-        let rel = url.path().strip_prefix(prefix.path()).unwrap_or("");
-        let part = storage::percent_decode(
-            rel.strip_suffix("manifest")
-                .unwrap_or(rel)
-                .trim_end_matches('/'),
-        );
+    for (part, url) in list_manifests(storage, table).await? {
         let body = storage.get(&url).await?;
         let text = String::from_utf8_lossy(&body);
         let mut lines: Vec<String> = text

@@ -1,15 +1,40 @@
-//! CloudWatch Embedded Metric Format (EMF) lines: printed to stdout by the Lambda, they
+//! CloudWatch Embedded Metric Format (EMF) lines: printed to stdout by the Lambdas, they
 //! become metrics (namespace `tributary`, dimension `Table`) that alarms can watch.
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::engine::{FileStatus, ProcessReport};
+use crate::maintenance::{MaintenanceReport, Summary};
 
 pub const NAMESPACE: &str = "tributary";
 
-/// One EMF document per table touched by the call.
+const COUNT: &str = "Count";
+const MS: &str = "Milliseconds";
+
+/// One EMF document: `(name, unit, value)` metrics for a table.
+fn document(table: &str, now_ms: i64, metrics: &[(&str, &str, u64)]) -> Value {
+    let mut doc = Map::new();
+    doc.insert(
+        "_aws".into(),
+        json!({
+            "Timestamp": now_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": NAMESPACE,
+                "Dimensions": [["Table"]],
+                "Metrics": metrics.iter().map(|(n, u, _)| json!({"Name": n, "Unit": u})).collect::<Vec<_>>(),
+            }]
+        }),
+    );
+    doc.insert("Table".into(), json!(table));
+    for (name, _, value) in metrics {
+        doc.insert((*name).into(), json!(value));
+    }
+    Value::Object(doc)
+}
+
+/// One EMF document per table touched by a merge call.
 pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
     #[derive(Default)]
     struct M {
@@ -45,73 +70,48 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
         m.attempts += t.commit_attempts as u64;
         m.duration_ms += t.duration_ms;
     }
-    let names: [(&str, &str); 9] = [
-        ("FilesMerged", "Count"),
-        ("FilesFailed", "Count"),
-        ("RowsInserted", "Count"),
-        ("RowsUpdated", "Count"),
-        ("RowsDeleted", "Count"),
-        ("RowsSkippedStale", "Count"),
-        ("RowsBlockedByTombstone", "Count"),
-        ("CommitAttempts", "Count"),
-        ("MergeDuration", "Milliseconds"),
-    ];
     by.into_iter()
         .map(|(table, m)| {
-            json!({
-                "_aws": {
-                    "Timestamp": now_ms,
-                    "CloudWatchMetrics": [{
-                        "Namespace": NAMESPACE,
-                        "Dimensions": [["Table"]],
-                        "Metrics": names.iter().map(|(n, u)| json!({"Name": n, "Unit": u})).collect::<Vec<_>>(),
-                    }]
-                },
-                "Table": table,
-                "FilesMerged": m.merged,
-                "FilesFailed": m.failed,
-                "RowsInserted": m.inserted,
-                "RowsUpdated": m.updated,
-                "RowsDeleted": m.deleted,
-                "RowsSkippedStale": m.stale,
-                "RowsBlockedByTombstone": m.blocked,
-                "CommitAttempts": m.attempts,
-                "MergeDuration": m.duration_ms,
-            })
+            document(
+                &table,
+                now_ms,
+                &[
+                    ("FilesMerged", COUNT, m.merged),
+                    ("FilesFailed", COUNT, m.failed),
+                    ("RowsInserted", COUNT, m.inserted),
+                    ("RowsUpdated", COUNT, m.updated),
+                    ("RowsDeleted", COUNT, m.deleted),
+                    ("RowsSkippedStale", COUNT, m.stale),
+                    ("RowsBlockedByTombstone", COUNT, m.blocked),
+                    ("CommitAttempts", COUNT, m.attempts),
+                    ("MergeDuration", MS, m.duration_ms),
+                ],
+            )
         })
         .collect()
 }
 
 /// One EMF document per maintained (or failed) table.
-pub fn maintenance_emf(summary: &crate::maintenance::Summary, now_ms: i64) -> Vec<Value> {
-    let names: [(&str, &str); 7] = [
-        ("MaintenanceFailed", "Count"),
-        ("FilesBefore", "Count"),
-        ("FilesAfter", "Count"),
-        ("FilesCompacted", "Count"),
-        ("FilesVacuumed", "Count"),
-        ("TombstonesExpired", "Count"),
-        ("MaintenanceDuration", "Milliseconds"),
-    ];
-    let doc = |table: &str, failed: u64, m: Option<&crate::maintenance::MaintenanceReport>| {
-        json!({
-            "_aws": {
-                "Timestamp": now_ms,
-                "CloudWatchMetrics": [{
-                    "Namespace": NAMESPACE,
-                    "Dimensions": [["Table"]],
-                    "Metrics": names.iter().map(|(n, u)| json!({"Name": n, "Unit": u})).collect::<Vec<_>>(),
-                }]
-            },
-            "Table": table,
-            "MaintenanceFailed": failed,
-            "FilesBefore": m.map(|m| m.files_before).unwrap_or_default(),
-            "FilesAfter": m.map(|m| m.files_after).unwrap_or_default(),
-            "FilesCompacted": m.map(|m| m.files_compacted).unwrap_or_default(),
-            "FilesVacuumed": m.map(|m| m.files_vacuumed).unwrap_or_default(),
-            "TombstonesExpired": m.map(|m| m.tombstones_expired).unwrap_or_default(),
-            "MaintenanceDuration": m.map(|m| m.duration_ms).unwrap_or_default(),
-        })
+pub fn maintenance_emf(summary: &Summary, now_ms: i64) -> Vec<Value> {
+    let doc = |table: &str, failed: u64, m: Option<&MaintenanceReport>| {
+        let v = |f: fn(&MaintenanceReport) -> u64| m.map(f).unwrap_or_default();
+        document(
+            table,
+            now_ms,
+            &[
+                ("MaintenanceFailed", COUNT, failed),
+                ("FilesBefore", COUNT, v(|m| m.files_before as u64)),
+                ("FilesAfter", COUNT, v(|m| m.files_after as u64)),
+                ("FilesCompacted", COUNT, v(|m| m.files_compacted)),
+                ("FilesVacuumed", COUNT, v(|m| m.files_vacuumed as u64)),
+                (
+                    "TombstonesExpired",
+                    COUNT,
+                    v(|m| m.tombstones_expired as u64),
+                ),
+                ("MaintenanceDuration", MS, v(|m| m.duration_ms)),
+            ],
+        )
     };
     summary
         .maintained
@@ -119,4 +119,20 @@ pub fn maintenance_emf(summary: &crate::maintenance::Summary, now_ms: i64) -> Ve
         .map(|m| doc(&m.table, 0, Some(m)))
         .chain(summary.failed.iter().map(|(t, _)| doc(t, 1, None)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_declare_every_metric_they_carry() {
+        let d = document("t", 7, &[("A", COUNT, 1), ("B", MS, 2)]);
+        assert_eq!(d["Table"], "t");
+        assert_eq!(d["A"], 1);
+        assert_eq!(d["B"], 2);
+        let declared = &d["_aws"]["CloudWatchMetrics"][0]["Metrics"];
+        assert_eq!(declared[1], json!({"Name": "B", "Unit": "Milliseconds"}));
+        assert_eq!(d["_aws"]["Timestamp"], 7);
+    }
 }

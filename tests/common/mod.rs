@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tributary::deltalake::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use tributary::deltalake::arrow::compute::cast;
 use tributary::deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema};
@@ -191,4 +193,88 @@ pub async fn live_files(table: &Url) -> usize {
 
 pub fn exists(p: &Path) -> bool {
     p.exists()
+}
+
+/// A consistent random history of the `items` source: inserts of absent keys, updates and
+/// deletes of present keys, with non-decreasing commit timestamps (ties = one transaction).
+/// Returns (full-load rows, CDC files in DMS order).
+pub fn history(
+    seed: u64,
+    keys: i64,
+    changes: usize,
+    max_file: usize,
+) -> (Vec<Change>, Vec<Vec<Change>>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let parts = ["a", "b", "c"];
+    let mut present: std::collections::BTreeSet<i64> = Default::default();
+    let mut load = Vec::new();
+    for id in 0..keys {
+        if rng.random_bool(0.4) {
+            present.insert(id);
+            // full-load rows are stamped with the transfer time: later than any CDC change
+            load.push(Change::new(
+                'I',
+                "2099-01-01 00:00:00.000000",
+                id,
+                parts[rng.random_range(0..3)],
+                rng.random_range(0..1000),
+            ));
+        }
+    }
+    let mut t = 0u64;
+    let mut stream = Vec::new();
+    for _ in 0..changes {
+        if rng.random_bool(0.7) {
+            t += 1;
+        }
+        let ts = format!("2024-01-01 00:00:00.{t:06}");
+        let id = rng.random_range(0..keys);
+        let part = parts[rng.random_range(0..3)];
+        let val = rng.random_range(0..1000);
+        let op = if present.contains(&id) {
+            if rng.random_bool(0.3) {
+                'D'
+            } else {
+                'U'
+            }
+        } else {
+            'I'
+        };
+        if op == 'D' {
+            present.remove(&id);
+        } else {
+            present.insert(id);
+        }
+        stream.push(Change::new(op, &ts, id, part, val));
+    }
+    let mut files = Vec::new();
+    let mut i = 0;
+    while i < stream.len() {
+        let n = rng.random_range(1..=max_file).min(stream.len() - i);
+        files.push(stream[i..i + n].to_vec());
+        i += n;
+    }
+    (load, files)
+}
+
+/// Write the files; returns their URLs (LOAD first) and the expected final rows.
+pub fn land(fx: &Fixture, load: &[Change], files: &[Vec<Change>]) -> (Vec<url::Url>, Vec<Row>) {
+    let mut urls = Vec::new();
+    if !load.is_empty() {
+        urls.push(fx.put_items("LOAD00000001.parquet", load));
+    }
+    for (n, f) in files.iter().enumerate() {
+        urls.push(fx.put_items(&format!("2024/01/01/20240101-{:010}.parquet", n + 1), f));
+    }
+    let mut all = load.to_vec();
+    all.extend(files.iter().flatten().cloned());
+    (urls, model(&all))
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
