@@ -206,18 +206,24 @@ impl Engine {
         let resolved: Vec<Url> = files.iter().map(|f| self.resolve(f)).collect();
         for f in &resolved {
             match self.config.table_for(f) {
-                None => report.files.push(FileOutcome {
-                    file: f.clone(),
-                    status: FileStatus::Ignored {
-                        reason: "no configured table has this prefix".into(),
-                    },
-                }),
-                Some(t) if !source::is_data_file(f, &t.format) => report.files.push(FileOutcome {
-                    file: f.clone(),
-                    status: FileStatus::Ignored {
-                        reason: format!("not a {} data file", format_name(t)),
-                    },
-                }),
+                None => {
+                    tracing::warn!(file = %storage::display(f), "ignored: no configured table has this prefix (check the tables' `source`)");
+                    report.files.push(FileOutcome {
+                        file: f.clone(),
+                        status: FileStatus::Ignored {
+                            reason: "no configured table has this prefix".into(),
+                        },
+                    })
+                }
+                Some(t) if !source::is_data_file(f, &t.format) => {
+                    tracing::info!(table = %t.name, file = %storage::display(f), "ignored: not a data file");
+                    report.files.push(FileOutcome {
+                        file: f.clone(),
+                        status: FileStatus::Ignored {
+                            reason: format!("not a {} data file", format_name(t)),
+                        },
+                    })
+                }
                 Some(t) => {
                     let list = by_table.entry(t.name.clone()).or_default();
                     if !list.contains(f) {
