@@ -309,7 +309,9 @@ impl Engine {
             return (outcomes, vec![]);
         }
         let mut reports = Vec::new();
-        match self.merge_change_sets(table, &good).await {
+        // The table loaded for the files' schema serves the first merge attempt too.
+        let loaded = delta::exists(&target).then_some(target);
+        match self.merge_loaded(table, &good, loaded).await {
             Ok(r) => {
                 reports.push(r);
                 outcomes.extend(merged(table, &good));
@@ -343,6 +345,17 @@ impl Engine {
         table: &TableConfig,
         changes: &[ChangeSet],
     ) -> Result<TableReport> {
+        self.merge_loaded(table, changes, None).await
+    }
+
+    /// [`Engine::merge_change_sets`], with the table already loaded for the first attempt
+    /// (if it is stale, the commit conflicts and the retry reloads it).
+    async fn merge_loaded(
+        &self,
+        table: &TableConfig,
+        changes: &[ChangeSet],
+        mut loaded: Option<DeltaTable>,
+    ) -> Result<TableReport> {
         let start = Instant::now();
         let file_names: Vec<String> = changes.iter().map(|c| storage::display(&c.file)).collect();
         let base_plan = plan::plan(table, changes)?;
@@ -364,7 +377,7 @@ impl Engine {
         let committed = loop {
             attempt += 1;
             match self
-                .try_merge(table, &base_plan, &file_names, &mut report)
+                .try_merge(table, &base_plan, &file_names, loaded.take(), &mut report)
                 .await
             {
                 Ok(c) => break c,
@@ -444,17 +457,23 @@ impl Engine {
         table: &TableConfig,
         base_plan: &MergePlan,
         files: &[String],
+        loaded: Option<DeltaTable>,
         report: &mut TableReport,
     ) -> Result<Option<(Vec<manifest::LiveFile>, DeltaTable)>> {
         let t = Instant::now();
-        let target = delta::create_or_open(
-            &table.target,
-            &self.options,
-            &table.name,
-            &base_plan.table_schema(),
-            &table.partition_by,
-        )
-        .await?;
+        let target = match loaded {
+            Some(t) => t,
+            None => {
+                delta::create_or_open(
+                    &table.target,
+                    &self.options,
+                    &table.name,
+                    &base_plan.table_schema(),
+                    &table.partition_by,
+                )
+                .await?
+            }
+        };
         report.phases_ms.load_table = ms_since(t);
         let t = Instant::now();
         let mut plan = base_plan.clone();
