@@ -109,6 +109,21 @@ fn route(id: i64) -> String {
     ((b'A' + (id % 10) as u8) as char).to_string()
 }
 
+/// The trip columns (`trip_id`, `tstamp`, `route_id`, `destination`, `source_location`).
+fn trip_columns(ids: &[i64], tstamp_micros: i64, rng: &mut StdRng) -> Vec<ArrayRef> {
+    let n = ids.len();
+    let mut city = || CITIES[rng.random_range(0..10)];
+    let destination = StringArray::from_iter_values((0..n).map(|_| city()));
+    let source_location = StringArray::from_iter_values((0..n).map(|_| city()));
+    vec![
+        Arc::new(Int64Array::from(ids.to_vec())),
+        Arc::new(TimestampMicrosecondArray::from(vec![tstamp_micros; n]).with_timezone("UTC")),
+        Arc::new(StringArray::from_iter_values(ids.iter().map(|i| route(*i)))),
+        Arc::new(destination),
+        Arc::new(source_location),
+    ]
+}
+
 fn base_dir(dir: &Path, rows: i64) -> PathBuf {
     dir.join(format!("base-{rows}"))
 }
@@ -136,25 +151,11 @@ async fn prepare(dir: &Path, rows: i64) -> Result<()> {
     while start <= rows {
         let end = (start + batch_rows - 1).min(rows);
         let ids: Vec<i64> = (start..=end).collect();
-        let n = ids.len();
-        let cols: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from(ids.clone())),
-            Arc::new(
-                TimestampMicrosecondArray::from(vec![1_666_731_600_000_000i64; n])
-                    .with_timezone("UTC"),
-            ),
-            Arc::new(StringArray::from_iter_values(ids.iter().map(|i| route(*i)))),
-            Arc::new(StringArray::from_iter_values(
-                (0..n).map(|_| CITIES[rng.random_range(0..10)]),
-            )),
-            Arc::new(StringArray::from_iter_values(
-                (0..n).map(|_| CITIES[rng.random_range(0..10)]),
-            )),
-            Arc::new(StringArray::from_iter_values(
-                ids.iter()
-                    .map(|i| format!("0 LOAD00000001.parquet {i:010}")),
-            )),
-        ];
+        let mut cols = trip_columns(&ids, 1_666_731_600_000_000, &mut rng);
+        cols.push(Arc::new(StringArray::from_iter_values(
+            ids.iter()
+                .map(|i| format!("0 LOAD00000001.parquet {i:010}")),
+        )));
         let batch = RecordBatch::try_new(schema(false), cols)?;
         table = table
             .write(vec![batch])
@@ -225,23 +226,11 @@ fn make_files(
             ));
             ids.push(id);
         }
-        let n = ids.len();
-        let cols: Vec<ArrayRef> = vec![
+        let mut cols: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(ops)),
             Arc::new(StringArray::from(ts)),
-            Arc::new(Int64Array::from(ids.clone())),
-            Arc::new(
-                TimestampMicrosecondArray::from(vec![1_704_067_200_000_000i64; n])
-                    .with_timezone("UTC"),
-            ),
-            Arc::new(StringArray::from_iter_values(ids.iter().map(|i| route(*i)))),
-            Arc::new(StringArray::from_iter_values(
-                (0..n).map(|_| CITIES[rng.random_range(0..10)]),
-            )),
-            Arc::new(StringArray::from_iter_values(
-                (0..n).map(|_| CITIES[rng.random_range(0..10)]),
-            )),
         ];
+        cols.extend(trip_columns(&ids, 1_704_067_200_000_000, &mut rng));
         let batch = RecordBatch::try_new(schema(true), cols)?;
         std::fs::write(&path, demo::to_parquet(&batch)?)?;
     }
