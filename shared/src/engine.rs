@@ -22,6 +22,7 @@ use crate::manifest;
 use crate::plan::{self, MergePlan};
 use crate::source::{self, ChangeSet, FileCounts};
 use crate::storage::{self, Storage};
+use crate::tombstones::{self, Tombstones};
 
 /// What happened to one input file.
 #[derive(Debug)]
@@ -369,15 +370,23 @@ impl Engine {
         // Deletes are recorded first: a tombstone states a fact of the source, true whether
         // or not the main table has caught up, and it stops late older upserts.
         let t = Instant::now();
-        report.tombstones_recorded =
-            delta::record_tombstones(table, &self.options, &base_plan, &file_names).await?;
+        let mut tombstones =
+            Tombstones::open(table, &self.options, &base_plan.batch.schema()).await?;
+        report.tombstones_recorded = tombstones.record(&base_plan, &file_names).await?;
         report.phases_ms.tombstones_recorded = ms_since(t);
 
         let mut attempt = 0u32;
         let committed = loop {
             attempt += 1;
             match self
-                .try_merge(table, &base_plan, &file_names, loaded.take(), &mut report)
+                .try_merge(
+                    table,
+                    &base_plan,
+                    &file_names,
+                    loaded.take(),
+                    &mut tombstones,
+                    &mut report,
+                )
                 .await
             {
                 Ok(c) => break c,
@@ -458,6 +467,7 @@ impl Engine {
         base_plan: &MergePlan,
         files: &[String],
         loaded: Option<DeltaTable>,
+        tombstones: &mut Tombstones<'_>,
         report: &mut TableReport,
     ) -> Result<Option<(Vec<manifest::LiveFile>, DeltaTable)>> {
         let t = Instant::now();
@@ -477,7 +487,7 @@ impl Engine {
         report.phases_ms.load_table = ms_since(t);
         let t = Instant::now();
         let mut plan = base_plan.clone();
-        let tombs = delta::read_tombstones(table, &self.options, &plan).await?;
+        let tombs = tombstones.read(&plan).await?;
         let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?;
         report.phases_ms.tombstones_read = ms_since(t);
         delta::align_to_table(table, &mut plan, &target)?;
@@ -506,8 +516,11 @@ impl Engine {
         if plan.upserts > 0 {
             let mut rounds = 0;
             loop {
-                let tombs = delta::read_tombstones(table, &self.options, &plan).await?;
-                let Some(fix) = delta::superseded_upserts(table, &plan, &tombs)? else {
+                // Unchanged tombstone table since the last read: nothing new to apply.
+                let Some(tombs) = tombstones.read_if_changed(&plan).await? else {
+                    break;
+                };
+                let Some(fix) = tombstones::superseded_upserts(table, &plan, &tombs)? else {
                     break;
                 };
                 rounds += 1;

@@ -5,7 +5,8 @@
 //! - [`config`]: the table configuration file;
 //! - [`source`]: DMS Parquet/CSV readers (full load and CDC);
 //! - [`plan`]: latest change per key, MERGE source;
-//! - [`delta`]: Delta table creation, MERGE, tombstones;
+//! - [`delta`]: Delta table creation and MERGE;
+//! - [`tombstones`]: the delete tombstones that stop late upserts reviving rows;
 //! - [`engine`]: routing, batching, retries, bad-file isolation;
 //! - [`events`]: Lambda event payloads (S3, SQS, EventBridge) → object URIs;
 //! - [`storage`]: `file://` and `s3://` access;
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod plan;
 pub mod source;
 pub mod storage;
+pub mod tombstones;
 
 pub use config::{Config, TableConfig};
 pub use deltalake;

@@ -263,7 +263,7 @@ async fn expire_tombstones(
         if !delta::exists(&t) {
             return Ok(0);
         }
-        let predicate = col(delta::DELETED_AT_COLUMN).lt(lit(
+        let predicate = col(crate::tombstones::DELETED_AT_COLUMN).lt(lit(
             deltalake::datafusion::scalar::ScalarValue::TimestampMicrosecond(
                 Some(cutoff.timestamp_micros()),
                 Some("UTC".into()),

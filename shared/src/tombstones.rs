@@ -1,0 +1,389 @@
+//! Delete tombstones: a hidden Delta table `<target>/_tributary_tombstones` holding, per
+//! deleted key, the order key of the delete and when it was recorded.
+//!
+//! A tombstone states a fact of the source ("this key was deleted at this point"), true
+//! whether or not the main table has caught up. Upserts older than a tombstone become
+//! deletes, so a late or re-delivered insert never revives a deleted row.
+//!
+//! The table is append-only: recording is a blind append (concurrent appends never
+//! conflict), and readers keep the newest order key per key. Duplicates (a re-delivered
+//! delete file) cost a few bytes until maintenance expires them.
+//!
+//! One [`Tombstones`] handle serves one merge: it is opened once, records the merge's
+//! deletes, is read for the plan, and re-checked after the commit; the re-check scans only
+//! when the tombstone table has moved since the read.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, TimestampMicrosecondArray};
+use arrow::compute::{cast, filter_record_batch};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::row::OwnedRow;
+use deltalake::datafusion::common::{Column, ScalarValue};
+use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+
+use crate::config::TableConfig;
+use crate::delta;
+use crate::error::{Error, Result};
+use crate::plan::{KeyEncoder, MergePlan, OP_COLUMN};
+
+/// Column of the tombstone table holding the wall-clock time a delete was recorded.
+pub const DELETED_AT_COLUMN: &str = "deleted_at";
+
+/// Newest tombstone order key per primary key (row-encoded with the plan's key types).
+pub type TombstoneMap = HashMap<OwnedRow, String>;
+
+/// The tombstone table of one Delta table, opened once per merge.
+pub struct Tombstones<'a> {
+    cfg: &'a TableConfig,
+    table: DeltaTable,
+    label: String,
+    /// Version of the tombstone table at the last [`Tombstones::read`].
+    read_version: Option<u64>,
+}
+
+impl<'a> Tombstones<'a> {
+    /// Open the tombstone table, creating it (empty) when missing, so that later opens
+    /// never hit a missing table. A concurrent creator winning the race is fine.
+    pub async fn open(
+        cfg: &'a TableConfig,
+        options: &HashMap<String, String>,
+        plan_schema: &Schema,
+    ) -> Result<Self> {
+        let schema = schema(cfg, plan_schema)?;
+        let name = format!("{}_tombstones", cfg.name);
+        let table = delta::create_or_open(&cfg.tombstones, options, &name, &schema, &[]).await?;
+        Ok(Self {
+            cfg,
+            table,
+            label: format!("{} tombstones", cfg.name),
+            read_version: None,
+        })
+    }
+
+    /// Append the plan's deletes. Returns how many tombstones the plan carried.
+    pub async fn record(&mut self, plan: &MergePlan, files: &[String]) -> Result<usize> {
+        let op = plan
+            .batch
+            .column_by_name(OP_COLUMN)
+            .ok_or_else(|| Error::Internal("op column".into()))?;
+        let mask: arrow::array::BooleanArray = op
+            .as_string::<i32>()
+            .iter()
+            .map(|v| Some(v == Some("D")))
+            .collect();
+        let deletes =
+            filter_record_batch(&plan.batch, &mask).map_err(|e| Error::Internal(e.to_string()))?;
+        if deletes.num_rows() == 0 {
+            return Ok(0);
+        }
+        // Columns in the tombstone table's own types (the first file may have written the
+        // keys with another integer width than today's file: cast, refusing lossy casts).
+        let table_schema = delta::arrow_schema(&self.table)
+            .ok_or_else(|| Error::Internal(format!("{}: table not loaded", self.label)))?;
+        let now = chrono::Utc::now().timestamp_micros();
+        let n = deletes.num_rows();
+        let mut fields = Vec::new();
+        let mut cols: Vec<ArrayRef> = Vec::new();
+        for f in table_schema.fields() {
+            let col: ArrayRef = if f.name() == DELETED_AT_COLUMN {
+                Arc::new(TimestampMicrosecondArray::from(vec![now; n]).with_timezone("UTC"))
+            } else {
+                let c = deletes.column_by_name(f.name()).ok_or_else(|| Error::Schema {
+                    table: self.cfg.name.clone(),
+                    message: format!(
+                        "the tombstone table has a column `{}` the files do not carry; the primary key or sequence column changed: delete {} and replay the table's files",
+                        f.name(),
+                        crate::storage::display(&self.cfg.tombstones)
+                    ),
+                })?;
+                let cast_c = cast(c, f.data_type()).map_err(|e| self.type_error(f, c, e))?;
+                if cast_c.null_count() != c.null_count() {
+                    return Err(self.type_error(f, c, "values out of range"));
+                }
+                cast_c
+            };
+            fields.push(Field::new(f.name(), f.data_type().clone(), true));
+            cols.push(col);
+        }
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        // A blind append: delta-rs rebases it over concurrent commits without conflict.
+        let table = self
+            .table
+            .clone()
+            .write(vec![batch])
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(delta::tributary_commit(files))
+            .await
+            .map_err(|e| Error::delta(&self.label, e))?;
+        self.table = table;
+        Ok(n)
+    }
+
+    fn type_error(&self, f: &Field, c: &ArrayRef, e: impl std::fmt::Display) -> Error {
+        Error::Schema {
+            table: self.cfg.name.clone(),
+            message: format!(
+                "key column `{}` is {} in the tombstone table but {} in the files ({e})",
+                f.name(),
+                f.data_type(),
+                c.data_type()
+            ),
+        }
+    }
+
+    /// Tombstones for the plan's upsert keys, from the newest tombstone table version.
+    pub async fn read(&mut self, plan: &MergePlan) -> Result<TombstoneMap> {
+        self.refresh().await?;
+        self.read_version = self.table.version();
+        self.scan(plan).await
+    }
+
+    /// After a commit: the tombstones for the plan's upsert keys if the tombstone table
+    /// moved since the last [`Tombstones::read`] (a concurrent delete may have been
+    /// recorded), `None` when it has not (nothing new can be there).
+    pub async fn read_if_changed(&mut self, plan: &MergePlan) -> Result<Option<TombstoneMap>> {
+        self.refresh().await?;
+        if self.read_version.is_some() && self.table.version() == self.read_version {
+            return Ok(None);
+        }
+        self.read(plan).await.map(Some)
+    }
+
+    async fn refresh(&mut self) -> Result<()> {
+        self.table
+            .update_incremental(None)
+            .await
+            .map_err(|e| Error::delta(&self.label, e))
+    }
+
+    async fn scan(&self, plan: &MergePlan) -> Result<TombstoneMap> {
+        let mut out = HashMap::new();
+        if plan.upserts == 0 {
+            return Ok(out);
+        }
+        let cfg = self.cfg;
+        let label = &self.label;
+        let ctx = SessionContext::new();
+        self.table
+            .update_datafusion_session(&ctx.state())
+            .map_err(|e| Error::delta(label, e))?;
+        let provider = self
+            .table
+            .table_provider()
+            .await
+            .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+        let mut df = ctx
+            .read_table(provider)
+            .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+        // Prune by the range of the first key column (file statistics do the rest).
+        let k0 = &cfg.primary_key[0];
+        if let Some(keys) = plan.batch.column_by_name(k0) {
+            if let Some((lo, hi)) = min_max(keys)? {
+                df = df
+                    .filter(Expr::Column(ucol(k0)).between(lit(lo), lit(hi)))
+                    .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+            }
+        }
+        let mut cols: Vec<Expr> = cfg
+            .primary_key
+            .iter()
+            .map(|k| Expr::Column(ucol(k)))
+            .collect();
+        cols.push(Expr::Column(ucol(&cfg.sequence_column)));
+        let batches = df
+            .select(cols)
+            .map_err(|e| Error::Internal(format!("{label}: {e}")))?
+            .collect()
+            .await
+            .map_err(|e| Error::Internal(format!("{label}: reading tombstones failed: {e}")))?;
+        // Encode keys with the plan's key types (DataFusion may hand back view types).
+        let plan_schema = plan.batch.schema();
+        let enc = KeyEncoder::new(&plan_schema, &cfg.primary_key)?;
+        for b in &batches {
+            let mut fields = Vec::new();
+            let mut cols = Vec::new();
+            for (i, k) in cfg.primary_key.iter().enumerate() {
+                let f = plan_schema
+                    .field_with_name(k)
+                    .map_err(|e| Error::Internal(e.to_string()))?;
+                cols.push(cast(b.column(i), f.data_type()).map_err(|e| Error::Schema {
+                    table: cfg.name.clone(),
+                    message: format!(
+                        "tombstone key column `{k}` does not match the table's type: {e}"
+                    ),
+                })?);
+                fields.push(Field::new(k, f.data_type().clone(), true));
+            }
+            let keys_batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            let keys = enc.encode(&keys_batch)?;
+            let seqs = b.column(cfg.primary_key.len());
+            let seqs = cast(seqs, &DataType::Utf8).map_err(|e| Error::Internal(e.to_string()))?;
+            let seqs = seqs.as_string::<i32>();
+            for (i, k) in keys.into_iter().enumerate() {
+                if seqs.is_valid(i) {
+                    let s = seqs.value(i);
+                    match out.get(&k) {
+                        Some(old) if old.as_str() >= s => {}
+                        _ => {
+                            out.insert(k, s.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Schema of the tombstone table for a plan: key columns, order key, deletion time.
+fn schema(cfg: &TableConfig, plan_schema: &Schema) -> Result<Schema> {
+    let mut fields = Vec::new();
+    for k in &cfg.primary_key {
+        let f = plan_schema
+            .field_with_name(k)
+            .map_err(|_| Error::Internal(format!("key {k} missing from plan")))?;
+        fields.push(Field::new(k, f.data_type().clone(), true));
+    }
+    fields.push(Field::new(&cfg.sequence_column, DataType::Utf8, true));
+    fields.push(Field::new(
+        DELETED_AT_COLUMN,
+        DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        true,
+    ));
+    Ok(Schema::new(fields))
+}
+
+fn ucol(name: &str) -> Column {
+    Column::new_unqualified(name)
+}
+
+fn min_max(a: &ArrayRef) -> Result<Option<(ScalarValue, ScalarValue)>> {
+    if a.is_empty() {
+        return Ok(None);
+    }
+    let idx = arrow::compute::sort_to_indices(a, None, None)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    let lo = ScalarValue::try_from_array(a, idx.value(0) as usize)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    let hi = ScalarValue::try_from_array(a, idx.value(idx.len() - 1) as usize)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(Some((lo, hi)))
+}
+
+/// A plan of deletes for the upserts of `plan` that tombstones written since have
+/// superseded (found after our commit). `None` when there are none.
+pub fn superseded_upserts(
+    cfg: &TableConfig,
+    plan: &MergePlan,
+    tombstones: &TombstoneMap,
+) -> Result<Option<MergePlan>> {
+    if tombstones.is_empty() {
+        return Ok(None);
+    }
+    let mut p = plan.clone();
+    let changed = crate::plan::apply_tombstones(&mut p, cfg, tombstones)?;
+    if changed == 0 {
+        return Ok(None);
+    }
+    // Keep only rows that turned from upsert into delete.
+    let before = plan
+        .batch
+        .column_by_name(OP_COLUMN)
+        .ok_or_else(|| Error::Internal("op".into()))?;
+    let after = p
+        .batch
+        .column_by_name(OP_COLUMN)
+        .ok_or_else(|| Error::Internal("op".into()))?;
+    let (b, a) = (before.as_string::<i32>(), after.as_string::<i32>());
+    let mask: arrow::array::BooleanArray = (0..b.len())
+        .map(|i| Some(b.value(i) == "U" && a.value(i) == "D"))
+        .collect();
+    let batch = filter_record_batch(&p.batch, &mask).map_err(|e| Error::Internal(e.to_string()))?;
+    let n = batch.num_rows();
+    Ok(Some(MergePlan {
+        batch,
+        upserts: 0,
+        deletes: n,
+        superseded: 0,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Int64Array, StringArray};
+
+    use super::*;
+    use crate::config::Config;
+
+    fn plan(cfg: &TableConfig, rows: &[(i64, &str, &str)]) -> MergePlan {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new(&cfg.sequence_column, DataType::Utf8, true),
+            Field::new(OP_COLUMN, DataType::Utf8, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .unwrap();
+        let deletes = rows.iter().filter(|r| r.2 == "D").count();
+        MergePlan {
+            batch,
+            upserts: rows.len() - deletes,
+            deletes,
+            superseded: 0,
+        }
+    }
+
+    /// Appends keep the newest order key per key (duplicates and older deletes included),
+    /// and the post-commit re-check only scans when another writer appended since.
+    #[tokio::test]
+    async fn appends_keep_the_newest_and_recheck_scans_only_after_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[[table]]\nname = \"t\"\nsource = \"raw/t/\"\ntarget = \"curated/t\"\nprimary_key = [\"id\"]\nsequence_by = [\"ts\"]\n";
+        let config = Config::from_toml(text, "test", Some(dir.path())).unwrap();
+        let cfg = &config.tables[0];
+        let opts = HashMap::new();
+        let deletes = plan(cfg, &[(1, "1 b", "D"), (2, "1 a", "D")]);
+        let schema = deletes.batch.schema();
+        let mut ours = Tombstones::open(cfg, &opts, &schema).await.unwrap();
+        assert_eq!(ours.record(&deletes, &[]).await.unwrap(), 2);
+        // the same file again, and an older delete of key 1: duplicates, not changes
+        assert_eq!(ours.record(&deletes, &[]).await.unwrap(), 2);
+        let older = plan(cfg, &[(1, "1 a", "D")]);
+        assert_eq!(ours.record(&older, &[]).await.unwrap(), 1);
+
+        let upserts = plan(cfg, &[(1, "1 c", "U"), (2, "1 c", "U"), (3, "1 c", "U")]);
+        let read = ours.read(&upserts).await.unwrap();
+        let enc = KeyEncoder::new(&schema, &cfg.primary_key).unwrap();
+        let keys = enc.encode(&upserts.batch).unwrap();
+        assert_eq!(read.len(), 2);
+        assert_eq!(read.get(&keys[0]).map(String::as_str), Some("1 b"));
+        assert_eq!(read.get(&keys[1]).map(String::as_str), Some("1 a"));
+        assert!(ours.read_if_changed(&upserts).await.unwrap().is_none());
+
+        // another writer records a delete of key 3: the re-check sees it
+        let mut theirs = Tombstones::open(cfg, &opts, &schema).await.unwrap();
+        theirs
+            .record(&plan(cfg, &[(3, "1 d", "D")]), &[])
+            .await
+            .unwrap();
+        let again = ours
+            .read_if_changed(&upserts)
+            .await
+            .unwrap()
+            .expect("changed");
+        assert_eq!(again.get(&keys[2]).map(String::as_str), Some("1 d"));
+        assert!(ours.read_if_changed(&upserts).await.unwrap().is_none());
+    }
+}
