@@ -65,21 +65,31 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         count: usize,
     },
-    Run {
-        #[arg(long)]
-        dir: PathBuf,
-        #[arg(long)]
-        rows: i64,
-        #[arg(long)]
-        changes: usize,
-        #[arg(long, value_enum)]
-        mix: Mix,
-        #[arg(long, default_value_t = 10)]
-        count: usize,
-        /// Keep manifests on (default, as shipped).
-        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-        manifests: bool,
-    },
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long)]
+    rows: i64,
+    #[arg(long)]
+    changes: usize,
+    #[arg(long, value_enum)]
+    mix: Mix,
+    #[arg(long, default_value_t = 10)]
+    count: usize,
+    /// Keep manifests on (default, as shipped).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    manifests: bool,
+    /// Run maintenance (compaction) on the copied base table before the merges, to
+    /// measure merges against the layout maintenance leaves behind.
+    #[arg(long)]
+    maintain_first: bool,
+    /// The table's `target_file_size_mb` (compaction target); tributary's default if unset.
+    #[arg(long)]
+    target_file_size_mb: Option<f64>,
 }
 
 fn schema(with_dms: bool) -> Arc<Schema> {
@@ -284,6 +294,9 @@ struct RunResult {
     files_added_per_merge: f64,
     table_files_after: usize,
     maintenance_ms: f64,
+    /// With `--maintain-first`: data files of the base table after that maintenance run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    base_files_after_maintenance: Option<usize>,
     peak_rss_mb: f64,
     /// Mean milliseconds per merge phase (tributary's own breakdown).
     phases_ms_mean: std::collections::BTreeMap<String, f64>,
@@ -299,15 +312,18 @@ fn pct(v: &[f64], p: f64) -> f64 {
     s[i]
 }
 
-async fn run(
-    dir: &Path,
-    rows: i64,
-    changes: usize,
-    mix: Mix,
-    count: usize,
-    manifests: bool,
-) -> Result<()> {
-    let dir = std::fs::canonicalize(dir)?;
+async fn run(args: RunArgs) -> Result<()> {
+    let RunArgs {
+        dir,
+        rows,
+        changes,
+        mix,
+        count,
+        manifests,
+        maintain_first,
+        target_file_size_mb,
+    } = args;
+    let dir = std::fs::canonicalize(&dir)?;
     let base = base_dir(&dir, rows);
     if !base.join("_delta_log").exists() {
         bail!("no base table at {}: run `prepare` first", base.display());
@@ -334,9 +350,24 @@ drop_columns = ["update_ts_dms"]
 manifests = {manifests}
 "#
     );
+    let config = match target_file_size_mb {
+        Some(mb) => format!("{config}target_file_size_mb = {mb}\n"),
+        None => config,
+    };
     std::fs::write(work.join("tributary.toml"), config)?;
     let engine = Engine::new(Config::from_path(&work.join("tributary.toml"))?);
     let tcfg = engine.config().tables[0].clone();
+    let mut base_files_after_maintenance = None;
+    if maintain_first {
+        let m = tributary::maintenance::maintain(
+            &tcfg,
+            engine.storage(),
+            engine.storage_options(),
+            Default::default(),
+        )
+        .await?;
+        base_files_after_maintenance = Some(m.files_after);
+    }
     let mut latency = Vec::new();
     let mut freshness = Vec::new();
     let (mut rewritten, mut rewritten_bytes, mut added) = (0usize, 0i64, 0usize);
@@ -401,6 +432,7 @@ manifests = {manifests}
         files_added_per_merge: added as f64 / n,
         table_files_after: m.files_after,
         maintenance_ms,
+        base_files_after_maintenance,
         peak_rss_mb: peak_rss_mb(),
         phases_ms_mean: phases,
         latency_ms: latency.iter().map(|v| (v * 10.0).round() / 10.0).collect(),
@@ -429,13 +461,6 @@ async fn main() -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Run {
-            dir,
-            rows,
-            changes,
-            mix,
-            count,
-            manifests,
-        } => run(&dir, rows, changes, mix, count, manifests).await,
+        Cmd::Run(args) => run(args).await,
     }
 }
