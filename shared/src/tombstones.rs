@@ -111,17 +111,33 @@ impl<'a> Tombstones<'a> {
         }
         let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
             .map_err(|e| Error::Internal(e.to_string()))?;
-        // A blind append: delta-rs rebases it over concurrent commits without conflict.
-        let table = self
-            .table
-            .clone()
-            .write(vec![batch])
-            .with_save_mode(SaveMode::Append)
-            .with_commit_properties(delta::tributary_commit(files))
-            .await
-            .map_err(|e| Error::delta(&self.label, e))?;
-        self.table = table;
-        Ok(n)
+        // A blind append: delta-rs rebases it over concurrent appends. Only a concurrent
+        // metadata commit (two writers creating the table at once) conflicts: refresh, retry.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let res = self
+                .table
+                .clone()
+                .write(vec![batch.clone()])
+                .with_save_mode(SaveMode::Append)
+                .with_commit_properties(delta::tributary_commit(files))
+                .await;
+            match res {
+                Ok(table) => {
+                    self.table = table;
+                    return Ok(n);
+                }
+                Err(e)
+                    if attempt < self.cfg.max_commit_attempts
+                        && crate::error::is_commit_conflict(&e) =>
+                {
+                    delta::backoff(attempt).await;
+                    self.refresh().await?;
+                }
+                Err(e) => return Err(Error::delta(&self.label, e)),
+            }
+        }
     }
 
     fn type_error(&self, f: &Field, c: &ArrayRef, e: impl std::fmt::Display) -> Error {
