@@ -13,6 +13,9 @@ use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::StructType;
 use deltalake::operations::merge::MergeMetrics;
 use deltalake::{DeltaTable, DeltaTableBuilder};
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 use url::Url;
 
 use crate::config::TableConfig;
@@ -116,6 +119,21 @@ pub(crate) fn tributary_commit(files: &[String]) -> CommitProperties {
         meta.push(("tributary.files".to_string(), serde_json::json!(files)));
     }
     CommitProperties::default().with_metadata(meta)
+}
+
+/// Parquet settings of the files a MERGE writes: delta-rs's defaults (Snappy, dictionary
+/// encoding) except that columns unique per row — the order key, and a single-column primary
+/// key — skip the dictionary attempt, which never pays off there and costs hashing every
+/// value of every rewritten file.
+pub(crate) fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
+    let mut b = WriterProperties::builder()
+        .set_created_by(format!("tributary {}", env!("CARGO_PKG_VERSION")))
+        .set_compression(Compression::SNAPPY)
+        .set_column_dictionary_enabled(ColumnPath::from(table_cfg.sequence_column.as_str()), false);
+    if let [key] = table_cfg.primary_key.as_slice() {
+        b = b.set_column_dictionary_enabled(ColumnPath::from(key.as_str()), false);
+    }
+    b.build()
 }
 
 fn qcol(alias: &str, name: &str) -> Expr {
@@ -249,6 +267,7 @@ pub async fn merge(
         .with_source_alias("s")
         .with_target_alias("t")
         .with_merge_schema(new_columns)
+        .with_writer_properties(writer_properties(table_cfg))
         .with_commit_properties(tributary_commit(files))
         .when_matched_update(|u| {
             let mut u = u.predicate(is_upsert.clone().and(newer.clone()));
