@@ -571,3 +571,41 @@ async fn sqs_batch_reports_only_the_bad_message_as_failed() {
     );
     assert_eq!(fx.items_rows().await, vec![(1, "a".into(), 1)]);
 }
+
+/// The files a MERGE writes skip the dictionary for columns unique per row (the order key
+/// and a single-column key) and keep it for the others (the benchmarked writer setting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_output_has_no_dictionary_for_unique_columns() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let fx = Fixture::items();
+    let rows: Vec<Change> = (0..50)
+        .map(|i| c('I', "2024-01-01 09:00:00.000000", i, "a", i % 3))
+        .collect();
+    let load = fx.put_items("LOAD00000001.parquet", &rows);
+    fx.merge_ok(&[load]).await;
+    let dir = fx.path("curated/items/part=a");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("parquet") {
+            continue;
+        }
+        let reader = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+        let meta = reader.metadata();
+        for rg in meta.row_groups() {
+            let dict = |name: &str| {
+                rg.columns()
+                    .iter()
+                    .find(|c| c.column_path().string() == name)
+                    .unwrap_or_else(|| panic!("column {name} in {}", path.display()))
+                    .dictionary_page_offset()
+                    .is_some()
+            };
+            assert!(!dict("_tributary_seq"), "order key dictionary-encoded");
+            assert!(!dict("id"), "key dictionary-encoded");
+            assert!(dict("val"), "other columns keep the dictionary");
+        }
+        checked += 1;
+    }
+    assert!(checked > 0, "no data file in {}", dir.display());
+}
