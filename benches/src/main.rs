@@ -47,29 +47,22 @@ enum Mix {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Write the base Delta table of N rows (cached).
     Prepare {
         #[arg(long)]
         dir: PathBuf,
         #[arg(long)]
         rows: i64,
     },
-    Files {
-        #[arg(long)]
-        dir: PathBuf,
-        #[arg(long)]
-        rows: i64,
-        #[arg(long)]
-        changes: usize,
-        #[arg(long, value_enum)]
-        mix: Mix,
-        #[arg(long, default_value_t = 10)]
-        count: usize,
-    },
+    /// Write the workload's CDC files (cached), print their paths.
+    Files(Workload),
+    /// Copy the base table, merge the files one by one, then maintain; print one JSON line.
     Run(RunArgs),
 }
 
+// A workload: the base table size and the CDC files merged into it.
 #[derive(clap::Args)]
-struct RunArgs {
+struct Workload {
     #[arg(long)]
     dir: PathBuf,
     #[arg(long)]
@@ -80,6 +73,12 @@ struct RunArgs {
     mix: Mix,
     #[arg(long, default_value_t = 10)]
     count: usize,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    workload: Workload,
     /// Keep manifests on (default, as shipped).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     manifests: bool,
@@ -314,11 +313,14 @@ fn pct(v: &[f64], p: f64) -> f64 {
 
 async fn run(args: RunArgs) -> Result<()> {
     let RunArgs {
-        dir,
-        rows,
-        changes,
-        mix,
-        count,
+        workload:
+            Workload {
+                dir,
+                rows,
+                changes,
+                mix,
+                count,
+            },
         manifests,
         maintain_first,
         target_file_size_mb,
@@ -448,13 +450,13 @@ async fn main() -> Result<()> {
             std::fs::create_dir_all(&dir)?;
             prepare(&dir, rows).await
         }
-        Cmd::Files {
+        Cmd::Files(Workload {
             dir,
             rows,
             changes,
             mix,
             count,
-        } => {
+        }) => {
             std::fs::create_dir_all(&dir)?;
             for p in make_files(&dir, rows, changes, mix, count)? {
                 println!("{}", p.display());
