@@ -196,7 +196,10 @@ async fn bad_files_fail_alone_with_clear_errors_and_stay_in_place() {
             c('X', "2024-01-01 00:00:03.000000", 3, "a", 1),
         ],
     );
+    // A file under the source that is not a DMS data file fails (it must reach the DLQ,
+    // never be skipped); a folder marker and a file outside every source are ignored.
     let not_data = fx.put_raw("shop/items", "_SUCCESS", b"");
+    let marker = fx.put_raw("shop/items", "2024_$folder$", b"");
     let elsewhere = fx.put_raw("other/table", "x.parquet", b"");
     let r = fx
         .engine
@@ -204,7 +207,8 @@ async fn bad_files_fail_alone_with_clear_errors_and_stay_in_place() {
             good.clone(),
             corrupt.clone(),
             unknown_op.clone(),
-            not_data,
+            not_data.clone(),
+            marker,
             elsewhere,
         ])
         .await;
@@ -229,6 +233,17 @@ async fn bad_files_fail_alone_with_clear_errors_and_stay_in_place() {
                 m.contains("row 2, column `Op`") && m.contains("unknown operation \"X\""),
                 "{m}"
             );
+        }
+        s => panic!("expected failure, got {s:?}"),
+    }
+    match status(&not_data) {
+        FileStatus::Failed { error, .. } => {
+            let m = error.to_string();
+            assert!(
+                m.contains("_SUCCESS") && m.contains("not a DMS data file"),
+                "{m}"
+            );
+            assert!(!error.is_retryable());
         }
         s => panic!("expected failure, got {s:?}"),
     }

@@ -1,17 +1,20 @@
-//! Delta writes: open/create tables and MERGE a plan (tombstones live in `tombstones`).
+//! Delta writes: open/create tables, read tributary's table properties, and MERGE a plan
+//! (tombstones live in `tombstones`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, RecordBatch};
-use arrow::compute::cast;
+use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use deltalake::datafusion::common::Column;
+use deltalake::datafusion::logical_expr::utils::conjunction;
+use deltalake::datafusion::logical_expr::when;
 use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
-use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::StructType;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{StructType, Transaction};
 use deltalake::operations::merge::MergeMetrics;
+use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::{DeltaTable, DeltaTableBuilder};
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
@@ -20,7 +23,8 @@ use url::Url;
 
 use crate::config::TableConfig;
 use crate::error::{Error, Result};
-use crate::plan::{MergePlan, OP_COLUMN};
+use crate::plan::{is_internal, MergePlan, PlanOp, OP_COLUMN};
+use crate::props::TableProps;
 
 /// Open a table, or return an unloaded handle when nothing is there yet.
 pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaTable> {
@@ -28,8 +32,10 @@ pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaT
     if url.scheme() == "file" {
         // delta-rs wants a local table's folder to exist before it creates the table.
         if let Ok(path) = url.to_file_path() {
-            std::fs::create_dir_all(&path)
-                .map_err(|e| Error::Internal(format!("cannot create {}: {e}", path.display())))?;
+            std::fs::create_dir_all(&path).map_err(|e| Error::Io {
+                path: path.display().to_string(),
+                source: e,
+            })?;
         }
     }
     let mut table = DeltaTableBuilder::from_url(url.clone())
@@ -54,13 +60,34 @@ pub fn arrow_schema(table: &DeltaTable) -> Option<SchemaRef> {
     table.snapshot().ok().map(|s| s.snapshot().arrow_schema())
 }
 
-/// Create the table with this schema and partitioning, unless it exists. A concurrent
-/// creator winning the race is not an error: the caller's retry reloads the table.
+/// tributary's properties of the loaded version (defaults when the table does not exist).
+pub fn props(table: &DeltaTable) -> TableProps {
+    table
+        .snapshot()
+        .ok()
+        .map(|s| TableProps::from_configuration(s.metadata().configuration()))
+        .unwrap_or_default()
+}
+
+/// The partition columns of the loaded version.
+pub fn partition_columns(table: &DeltaTable) -> Result<Vec<String>> {
+    let label = table.table_url().to_string();
+    Ok(table
+        .snapshot()
+        .map_err(|e| Error::delta(&label, e))?
+        .metadata()
+        .partition_columns()
+        .to_vec())
+}
+
+/// Create the table with this schema, partitioning and properties, unless it exists. A
+/// concurrent creator winning the race is not an error: the caller's retry reloads the table.
 pub async fn create(
     table: DeltaTable,
     name: &str,
     schema: &Schema,
     partition_by: &[String],
+    properties: HashMap<String, String>,
 ) -> Result<DeltaTable> {
     let label = table.table_url().to_string();
     let nullable = Schema::new(
@@ -79,6 +106,9 @@ pub async fn create(
         .with_table_name(name)
         .with_columns(kernel.fields().cloned())
         .with_partition_columns(partition_by.to_vec())
+        .with_configuration(properties.into_iter().map(|(k, v)| (k, Some(v))))
+        // tributary's own `tributary.*` keys are not Delta properties.
+        .with_raise_if_key_not_exists(false)
         .with_commit_properties(tributary_commit(&[]))
         .await
         .map_err(|e| Error::delta(&label, e))
@@ -92,12 +122,13 @@ pub async fn create_or_open(
     name: &str,
     schema: &Schema,
     partition_by: &[String],
+    properties: HashMap<String, String>,
 ) -> Result<DeltaTable> {
     let t = open(url, options).await?;
     if exists(&t) {
         return Ok(t);
     }
-    match create(t, name, schema, partition_by).await {
+    match create(t, name, schema, partition_by, properties).await {
         Ok(t) => Ok(t),
         Err(e) => {
             let t = open(url, options).await?;
@@ -108,6 +139,55 @@ pub async fn create_or_open(
             }
         }
     }
+}
+
+/// Set table properties (a metadata commit: concurrent writers retry once).
+pub async fn set_properties(
+    table: DeltaTable,
+    properties: HashMap<String, String>,
+) -> Result<DeltaTable> {
+    let label = table.table_url().to_string();
+    table
+        .set_tbl_properties()
+        .with_properties(properties)
+        .with_raise_if_not_exists(false)
+        .with_commit_properties(tributary_commit(&[]))
+        .await
+        .map_err(|e| Error::delta(&label, e))
+}
+
+/// The version an application transaction id was last committed with, if any.
+pub async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
+    let label = table.table_url().to_string();
+    let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
+    snapshot
+        .transaction_version(table.log_store().as_ref(), app_id)
+        .await
+        .map_err(|e| Error::delta(&label, e))
+}
+
+/// Commit only application transaction ids (no data change), e.g. to record that files were
+/// applied when their rows changed nothing.
+pub async fn commit_txns(mut table: DeltaTable, txns: Vec<Transaction>) -> Result<DeltaTable> {
+    let label = table.table_url().to_string();
+    let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
+    CommitBuilder::from(tributary_commit(&[]).with_application_transactions(txns))
+        .build(
+            Some(snapshot),
+            table.log_store(),
+            DeltaOperation::Write {
+                mode: SaveMode::Append,
+                partition_by: None,
+                predicate: None,
+            },
+        )
+        .await
+        .map_err(|e| Error::delta(&label, e))?;
+    table
+        .update_incremental(None)
+        .await
+        .map_err(|e| Error::delta(&label, e))?;
+    Ok(table)
 }
 
 pub(crate) fn tributary_commit(files: &[String]) -> CommitProperties {
@@ -145,7 +225,8 @@ fn ucol(name: &str) -> Column {
 }
 
 /// Check the plan against an existing table: keys, partitioning, types. New columns are
-/// fine (added by the MERGE); a column whose type differs is cast when lossless.
+/// fine (added by the MERGE); a column whose type differs is converted when every value
+/// fits exactly, else the plan is refused.
 pub fn align_to_table(
     table_cfg: &TableConfig,
     plan: &mut MergePlan,
@@ -158,19 +239,12 @@ pub fn align_to_table(
         table: table_cfg.name.clone(),
         message: m,
     };
-    if let Ok(s) = table.snapshot() {
-        let parts: Vec<String> = s
-            .metadata()
-            .partition_columns()
-            .iter()
-            .map(|c| c.to_string())
-            .collect();
-        if parts != table_cfg.partition_by {
-            return Err(serr(format!(
-                "the Delta table is partitioned by {:?} but the config says partition_by = {:?}; change the config or write to a new table",
-                parts, table_cfg.partition_by
-            )));
-        }
+    let parts = partition_columns(table)?;
+    if parts != table_cfg.partition_by {
+        return Err(serr(format!(
+            "the Delta table is partitioned by {:?} but the config says partition_by = {:?}; change the config or write to a new table",
+            parts, table_cfg.partition_by
+        )));
     }
     for k in &table_cfg.primary_key {
         if tschema.field_with_name(k).is_err() {
@@ -184,38 +258,39 @@ pub fn align_to_table(
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
     let mut changed = false;
     for (i, f) in schema.fields().iter().enumerate() {
-        if f.name() == OP_COLUMN {
+        let Ok(tf) = tschema.field_with_name(f.name()) else {
+            continue;
+        };
+        if is_internal(f.name()) || tf.data_type() == f.data_type() {
             continue;
         }
-        if let Ok(tf) = tschema.field_with_name(f.name()) {
-            if tf.data_type() != f.data_type() {
-                let c = cast(&cols[i], tf.data_type()).map_err(|e| {
-                    serr(format!(
-                        "column `{}` is {} in the table but {} in the files, and cannot be converted: {e}",
-                        f.name(),
-                        tf.data_type(),
-                        f.data_type()
-                    ))
-                })?;
-                if c.null_count() != cols[i].null_count() {
-                    return Err(serr(format!(
-                        "column `{}` is {} in the table but {} in the files; converting would lose values (type changes are not applied automatically)",
-                        f.name(),
-                        tf.data_type(),
-                        f.data_type()
-                    )));
-                }
-                cols[i] = c;
-                fields[i] = Field::new(f.name(), tf.data_type().clone(), true);
-                changed = true;
-            }
-        }
+        cols[i] = crate::coerce::exact_cast(&cols[i], tf.data_type()).map_err(|e| {
+            serr(format!(
+                "column `{}` is {} in the table but {} in the files: {} (type changes are not applied automatically)",
+                f.name(),
+                tf.data_type(),
+                f.data_type(),
+                e.describe(f.data_type(), tf.data_type())
+            ))
+        })?;
+        fields[i] = Field::new(f.name(), tf.data_type().clone(), true);
+        changed = true;
     }
     if changed {
-        plan.batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
-            .map_err(|e| Error::Internal(e.to_string()))?;
+        plan.batch =
+            RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(Error::arrow)?;
     }
     Ok(())
+}
+
+/// What a MERGE commits besides the plan.
+#[derive(Debug, Clone, Default)]
+pub struct MergeExtras {
+    /// Application transaction ids to record in the same commit (full-load files applied).
+    pub txns: Vec<Transaction>,
+    /// A reload: delete the table's rows that no change of the plan matches and whose order
+    /// key is below this (rows absent from the new full load).
+    pub delete_unmatched_below: Option<String>,
 }
 
 /// MERGE the plan into the table. Applies a change only when its order key is greater than
@@ -225,34 +300,30 @@ pub async fn merge(
     table: DeltaTable,
     plan: &MergePlan,
     files: &[String],
+    extras: &MergeExtras,
 ) -> Result<(DeltaTable, MergeMetrics)> {
     let label = table_cfg.name.as_str();
     let ctx = SessionContext::new();
     let source = ctx
         .read_batch(plan.batch.clone())
-        .map_err(|e| Error::Internal(format!("merge source: {e}")))?;
-    let mut on: Option<Expr> = None;
-    for k in &table_cfg.primary_key {
-        let e = qcol("t", k).eq(qcol("s", k));
-        on = Some(match on {
-            None => e,
-            Some(p) => p.and(e),
-        });
-    }
-    let on = on.ok_or_else(|| Error::Internal("empty primary key".into()))?;
+        .map_err(|e| Error::datafusion(format!("table {label}: MERGE source"), e))?;
+    let on = conjunction(
+        table_cfg
+            .primary_key
+            .iter()
+            .map(|k| qcol("t", k).eq(qcol("s", k))),
+    )
+    .ok_or_else(|| Error::internal("empty primary key"))?;
     let seq = table_cfg.sequence_column.as_str();
-    let newer = qcol("t", seq)
-        .is_null()
-        .or(qcol("s", seq).gt(qcol("t", seq)));
-    let is_upsert = qcol("s", OP_COLUMN).eq(lit("U"));
-    let is_delete = qcol("s", OP_COLUMN).eq(lit("D"));
+    let newer = |s: Expr| qcol("t", seq).is_null().or(s.gt(qcol("t", seq)));
+    let is_op = |op: PlanOp| qcol("s", OP_COLUMN).eq(lit(op.marker()));
     let data_cols: Vec<String> = plan
         .batch
         .schema()
         .fields()
         .iter()
         .map(|f| f.name().clone())
-        .filter(|n| n != OP_COLUMN)
+        .filter(|n| !is_internal(n))
         .collect();
     // Schema evolution only when the plan brings columns the table lacks (it costs extra
     // planning in every MERGE otherwise).
@@ -260,48 +331,70 @@ pub async fn merge(
         Some(ts) => data_cols.iter().any(|c| ts.field_with_name(c).is_err()),
         None => true,
     };
-    let upd_cols = data_cols.clone();
-    let ins_cols = data_cols;
-    let (table, metrics) = table
+    // A sparse column takes the plan's value only when the change that set it is newer
+    // than the row (plan.rs explains why).
+    let update_value = |c: &str| -> Result<Expr> {
+        match plan.sparse.iter().find(|s| s.column == c) {
+            None => Ok(qcol("s", c)),
+            Some(s) => when(
+                qcol("s", &s.seq_column)
+                    .is_not_null()
+                    .and(newer(qcol("s", &s.seq_column))),
+                qcol("s", c),
+            )
+            .otherwise(qcol("t", c))
+            .map_err(|e| Error::datafusion(format!("table {label}: MERGE update"), e)),
+        }
+    };
+    let updates: Vec<(String, Expr)> = data_cols
+        .iter()
+        .map(|c| Ok((c.clone(), update_value(c)?)))
+        .collect::<Result<_>>()?;
+    let mut commit = tributary_commit(files);
+    if !extras.txns.is_empty() {
+        commit = commit.with_application_transactions(extras.txns.clone());
+    }
+    let mut builder = table
         .merge(source, on)
         .with_source_alias("s")
         .with_target_alias("t")
         .with_merge_schema(new_columns)
         .with_writer_properties(writer_properties(table_cfg))
-        .with_commit_properties(tributary_commit(files))
+        .with_commit_properties(commit)
         .when_matched_update(|u| {
-            let mut u = u.predicate(is_upsert.clone().and(newer.clone()));
-            for c in &upd_cols {
-                u = u.update(ucol(c), qcol("s", c));
+            let mut u = u.predicate(is_op(PlanOp::Upsert).and(newer(qcol("s", seq))));
+            for (c, e) in &updates {
+                u = u.update(ucol(c), e.clone());
             }
             u
         })
         .map_err(|e| Error::delta(label, e))?
-        .when_matched_delete(|d| d.predicate(is_delete.and(newer)))
+        .when_matched_delete(|d| d.predicate(is_op(PlanOp::Delete).and(newer(qcol("s", seq)))))
         .map_err(|e| Error::delta(label, e))?
         .when_not_matched_insert(|i| {
-            let mut i = i.predicate(is_upsert);
-            for c in &ins_cols {
+            let mut i = i.predicate(is_op(PlanOp::Upsert));
+            for c in &data_cols {
                 i = i.set(ucol(c), qcol("s", c));
             }
             i
         })
-        .map_err(|e| Error::delta(label, e))?
-        .await
         .map_err(|e| Error::delta(label, e))?;
-    Ok((table, metrics))
+    if let Some(floor) = &extras.delete_unmatched_below {
+        builder = builder
+            .when_not_matched_by_source_delete(|d| {
+                d.predicate(
+                    qcol("t", seq)
+                        .is_null()
+                        .or(qcol("t", seq).lt(lit(floor.clone()))),
+                )
+            })
+            .map_err(|e| Error::delta(label, e))?;
+    }
+    builder.await.map_err(|e| Error::delta(label, e))
 }
 
 pub(crate) fn is_conflict(e: &Error) -> bool {
     matches!(e, Error::Delta { source, .. } if crate::error::is_commit_conflict(source))
-}
-
-/// Jittered exponential backoff: ~50 ms doubling up to ~3 s.
-pub(crate) async fn backoff(attempt: u32) {
-    use rand::Rng;
-    let base = 50u64 << attempt.min(6);
-    let ms = rand::rng().random_range(base / 2..=base + base / 2);
-    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
 
 /// Run SQL against a table registered as `t` (used by the demo, CLI and tests).
@@ -314,13 +407,13 @@ pub async fn query(table: &DeltaTable, sql: &str) -> Result<Vec<RecordBatch>> {
     let provider = table
         .table_provider()
         .await
-        .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+        .map_err(|e| Error::datafusion(format!("{label}: table provider"), e))?;
     ctx.register_table("t", provider)
-        .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+        .map_err(|e| Error::datafusion(format!("{label}: register"), e))?;
     ctx.sql(sql)
         .await
-        .map_err(|e| Error::Internal(format!("query failed: {e}")))?
+        .map_err(|e| Error::datafusion(format!("{label}: query"), e))?
         .collect()
         .await
-        .map_err(|e| Error::Internal(format!("query failed: {e}")))
+        .map_err(|e| Error::datafusion(format!("{label}: query"), e))
 }

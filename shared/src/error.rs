@@ -72,8 +72,51 @@ pub enum Error {
     #[error("table {table}: gave up after {attempts} commit conflicts; nothing was applied, retry the event")]
     Contention { table: String, attempts: u32 },
 
-    /// Anything else: a bug or an unexpected state. Message says what.
-    #[error("{0}")]
+    /// A full-load file belongs to a new full load (a DMS table reload) that has not been
+    /// applied yet: a reload is applied as a whole (`tributary reload`). Not retryable.
+    #[error("table {table}: {file} belongs to a new full load (a DMS table reload): {message}")]
+    Reload {
+        table: String,
+        file: String,
+        message: String,
+    },
+
+    /// The file was written before the tombstone horizon: deletes recorded up to then may
+    /// have been forgotten, so applying it could revive a deleted row. Not retryable.
+    #[error("table {table}: {file} was written at {written}, before the tombstone horizon {horizon} (tombstones recorded before it have expired, so applying this file could revive deleted rows): if it is a re-delivery of a file already merged, nothing needs doing; otherwise reload the table (`tributary reload`) and raise `tombstone_retention_days`")]
+    TooLate {
+        table: String,
+        file: String,
+        written: String,
+        horizon: String,
+    },
+
+    /// A local file-system operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// An Arrow computation failed (a bug or an unexpected state; the source says what).
+    #[error("{context}: {source}")]
+    Arrow {
+        context: String,
+        #[source]
+        source: deltalake::arrow::error::ArrowError,
+    },
+
+    /// A DataFusion query (MERGE source, tombstone scan, SQL) failed.
+    #[error("{context}: {source}")]
+    DataFusion {
+        context: String,
+        #[source]
+        source: deltalake::datafusion::error::DataFusionError,
+    },
+
+    /// A broken invariant (a bug). Never built from another error: those keep their source.
+    #[error("internal error: {0}")]
     Internal(String),
 }
 
@@ -81,16 +124,18 @@ impl Error {
     /// Whether trying the same input again can succeed without anybody changing anything.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Config { .. } | Error::BadInput { .. } | Error::Schema { .. } => false,
-            Error::Storage { source, .. } => !matches!(
-                source,
-                deltalake::ObjectStoreError::NotFound { .. }
-                    | deltalake::ObjectStoreError::InvalidPath { .. }
-                    | deltalake::ObjectStoreError::NotSupported { .. }
-            ),
+            Error::Config { .. }
+            | Error::BadInput { .. }
+            | Error::Schema { .. }
+            | Error::Reload { .. }
+            | Error::TooLate { .. }
+            | Error::Io { .. }
+            | Error::Arrow { .. }
+            | Error::Internal(_) => false,
+            Error::Storage { source, .. } => object_store_is_retryable(source),
             Error::Delta { source, .. } => delta_error_is_retryable(source),
+            Error::DataFusion { source, .. } => datafusion_is_retryable(source),
             Error::Contention { .. } => true,
-            Error::Internal(_) => false,
         }
     }
 
@@ -103,7 +148,34 @@ impl Error {
             Error::Delta { .. } => "delta",
             Error::Schema { .. } => "schema",
             Error::Contention { .. } => "contention",
+            Error::Reload { .. } => "reload",
+            Error::TooLate { .. } => "too_late",
+            Error::Io { .. } => "io",
+            Error::Arrow { .. } => "arrow",
+            Error::DataFusion { .. } => "datafusion",
             Error::Internal(_) => "internal",
+        }
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Error::Internal(message.into())
+    }
+
+    /// An Arrow error in planning (no more context than the operation's own message).
+    pub(crate) fn arrow(source: deltalake::arrow::error::ArrowError) -> Self {
+        Error::Arrow {
+            context: "arrow computation failed".into(),
+            source,
+        }
+    }
+
+    pub(crate) fn datafusion(
+        context: impl Into<String>,
+        source: deltalake::datafusion::error::DataFusionError,
+    ) -> Self {
+        Error::DataFusion {
+            context: context.into(),
+            source,
         }
     }
 
@@ -153,15 +225,47 @@ pub(crate) fn is_commit_conflict(err: &deltalake::DeltaTableError) -> bool {
     }
 }
 
+fn object_store_is_retryable(e: &deltalake::ObjectStoreError) -> bool {
+    !matches!(
+        e,
+        deltalake::ObjectStoreError::NotFound { .. }
+            | deltalake::ObjectStoreError::InvalidPath { .. }
+            | deltalake::ObjectStoreError::NotSupported { .. }
+            | deltalake::ObjectStoreError::NotImplemented { .. }
+            | deltalake::ObjectStoreError::PermissionDenied { .. }
+            | deltalake::ObjectStoreError::Unauthenticated { .. }
+    )
+}
+
 fn delta_error_is_retryable(err: &deltalake::DeltaTableError) -> bool {
     use deltalake::DeltaTableError as E;
-    if is_commit_conflict(err) {
-        return true;
+    match err {
+        _ if is_commit_conflict(err) => true,
+        E::ObjectStore { source } => object_store_is_retryable(source),
+        E::Io { .. } | E::Transaction { .. } => true,
+        _ => false,
     }
-    matches!(
-        err,
-        E::ObjectStore { .. } | E::Io { .. } | E::Transaction { .. }
-    )
+}
+
+/// Storage failures inside a query are worth retrying; planning and data errors are not.
+fn datafusion_is_retryable(err: &deltalake::datafusion::error::DataFusionError) -> bool {
+    use deltalake::datafusion::error::DataFusionError as D;
+    match err {
+        D::ObjectStore(e) => object_store_is_retryable(e),
+        D::IoError(_) => true,
+        D::Context(_, inner) | D::Diagnostic(_, inner) => datafusion_is_retryable(inner),
+        D::Shared(inner) => datafusion_is_retryable(inner),
+        D::External(inner) => {
+            if let Some(d) = inner.downcast_ref::<deltalake::DeltaTableError>() {
+                delta_error_is_retryable(d)
+            } else if let Some(o) = inner.downcast_ref::<deltalake::ObjectStoreError>() {
+                object_store_is_retryable(o)
+            } else {
+                false
+            }
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -40,24 +40,7 @@ pub struct Invocation {
 
 /// Decode an S3 notification key: `+` is a space, then percent-decoding.
 pub fn decode_s3_key(key: &str) -> String {
-    let plus = key.replace('+', " ");
-    let bytes = plus.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let h = (bytes[i + 1] as char).to_digit(16);
-            let l = (bytes[i + 2] as char).to_digit(16);
-            if let (Some(h), Some(l)) = (h, l) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    storage::percent_decode(&key.replace('+', " "))
 }
 
 /// Parse any supported payload.

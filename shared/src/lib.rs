@@ -12,6 +12,7 @@
 //! - [`storage`]: `file://` and `s3://` access;
 //! - [`demo`]: the seed scenario generator.
 
+pub mod coerce;
 pub mod config;
 pub mod delta;
 pub mod demo;
@@ -23,6 +24,9 @@ pub mod maintenance;
 pub mod manifest;
 pub mod metrics;
 pub mod plan;
+pub mod props;
+pub mod reload;
+mod retry;
 pub mod source;
 pub mod storage;
 pub mod tombstones;

@@ -1,25 +1,43 @@
 //! Table maintenance: compaction (OPTIMIZE per partition), checkpoint and log cleanup,
 //! VACUUM, tombstone garbage collection and a full manifest regeneration.
 //!
-//! Safe next to merges: every step commits through Delta's optimistic concurrency. A
-//! compaction that loses a race with a merge (the merge removed files it was compacting) is
-//! retried on the new snapshot, and skipped until the next run if it keeps losing; a merge
-//! that loses against a compaction retries by itself. No merge commit is ever lost.
+//! Safe next to merges and next to other maintenance runs (a CLI run during the schedule,
+//! two stacks on one table): every step commits through Delta's optimistic concurrency, and
+//! every commit that rewrites files carries the application transaction id
+//! [`MAINTENANCE_APP_ID`], so that two such commits based on the same version conflict.
+//! delta-rs does not detect two OPTIMIZEs removing the same files (its conflict checker
+//! ignores removes without data change; docs/design.md, "Concurrency"): without the id, both
+//! would commit and every compacted row would be there twice.
+//!
+//! A compaction that loses a race is retried on the new snapshot, and skipped until the next
+//! run if it keeps losing; a merge that loses against a compaction retries by itself. No
+//! merge commit is ever lost.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::num::NonZeroU64;
 use std::time::Instant;
 
+use chrono::{DateTime, Utc};
 use deltalake::datafusion::prelude::{col, lit};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
 use deltalake::operations::vacuum::VacuumMode;
-use deltalake::{DeltaTable, FilterOp, FilterValue};
+use deltalake::DeltaTable;
 use serde::Serialize;
 
 use crate::config::{Config, TableConfig};
 use crate::delta;
 use crate::error::{Error, Result};
-use crate::manifest;
+use crate::manifest::{self, Partition};
+use crate::props::TableProps;
+use crate::retry::Retry;
 use crate::storage::Storage;
+
+/// Application transaction id carried by every maintenance commit that rewrites files.
+pub const MAINTENANCE_APP_ID: &str = "tributary.maintenance";
+
+/// Attempts of a partition's compaction before it waits for the next run.
+const COMPACTION_ATTEMPTS: u32 = 3;
 
 /// Per-run options.
 #[derive(Debug, Clone, Copy, Default)]
@@ -39,7 +57,7 @@ pub struct MaintenanceReport {
     pub bytes_before: i64,
     pub bytes_after: i64,
     pub partitions_compacted: usize,
-    /// Partitions whose compaction kept losing to concurrent merges (retried next run).
+    /// Partitions whose compaction kept losing to concurrent writers (retried next run).
     pub partitions_skipped: usize,
     pub files_compacted: u64,
     pub checkpoint_version: Option<u64>,
@@ -59,12 +77,13 @@ pub struct RunReport {
     pub tables: Vec<(String, Result<MaintenanceReport>)>,
 }
 
-impl RunReport {
-    pub fn failed(&self) -> impl Iterator<Item = (&str, &Error)> {
-        self.tables
-            .iter()
-            .filter_map(|(t, r)| r.as_ref().err().map(|e| (t.as_str(), e)))
-    }
+/// Commit properties of a maintenance commit that rewrites files: the guard id (its version
+/// only has to be new; the conflict comes from the id itself).
+fn guarded_commit() -> CommitProperties {
+    delta::tributary_commit(&[]).with_application_transaction(Transaction::new(
+        MAINTENANCE_APP_ID,
+        Utc::now().timestamp_millis(),
+    ))
 }
 
 /// Maintain the named tables (all when `only` is empty). A failing table does not stop
@@ -99,22 +118,7 @@ pub async fn run(
         }
         let r = maintain(t, storage, options, opts).await;
         match &r {
-            Ok(m) => tracing::info!(
-                table = %t.name,
-                files_before = m.files_before,
-                files_after = m.files_after,
-                bytes_before = m.bytes_before,
-                bytes_after = m.bytes_after,
-                partitions_compacted = m.partitions_compacted,
-                partitions_skipped = m.partitions_skipped,
-                version_after = m.version_after,
-                files_vacuumed = m.files_vacuumed,
-                tombstones_expired = m.tombstones_expired,
-                manifests_written = m.manifests_written,
-                manifests_deleted = m.manifests_deleted,
-                duration_ms = m.duration_ms,
-                "maintained"
-            ),
+            Ok(m) => log_report(m),
             Err(e) => {
                 tracing::error!(table = %t.name, error = %e, kind = e.kind(), "maintenance failed")
             }
@@ -122,6 +126,25 @@ pub async fn run(
         report.tables.push((t.name.clone(), r));
     }
     Ok(report)
+}
+
+fn log_report(m: &MaintenanceReport) {
+    tracing::info!(
+        table = %m.table,
+        files_before = m.files_before,
+        files_after = m.files_after,
+        bytes_before = m.bytes_before,
+        bytes_after = m.bytes_after,
+        partitions_compacted = m.partitions_compacted,
+        partitions_skipped = m.partitions_skipped,
+        version_after = m.version_after,
+        files_vacuumed = m.files_vacuumed,
+        tombstones_expired = m.tombstones_expired,
+        manifests_written = m.manifests_written,
+        manifests_deleted = m.manifests_deleted,
+        duration_ms = m.duration_ms,
+        "maintained"
+    );
 }
 
 /// Maintain one table.
@@ -132,21 +155,11 @@ pub async fn maintain(
     opts: MaintenanceOptions,
 ) -> Result<MaintenanceReport> {
     let start = Instant::now();
-    let mcfg = &table_cfg.maintenance;
     let mut report = MaintenanceReport {
         table: table_cfg.name.clone(),
         ..Default::default()
     };
-    if mcfg.vacuum_retention < mcfg.min_vacuum_retention && !opts.force {
-        return Err(Error::config(
-            &table_cfg.name,
-            format!(
-                "vacuum_retention_hours ({:.1}) is shorter than min_vacuum_retention_hours ({:.1}); readers of older versions could lose files. Raise it, or force this run",
-                mcfg.vacuum_retention.as_secs_f64() / 3600.0,
-                mcfg.min_vacuum_retention.as_secs_f64() / 3600.0
-            ),
-        ));
-    }
+    check_vacuum_retention(table_cfg, opts)?;
     let label = table_cfg.name.as_str();
     let table = delta::open(&table_cfg.target, options).await?;
     if !delta::exists(&table) {
@@ -159,49 +172,7 @@ pub async fn maintain(
     report.bytes_before = before.iter().map(|f| f.size).sum();
 
     // 1. Compaction, partition by partition, only where two or more small files exist.
-    let target_size = mcfg.target_file_size.max(1);
-    let mut small: BTreeMap<String, usize> = BTreeMap::new();
-    for f in &before {
-        if (f.size as u64) < target_size {
-            *small.entry(f.partition.clone()).or_default() += 1;
-        }
-    }
-    let parts: Vec<String> = table_partition_columns(&table, label)?;
-    for (partition, n) in small.iter().filter(|(_, n)| **n >= 2) {
-        let values = partition_values(&parts, partition);
-        let mut done = false;
-        for attempt in 1..=3u32 {
-            let t = delta::open(&table_cfg.target, options).await?;
-            let filters: Vec<_> = values
-                .iter()
-                .map(|(c, v)| (c.as_str(), FilterOp::Eq, FilterValue::Scalar(v.as_str())))
-                .collect();
-            let res = t
-                .optimize()
-                .with_filters(&filters)
-                .with_target_size(NonZeroU64::new(target_size).unwrap_or(NonZeroU64::MIN))
-                .with_commit_properties(delta::tributary_commit(&[]))
-                .await;
-            match res {
-                Ok((_, m)) => {
-                    report.files_compacted += m.num_files_removed;
-                    report.partitions_compacted += usize::from(m.num_files_removed > 0);
-                    done = true;
-                    break;
-                }
-                Err(e) if crate::error::is_commit_conflict(&e) && attempt < 3 => {
-                    tracing::debug!(table = label, partition = %partition, error = %e, "compaction conflicted with a merge; retrying");
-                    delta::backoff(attempt).await;
-                }
-                Err(e) if crate::error::is_commit_conflict(&e) => {
-                    tracing::warn!(table = label, partition = %partition, files = n, error = %e, "compaction keeps conflicting with merges; skipped until the next run");
-                    break;
-                }
-                Err(e) => return Err(Error::delta(label, e)),
-            }
-        }
-        report.partitions_skipped += usize::from(!done);
-    }
+    compact(table_cfg, options, &before, &mut report).await?;
 
     // 2. Checkpoint and expired log cleanup.
     let table = delta::open(&table_cfg.target, options).await?;
@@ -214,9 +185,10 @@ pub async fn maintain(
         .map_err(|e| Error::delta(label, e))?;
 
     // 3. VACUUM (full: also removes files of failed, uncommitted writes).
-    report.files_vacuumed = vacuum(table, mcfg.vacuum_retention, label).await?;
+    report.files_vacuumed = vacuum(table, table_cfg.maintenance.vacuum_retention, label).await?;
 
-    // 4. Tombstones past their retention, then tidy the tombstone table itself.
+    // 4. Tombstones past their retention (after moving the table's horizon), then tidy the
+    //    tombstone table itself.
     report.tombstones_expired = expire_tombstones(table_cfg, options).await?;
 
     // 5. All manifests, deleting those of partitions without files.
@@ -235,9 +207,83 @@ pub async fn maintain(
     Ok(report)
 }
 
+fn check_vacuum_retention(table_cfg: &TableConfig, opts: MaintenanceOptions) -> Result<()> {
+    let m = &table_cfg.maintenance;
+    if m.vacuum_retention < m.min_vacuum_retention && !opts.force {
+        return Err(Error::config(
+            &table_cfg.name,
+            format!(
+                "vacuum_retention_hours ({:.1}) is shorter than min_vacuum_retention_hours ({:.1}); readers of older versions could lose files. Raise it, or force this run",
+                m.vacuum_retention.as_secs_f64() / 3600.0,
+                m.min_vacuum_retention.as_secs_f64() / 3600.0
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Compact every partition that has two or more files below the target size.
+async fn compact(
+    table_cfg: &TableConfig,
+    options: &std::collections::HashMap<String, String>,
+    files: &[manifest::LiveFile],
+    report: &mut MaintenanceReport,
+) -> Result<()> {
+    let target_size = table_cfg.maintenance.target_file_size.max(1);
+    let mut small: std::collections::BTreeMap<&Partition, usize> = Default::default();
+    for f in files.iter().filter(|f| (f.size as u64) < target_size) {
+        *small.entry(&f.partition).or_default() += 1;
+    }
+    let candidates: BTreeSet<&Partition> = small
+        .into_iter()
+        .filter(|(_, n)| *n >= 2)
+        .map(|(p, _)| p)
+        .collect();
+    for partition in candidates {
+        match compact_partition(table_cfg, options, partition, target_size).await {
+            Ok(removed) => {
+                report.files_compacted += removed;
+                report.partitions_compacted += usize::from(removed > 0);
+            }
+            Err(Error::Contention { .. }) => {
+                tracing::warn!(table = %table_cfg.name, partition = %partition.folder(), "compaction keeps conflicting with concurrent writers; skipped until the next run");
+                report.partitions_skipped += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// OPTIMIZE one partition (selected null-safely by its values). Returns files removed.
+async fn compact_partition(
+    table_cfg: &TableConfig,
+    options: &std::collections::HashMap<String, String>,
+    partition: &Partition,
+    target_size: u64,
+) -> Result<u64> {
+    let label = table_cfg.name.as_str();
+    let mut retry = Retry::new(label, COMPACTION_ATTEMPTS);
+    loop {
+        let t = delta::open(&table_cfg.target, options).await?;
+        let filters = partition.filters();
+        let res = t
+            .optimize()
+            .with_filters(&filters)
+            .with_target_size(NonZeroU64::new(target_size).unwrap_or(NonZeroU64::MIN))
+            .with_commit_properties(guarded_commit())
+            .await
+            .map_err(|e| Error::delta(label, e));
+        match res {
+            Ok((_, m)) => return Ok(m.num_files_removed),
+            Err(e) => retry.on_error(e, "compaction").await?,
+        }
+    }
+}
+
 async fn vacuum(table: DeltaTable, retention: std::time::Duration, label: &str) -> Result<usize> {
     let retention = chrono::Duration::from_std(retention)
-        .map_err(|e| Error::Internal(format!("retention out of range: {e}")))?;
+        .map_err(|e| Error::config(label, format!("vacuum retention out of range: {e}")))?;
     let (_, m) = table
         .vacuum()
         .with_retention_period(retention)
@@ -249,52 +295,52 @@ async fn vacuum(table: DeltaTable, retention: std::time::Duration, label: &str) 
     Ok(m.files_deleted.len())
 }
 
+/// The newest `deleted_at` among tombstones recorded before `cutoff` (`None`: none expire).
+async fn newest_expiring(t: &DeltaTable, cutoff: DateTime<Utc>) -> Result<Option<DateTime<Utc>>> {
+    let sql = format!(
+        "SELECT CAST(max({c}) AS BIGINT) FROM (SELECT CAST({c} AS TIMESTAMP) AS {c} FROM t) WHERE {c} < CAST('{}' AS TIMESTAMP)",
+        cutoff.naive_utc().format("%Y-%m-%d %H:%M:%S%.6f"),
+        c = crate::tombstones::DELETED_AT_COLUMN
+    );
+    let batches = delta::query(t, &sql).await?;
+    let v = batches.iter().find(|b| b.num_rows() > 0).and_then(|b| {
+        let c = deltalake::arrow::compute::cast(
+            b.column(0),
+            &deltalake::arrow::datatypes::DataType::Int64,
+        )
+        .ok()?;
+        use deltalake::arrow::array::{Array, AsArray};
+        let c = c.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
+        c.is_valid(0).then(|| c.value(0))
+    });
+    Ok(v.and_then(DateTime::from_timestamp_micros))
+}
+
+/// Expire tombstones recorded before the retention cutoff. The cutoff is rounded down (to
+/// the day for the default retention) so that the horizon moves at most once per step. The
+/// main table's horizon moves first: from then on, files written before it are refused
+/// instead of risking a revived row.
 async fn expire_tombstones(
     table_cfg: &TableConfig,
     options: &std::collections::HashMap<String, String>,
 ) -> Result<usize> {
     let label = format!("{} tombstones", table_cfg.name);
-    let cutoff = chrono::Utc::now()
-        - chrono::Duration::from_std(table_cfg.tombstone_retention)
-            .map_err(|e| Error::Internal(format!("retention out of range: {e}")))?;
+    let cutoff = expiry_cutoff(Utc::now(), table_cfg.tombstone_retention);
+    let t = delta::open(&table_cfg.tombstones, options).await?;
+    if !delta::exists(&t) {
+        return Ok(0);
+    }
     let mut expired = 0;
-    for attempt in 1..=5u32 {
-        let t = delta::open(&table_cfg.tombstones, options).await?;
-        if !delta::exists(&t) {
-            return Ok(0);
-        }
-        let predicate = col(crate::tombstones::DELETED_AT_COLUMN).lt(lit(
-            deltalake::datafusion::scalar::ScalarValue::TimestampMicrosecond(
-                Some(cutoff.timestamp_micros()),
-                Some("UTC".into()),
-            ),
-        ));
-        match t
-            .delete()
-            .with_predicate(predicate)
-            .with_commit_properties(delta::tributary_commit(&[]))
-            .await
-        {
-            Ok((_, m)) => {
-                expired = m.num_deleted_rows.unwrap_or_default();
-                break;
-            }
-            Err(e) if crate::error::is_commit_conflict(&e) && attempt < 5 => {
-                delta::backoff(attempt).await
-            }
-            Err(e) => return Err(Error::delta(&label, e)),
-        }
+    if let Some(newest) = newest_expiring(&t, cutoff).await? {
+        move_horizon(table_cfg, options, newest).await?;
+        expired = delete_tombstones_up_to(table_cfg, options, newest).await?;
     }
     // The tombstone table gets one small file per delete batch: compact and vacuum it too.
     let t = delta::open(&table_cfg.tombstones, options).await?;
-    match t
-        .optimize()
-        .with_commit_properties(delta::tributary_commit(&[]))
-        .await
-    {
+    match t.optimize().with_commit_properties(guarded_commit()).await {
         Ok(_) => {}
         Err(e) if crate::error::is_commit_conflict(&e) => {
-            tracing::debug!(table = %label, "tombstone compaction conflicted; next run")
+            tracing::info!(table = %label, "tombstone compaction conflicted with another writer; next run")
         }
         Err(e) => return Err(Error::delta(&label, e)),
     }
@@ -306,30 +352,59 @@ async fn expire_tombstones(
     Ok(expired)
 }
 
-fn table_partition_columns(table: &DeltaTable, label: &str) -> Result<Vec<String>> {
-    Ok(table
-        .snapshot()
-        .map_err(|e| Error::delta(label, e))?
-        .metadata()
-        .partition_columns()
-        .iter()
-        .map(|c| c.to_string())
-        .collect())
+/// `now - retention`, rounded down to a step of a seventh of the retention (at least a
+/// second, at most a day).
+fn expiry_cutoff(now: DateTime<Utc>, retention: std::time::Duration) -> DateTime<Utc> {
+    let step = (retention.as_secs() / 7).clamp(1, 86_400) as i64;
+    let raw = now.timestamp() - retention.as_secs() as i64;
+    DateTime::from_timestamp(raw - raw.rem_euclid(step), 0).unwrap_or(now)
 }
 
-/// `a=1/b=x` → [(a, 1), (b, x)] (values as written in the Delta log).
-fn partition_values(columns: &[String], partition: &str) -> Vec<(String, String)> {
-    if partition.is_empty() {
-        return vec![];
+/// Record on the main table that tombstones up to `horizon` may be gone.
+async fn move_horizon(
+    table_cfg: &TableConfig,
+    options: &std::collections::HashMap<String, String>,
+    horizon: DateTime<Utc>,
+) -> Result<()> {
+    let mut retry = Retry::new(&table_cfg.name, table_cfg.max_commit_attempts);
+    loop {
+        let t = delta::open(&table_cfg.target, options).await?;
+        if !delta::exists(&t) || delta::props(&t).tombstone_horizon >= Some(horizon) {
+            return Ok(());
+        }
+        match delta::set_properties(t, TableProps::for_horizon(horizon)).await {
+            Ok(_) => return Ok(()),
+            Err(e) => retry.on_error(e, "tombstone horizon").await?,
+        }
     }
-    columns
-        .iter()
-        .zip(partition.split('/'))
-        .map(|(c, kv)| {
-            let v = kv.split_once('=').map(|(_, v)| v).unwrap_or("");
-            (c.clone(), crate::storage::percent_decode(v))
-        })
-        .collect()
+}
+
+async fn delete_tombstones_up_to(
+    table_cfg: &TableConfig,
+    options: &std::collections::HashMap<String, String>,
+    horizon: DateTime<Utc>,
+) -> Result<usize> {
+    let label = format!("{} tombstones", table_cfg.name);
+    let mut retry = Retry::new(&label, 5);
+    loop {
+        let t = delta::open(&table_cfg.tombstones, options).await?;
+        let predicate = col(crate::tombstones::DELETED_AT_COLUMN).lt_eq(lit(
+            deltalake::datafusion::scalar::ScalarValue::TimestampMicrosecond(
+                Some(horizon.timestamp_micros()),
+                Some("UTC".into()),
+            ),
+        ));
+        let res = t
+            .delete()
+            .with_predicate(predicate)
+            .with_commit_properties(guarded_commit())
+            .await
+            .map_err(|e| Error::delta(&label, e));
+        match res {
+            Ok((_, m)) => return Ok(m.num_deleted_rows.unwrap_or_default()),
+            Err(e) => retry.on_error(e, "tombstone expiry").await?,
+        }
+    }
 }
 
 /// What a maintenance invocation asks for.

@@ -7,15 +7,14 @@
 //! Writers race: after writing, the writer reloads the table and, if a newer version exists,
 //! rewrites its partitions from it, so the last write of every partition reflects the
 //! newest version.
+//!
+//! Partitions are carried as [`Partition`] values (the Delta log's values, null included);
+//! the folder name is derived from them by one rule (Hive escaping) and never parsed back.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use arrow::array::{Array, AsArray};
-use arrow::compute::cast;
-use arrow::datatypes::{DataType, Int64Type};
 use bytes::Bytes;
-use deltalake::DeltaTable;
-use object_store::ObjectStoreExt;
+use deltalake::{DeltaTable, FilterOp, FilterValue};
 use url::Url;
 
 use crate::error::{Error, Result};
@@ -23,13 +22,50 @@ use crate::storage::{self, Storage};
 
 /// Folder of the manifests inside the table.
 pub const MANIFEST_DIR: &str = "_symlink_format_manifest";
+/// Hive's folder name for a null partition value.
+const NULL_FOLDER: &str = "__HIVE_DEFAULT_PARTITION__";
+
+/// The partition values of a file, in the table's partition-column order (`None` = null).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Partition(pub Vec<(String, Option<String>)>);
+
+impl Partition {
+    /// The Hive partition folder: `col=value/…` with Hive's escaping (empty when the table
+    /// is not partitioned).
+    pub fn folder(&self) -> String {
+        self.0
+            .iter()
+            .map(|(c, v)| {
+                let v = match v {
+                    Some(v) if !v.is_empty() => hive_escape(v),
+                    _ => NULL_FOLDER.to_string(),
+                };
+                format!("{}={}", hive_escape(c), v)
+            })
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
+    /// Partition filters selecting exactly this partition (a null value as `IS NULL`).
+    pub fn filters(&self) -> Vec<(&str, FilterOp, FilterValue<'_>)> {
+        self.0
+            .iter()
+            .map(|(c, v)| {
+                (
+                    c.as_str(),
+                    FilterOp::Eq,
+                    FilterValue::Scalar(v.as_deref().unwrap_or("")),
+                )
+            })
+            .collect()
+    }
+}
 
 /// A live data file of a table version.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LiveFile {
-    /// Partition folder (`col=value/…`, empty when unpartitioned).
-    pub partition: String,
-    /// Path as in the Delta log (relative to the table, or absolute).
+    pub partition: Partition,
+    /// The object key relative to the table (or an absolute URI), decoded.
     pub path: String,
     pub size: i64,
 }
@@ -58,64 +94,34 @@ fn hive_escape(v: &str) -> String {
     out
 }
 
-/// The live files of the table's loaded version, with their partition folders.
+/// The live files of the table's loaded version, with their partitions.
 pub fn live_files(table: &DeltaTable) -> Result<Vec<LiveFile>> {
     let label = table.table_url().to_string();
     let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
-    let parts: Vec<String> = snapshot
-        .metadata()
-        .partition_columns()
+    let columns = snapshot.metadata().partition_columns().to_vec();
+    let mut out: Vec<LiveFile> = snapshot
+        .log_data()
         .iter()
-        .map(|c| c.to_string())
+        .map(|f| {
+            let mut values = f.partition_values_map();
+            LiveFile {
+                partition: Partition(
+                    columns
+                        .iter()
+                        .map(|c| (c.clone(), values.remove(c).flatten()))
+                        .collect(),
+                ),
+                path: f.path().into_owned(),
+                size: f.size(),
+            }
+        })
         .collect();
-    let batch = snapshot
-        .add_actions_table(true)
-        .map_err(|e| Error::delta(&label, e))?;
-    let col = |name: &str| {
-        batch
-            .column_by_name(name)
-            .cloned()
-            .ok_or_else(|| Error::Internal(format!("add actions of {label} lack column {name}")))
-    };
-    let paths = cast(&col("path")?, &DataType::Utf8).map_err(|e| Error::Internal(e.to_string()))?;
-    let paths = paths.as_string::<i32>();
-    let sizes =
-        cast(&col("size_bytes")?, &DataType::Int64).map_err(|e| Error::Internal(e.to_string()))?;
-    let sizes = sizes.as_primitive::<Int64Type>();
-    let mut part_values = Vec::with_capacity(parts.len());
-    for p in &parts {
-        let a = cast(&col(&format!("partition.{p}"))?, &DataType::Utf8)
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        part_values.push(a);
-    }
-    let mut out = Vec::with_capacity(batch.num_rows());
-    for i in 0..batch.num_rows() {
-        let partition = parts
-            .iter()
-            .zip(&part_values)
-            .map(|(p, a)| {
-                let a = a.as_string::<i32>();
-                let v = if a.is_null(i) {
-                    "__HIVE_DEFAULT_PARTITION__".to_string()
-                } else {
-                    hive_escape(a.value(i))
-                };
-                format!("{}={}", hive_escape(p), v)
-            })
-            .collect::<Vec<_>>()
-            .join("/");
-        out.push(LiveFile {
-            partition,
-            path: paths.value(i).to_string(),
-            size: sizes.value(i),
-        });
-    }
     out.sort();
     Ok(out)
 }
 
 /// Partitions whose file sets differ between two versions.
-pub fn touched_partitions(before: &[LiveFile], after: &[LiveFile]) -> BTreeSet<String> {
+pub fn touched_partitions(before: &[LiveFile], after: &[LiveFile]) -> BTreeSet<Partition> {
     let a: BTreeSet<&LiveFile> = before.iter().collect();
     let b: BTreeSet<&LiveFile> = after.iter().collect();
     a.symmetric_difference(&b)
@@ -123,11 +129,11 @@ pub fn touched_partitions(before: &[LiveFile], after: &[LiveFile]) -> BTreeSet<S
         .collect()
 }
 
-fn table_dir(table: &DeltaTable) -> Url {
+/// `table/segments…` as a URL (segments are decoded keys).
+fn under_table<'a>(table: &DeltaTable, segments: impl IntoIterator<Item = &'a str>) -> Url {
     let mut u = table.table_url().clone();
-    if !u.path().ends_with('/') {
-        let p = format!("{}/", u.path());
-        u.set_path(&p);
+    if let Ok(mut s) = u.path_segments_mut() {
+        s.pop_if_empty().extend(segments);
     }
     u
 }
@@ -137,18 +143,14 @@ pub fn file_uri(table: &DeltaTable, path: &str) -> String {
     if path.contains("://") {
         return path.to_string();
     }
-    format!("{}{}", table_dir(table), path.trim_start_matches('/'))
+    under_table(table, path.trim_start_matches('/').split('/')).to_string()
 }
 
-fn manifest_url(table: &DeltaTable, partition: &str) -> Url {
-    let mut u = table_dir(table);
-    let p = if partition.is_empty() {
-        format!("{}{MANIFEST_DIR}/manifest", u.path())
-    } else {
-        format!("{}{MANIFEST_DIR}/{partition}/manifest", u.path())
-    };
-    u.set_path(&p);
-    u
+fn manifest_url(table: &DeltaTable, folder: &str) -> Url {
+    let mut segments = vec![MANIFEST_DIR];
+    segments.extend(folder.split('/').filter(|s| !s.is_empty()));
+    segments.push("manifest");
+    under_table(table, segments)
 }
 
 /// Write (or delete, when a partition has no files) the manifests of `partitions`
@@ -157,85 +159,59 @@ fn manifest_url(table: &DeltaTable, partition: &str) -> Url {
 async fn write_from(
     storage: &Storage,
     table: &DeltaTable,
-    partitions: Option<&BTreeSet<String>>,
+    partitions: Option<&BTreeSet<Partition>>,
 ) -> Result<ManifestReport> {
-    let files = live_files(table)?;
-    let mut by_part: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for f in &files {
-        by_part
-            .entry(f.partition.as_str())
-            .or_default()
-            .push(file_uri(table, &f.path));
-    }
+    let by_folder = expected_manifests(table)?;
     let mut report = ManifestReport {
         version: table.version().unwrap_or_default(),
         ..Default::default()
     };
     let wanted: BTreeSet<String> = match partitions {
-        Some(p) => p.clone(),
-        None => by_part.keys().map(|k| k.to_string()).collect(),
+        Some(p) => p.iter().map(Partition::folder).collect(),
+        None => by_folder.keys().cloned().collect(),
     };
-    for part in &wanted {
-        let url = manifest_url(table, part);
-        match by_part.get(part.as_str()) {
+    for folder in &wanted {
+        let url = manifest_url(table, folder);
+        match by_folder.get(folder) {
             Some(uris) => {
                 let mut body = uris.join("\n");
                 body.push('\n');
                 storage.put(&url, Bytes::from(body)).await?;
                 report.written += 1;
             }
-            None => {
-                if delete_if_exists(storage, &url).await? {
-                    report.deleted += 1;
-                }
-            }
+            None => report.deleted += usize::from(storage.delete_if_exists(&url).await?),
         }
     }
     if partitions.is_none() {
         // Remove manifests of partitions that no longer have files (or were never ours).
-        for (part, url) in list_manifests(storage, table).await? {
-            if !by_part.contains_key(part.as_str()) && delete_if_exists(storage, &url).await? {
-                report.deleted += 1;
+        for (folder, url) in list_manifests(storage, table).await? {
+            if !by_folder.contains_key(&folder) {
+                report.deleted += usize::from(storage.delete_if_exists(&url).await?);
             }
         }
     }
     Ok(report)
 }
 
-/// Existing manifests: (partition folder, URL), none when the folder does not exist.
+/// Existing manifests: (partition folder, URL); none when the folder does not exist.
 async fn list_manifests(storage: &Storage, table: &DeltaTable) -> Result<Vec<(String, Url)>> {
-    let mut prefix = table_dir(table);
-    let p = format!("{}{MANIFEST_DIR}/", prefix.path());
-    prefix.set_path(&p);
-    let listed = match storage.list(&prefix).await {
-        Ok(v) => v,
-        Err(Error::Storage {
-            source: deltalake::ObjectStoreError::NotFound { .. },
-            ..
-        }) => vec![],
-        Err(e) => return Err(e),
-    };
-    Ok(listed
+    let mut prefix = under_table(table, [MANIFEST_DIR]);
+    prefix.set_path(&format!("{}/", prefix.path()));
+    let base = storage::object_path(&prefix)?;
+    Ok(storage
+        .list(&prefix)
+        .await?
         .into_iter()
-        .map(|url| {
-            let rel = url.path().strip_prefix(prefix.path()).unwrap_or("");
-            let part = rel
-                .strip_suffix("manifest")
-                .unwrap_or(rel)
-                .trim_end_matches('/');
-            (storage::percent_decode(part), url)
+        .filter_map(|url| {
+            let key = storage::object_path(&url).ok()?;
+            let rel = key
+                .as_ref()
+                .strip_prefix(base.as_ref())?
+                .trim_start_matches('/');
+            let folder = rel.strip_suffix("manifest")?.trim_end_matches('/');
+            Some((folder.to_string(), url))
         })
         .collect())
-}
-
-async fn delete_if_exists(storage: &Storage, url: &Url) -> Result<bool> {
-    let store = storage.store(url)?;
-    let path = storage::object_path(url)?;
-    match store.delete(&path).await {
-        Ok(()) => Ok(true),
-        Err(deltalake::ObjectStoreError::NotFound { .. }) => Ok(false),
-        Err(e) => Err(Error::storage(storage::display(url), e)),
-    }
 }
 
 /// Bring manifests up to date for `partitions` (`None` = all, with stale deletion), then
@@ -243,7 +219,7 @@ async fn delete_if_exists(storage: &Storage, url: &Url) -> Result<bool> {
 pub async fn sync(
     storage: &Storage,
     mut table: DeltaTable,
-    partitions: Option<&BTreeSet<String>>,
+    partitions: Option<&BTreeSet<Partition>>,
 ) -> Result<ManifestReport> {
     let label = table.table_url().to_string();
     let mut total = ManifestReport::default();
@@ -261,18 +237,19 @@ pub async fn sync(
             return Ok(total);
         }
     }
-    Err(Error::Internal(format!(
-        "{label}: the table kept changing while writing manifests; they will be rewritten by the next merge or maintenance run"
-    )))
+    Err(Error::Contention {
+        table: label,
+        attempts: 10,
+    })
 }
 
-/// Read a manifest's URIs (for tests and checks).
+/// The manifests on storage: partition folder → sorted URIs (for tests and checks).
 pub async fn read_manifests(
     storage: &Storage,
     table: &DeltaTable,
 ) -> Result<BTreeMap<String, Vec<String>>> {
     let mut out = BTreeMap::new();
-    for (part, url) in list_manifests(storage, table).await? {
+    for (folder, url) in list_manifests(storage, table).await? {
         let body = storage.get(&url).await?;
         let text = String::from_utf8_lossy(&body);
         let mut lines: Vec<String> = text
@@ -281,16 +258,17 @@ pub async fn read_manifests(
             .map(str::to_string)
             .collect();
         lines.sort();
-        out.insert(part, lines);
+        out.insert(folder, lines);
     }
     Ok(out)
 }
 
-/// What the manifests should say for the table's loaded version.
+/// What the manifests should say for the table's loaded version: partition folder →
+/// sorted URIs.
 pub fn expected_manifests(table: &DeltaTable) -> Result<BTreeMap<String, Vec<String>>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for f in live_files(table)? {
-        out.entry(f.partition.clone())
+        out.entry(f.partition.folder())
             .or_default()
             .push(file_uri(table, &f.path));
     }
@@ -304,24 +282,33 @@ pub fn expected_manifests(table: &DeltaTable) -> Result<BTreeMap<String, Vec<Str
 mod tests {
     use super::*;
 
+    fn part(v: Option<&str>) -> Partition {
+        Partition(vec![("r".into(), v.map(str::to_string))])
+    }
+
     #[test]
-    fn escapes_like_hive() {
+    fn folders_escape_like_hive_and_name_nulls() {
         assert_eq!(hive_escape("New York"), "New York");
-        assert_eq!(hive_escape("a/b=c"), "a%2Fb%3Dc");
+        assert_eq!(hive_escape("a/b=c%?#"), "a%2Fb%3Dc%25%3F%23");
+        assert_eq!(part(Some("a/b")).folder(), "r=a%2Fb");
+        assert_eq!(part(None).folder(), "r=__HIVE_DEFAULT_PARTITION__");
+        assert_eq!(Partition::default().folder(), "");
+        let f = part(None);
+        assert!(matches!(f.filters()[0].2, FilterValue::Scalar("")));
     }
 
     #[test]
     fn touched_is_symmetric_difference() {
         let f = |p: &str, n: &str| LiveFile {
-            partition: p.into(),
+            partition: part(Some(p)),
             path: n.into(),
             size: 1,
         };
-        let before = vec![f("r=A", "1"), f("r=B", "2")];
-        let after = vec![f("r=A", "1"), f("r=C", "3")];
+        let before = vec![f("A", "1"), f("B", "2")];
+        let after = vec![f("A", "1"), f("C", "3")];
         let t = touched_partitions(&before, &after);
         assert_eq!(
-            t.into_iter().collect::<Vec<_>>(),
+            t.into_iter().map(|p| p.folder()).collect::<Vec<_>>(),
             vec!["r=B".to_string(), "r=C".to_string()]
         );
     }

@@ -1,44 +1,111 @@
-//! Merge planning: combine the change sets of one table, keep the latest change per primary
-//! key, and shape the result as the MERGE source (curated columns + order key + operation).
+//! Merge planning: admit a batch's change sets (one type per column, one kind per sequence
+//! column), combine them, keep the latest change per primary key, and shape the result as
+//! the MERGE source (curated columns + order key + operation).
+//!
+//! A batch behaves exactly like its files merged one at a time in canonical order
+//! ([`ChangeSet::canonical_key`]): a column's type is the table's, or else the type the first
+//! file that has it gives it; a file whose values do not fit fails alone. A column that some
+//! files of the batch lack is a *sparse* column: the plan carries, per key, the order key of
+//! the change that last set it, so that a file without the column leaves it as it was —
+//! exactly what that file merged alone does — however the files are grouped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
-use arrow::compute::{cast, concat, take};
-use arrow::datatypes::{Field, Schema, SchemaRef};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array};
+use arrow::compute::{concat, take};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{OwnedRow, RowConverter, SortField};
+use url::Url;
 
 use crate::config::TableConfig;
-use crate::error::{Error, Result};
-use crate::source::{string_array, ChangeOp, ChangeSet};
+use crate::error::{Error, Location, Result};
+use crate::source::{self, string_array, ChangeOp, ChangeSet, FileKind, SeqKind};
+use crate::storage;
 
-/// Column of the MERGE source that says what to do with the key: `U` (upsert) or `D`.
+/// Column of the MERGE source that says what to do with the key.
 pub const OP_COLUMN: &str = "_tributary_op";
+/// Prefix of the per-column order keys of sparse columns.
+const SPARSE_SEQ_PREFIX: &str = "_tributary_cseq_";
+
+/// What the MERGE does with a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanOp {
+    /// Insert or update the row (DMS `I` and `U` are full after-images).
+    Upsert,
+    Delete,
+}
+
+impl PlanOp {
+    pub const fn marker(self) -> &'static str {
+        match self {
+            PlanOp::Upsert => "U",
+            PlanOp::Delete => "D",
+        }
+    }
+
+    fn of(marker: &str) -> PlanOp {
+        if marker == PlanOp::Delete.marker() {
+            PlanOp::Delete
+        } else {
+            PlanOp::Upsert
+        }
+    }
+}
+
+/// A column some files of the batch lack, and the plan column holding, per key, the order
+/// key of the change that set it (null: no change of the batch set it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SparseColumn {
+    pub column: String,
+    pub seq_column: String,
+}
 
 /// The MERGE source for one table: at most one row per primary key.
 #[derive(Debug, Clone)]
 pub struct MergePlan {
-    /// Curated columns, then the sequence column, then [`OP_COLUMN`].
+    /// Curated columns, then the sequence column, the sparse columns' order keys, and
+    /// [`OP_COLUMN`].
     pub batch: RecordBatch,
     pub upserts: usize,
     pub deletes: usize,
     /// Rows dropped because a later change of the same key was in the same plan.
     pub superseded: usize,
+    pub sparse: Vec<SparseColumn>,
 }
 
 impl MergePlan {
-    /// The curated columns plus the sequence column (what the table stores).
+    /// The columns the table stores (curated columns plus the sequence column).
     pub fn table_schema(&self) -> SchemaRef {
         let s = self.batch.schema();
         Arc::new(Schema::new(
             s.fields()
                 .iter()
-                .filter(|f| f.name() != OP_COLUMN)
+                .filter(|f| !is_internal(f.name()))
                 .cloned()
                 .collect::<Vec<_>>(),
         ))
     }
+
+    /// The operation of each row.
+    pub fn ops(&self) -> Result<Vec<PlanOp>> {
+        let a = self.column(OP_COLUMN)?;
+        Ok(a.as_string::<i32>()
+            .iter()
+            .map(|v| PlanOp::of(v.unwrap_or_default()))
+            .collect())
+    }
+
+    pub(crate) fn column(&self, name: &str) -> Result<&ArrayRef> {
+        self.batch
+            .column_by_name(name)
+            .ok_or_else(|| Error::internal(format!("the merge plan has no column `{name}`")))
+    }
+}
+
+/// Whether a plan column is tributary's own (not stored in the table).
+pub fn is_internal(name: &str) -> bool {
+    name == OP_COLUMN || name.starts_with(SPARSE_SEQ_PREFIX)
 }
 
 /// Encodes primary keys into comparable, hashable rows.
@@ -55,11 +122,10 @@ impl KeyEncoder {
                 schema
                     .field_with_name(k)
                     .map(|f| SortField::new(f.data_type().clone()))
-                    .map_err(|_| Error::Internal(format!("key column {k} missing from plan")))
+                    .map_err(|_| Error::internal(format!("key column {k} missing from plan")))
             })
             .collect::<Result<Vec<_>>>()?;
-        let converter = RowConverter::new(fields)
-            .map_err(|e| Error::Internal(format!("cannot encode key columns: {e}")))?;
+        let converter = RowConverter::new(fields).map_err(Error::arrow)?;
         Ok(Self {
             converter,
             columns: key.to_vec(),
@@ -75,21 +141,197 @@ impl KeyEncoder {
                 batch
                     .column_by_name(k)
                     .cloned()
-                    .ok_or_else(|| Error::Internal(format!("key column {k} missing")))
+                    .ok_or_else(|| Error::internal(format!("key column {k} missing")))
             })
             .collect::<Result<Vec<_>>>()?;
         let rows = self
             .converter
             .convert_columns(&cols)
-            .map_err(|e| Error::Internal(format!("cannot encode keys: {e}")))?;
+            .map_err(Error::arrow)?;
         Ok(rows.iter().map(|r| r.owned()).collect())
     }
 }
 
-/// Build the plan from change sets (any order; order keys decide).
+// ---- admission ---------------------------------------------------------------------------
+
+/// Change sets admitted to one plan (in canonical order, converted to one type per column),
+/// and the files refused, each with its error.
+#[derive(Debug, Default)]
+pub struct Admission {
+    pub admitted: Vec<ChangeSet>,
+    pub rejected: Vec<(Url, Error)>,
+    /// Sequence kinds the batch establishes (the table's, or the first CDC file's).
+    pub kinds: Option<Vec<SeqKind>>,
+}
+
+/// Admit change sets in canonical order. `table_schema`/`table_kinds` describe the Delta
+/// table when it exists.
+pub fn admit(
+    mut changes: Vec<ChangeSet>,
+    table_schema: Option<&Schema>,
+    table_kinds: Option<&[SeqKind]>,
+) -> Admission {
+    changes.sort_by_key(ChangeSet::canonical_key);
+    let mut out = Admission {
+        kinds: table_kinds.map(<[SeqKind]>::to_vec),
+        ..Default::default()
+    };
+    let mut types: Vec<Field> = table_schema
+        .map(|s| s.fields().iter().map(|f| f.as_ref().clone()).collect())
+        .unwrap_or_default();
+    for cs in changes {
+        let file = cs.file.clone();
+        match check_kinds(&cs, &mut out.kinds).and_then(|()| unify(cs, &mut types)) {
+            Ok(cs) => out.admitted.push(cs),
+            Err(e) => out.rejected.push((file, e)),
+        }
+    }
+    out
+}
+
+fn check_kinds(cs: &ChangeSet, expected: &mut Option<Vec<SeqKind>>) -> Result<()> {
+    if cs.kind != FileKind::Cdc || cs.seq_kinds.iter().any(Option::is_none) {
+        return Ok(());
+    }
+    let kinds: Vec<SeqKind> = cs.seq_kinds.iter().flatten().copied().collect();
+    match expected {
+        None => {
+            *expected = Some(kinds);
+            Ok(())
+        }
+        Some(want) if *want == kinds => Ok(()),
+        Some(want) => Err(Error::bad_input(
+                &storage::display(&cs.file),
+                Location::File,
+                format!(
+                    "the sequence columns hold {} values but the table orders changes by {} values; values of different kinds do not compare (fix the DMS column type, or write to a new table)",
+                    kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", "),
+                    want.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            )),
+    }
+}
+
+/// Convert a change set's columns to the batch's types; new columns take this file's type.
+fn unify(cs: ChangeSet, types: &mut Vec<Field>) -> Result<ChangeSet> {
+    let name = storage::display(&cs.file);
+    let schema = cs.data.schema();
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    let mut new = Vec::new();
+    for (i, f) in schema.fields().iter().enumerate() {
+        let target = match types.iter().find(|t| t.name() == f.name()) {
+            Some(t) => t.data_type().clone(),
+            None => {
+                new.push(f.as_ref().clone());
+                f.data_type().clone()
+            }
+        };
+        let c = source::convert(&name, f.name(), cs.data.column(i), &target)?;
+        fields.push(Field::new(f.name(), target, true));
+        columns.push(c);
+    }
+    types.extend(new);
+    let data = RecordBatch::try_new_with_options(
+        Arc::new(Schema::new(fields)),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(cs.data.num_rows())),
+    )
+    .map_err(Error::arrow)?;
+    Ok(ChangeSet { data, ..cs })
+}
+
+// ---- planning ----------------------------------------------------------------------------
+
+/// All rows of the admitted change sets, with each row's operation, order key and the sparse
+/// columns it carries.
+struct Rows<'a> {
+    all: RecordBatch,
+    ops: Vec<ChangeOp>,
+    order: Vec<&'a str>,
+    /// Per sparse column: whether each row's file had it.
+    present: Vec<(String, Vec<bool>)>,
+}
+
+/// Build the plan from admitted change sets (same type per column, see [`admit`]).
 pub fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePlan> {
-    // Union of the curated columns, in first-seen order; the first type seen wins and
-    // later files are cast to it.
+    let rows = combine(changes)?;
+    let enc = KeyEncoder::new(&rows.all.schema(), &table.primary_key)?;
+    let keys = enc.encode(&rows.all)?;
+    let mut groups: HashMap<&OwnedRow, Vec<usize>> = HashMap::with_capacity(keys.len());
+    for (i, k) in keys.iter().enumerate() {
+        groups.entry(k).or_default().push(i);
+    }
+    // Latest change per key, in row order of the batch (deterministic output).
+    let mut chosen: Vec<(usize, &Vec<usize>)> = groups
+        .values()
+        .map(|g| {
+            let last = *g
+                .iter()
+                .max_by(|a, b| rows.order[**a].cmp(rows.order[**b]))
+                .unwrap_or(&g[0]);
+            (last, g)
+        })
+        .collect();
+    chosen.sort_unstable_by_key(|(i, _)| *i);
+    let idx: Vec<u32> = chosen.iter().map(|(i, _)| *i as u32).collect();
+    let indices = UInt32Array::from(idx.clone());
+    let mut fields: Vec<Field> = rows
+        .all
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut cols = Vec::with_capacity(fields.len() + 2 + rows.present.len());
+    for (c, f) in rows.all.columns().iter().zip(&fields) {
+        if rows.present.iter().any(|(n, _)| n == f.name()) {
+            cols.push(c.clone()); // replaced below
+        } else {
+            cols.push(take(c, &indices, None).map_err(Error::arrow)?);
+        }
+    }
+    fields.push(Field::new(&table.sequence_column, DataType::Utf8, false));
+    cols.push(string_array(idx.iter().map(|&i| rows.order[i as usize])));
+    let mut sparse = Vec::new();
+    for (n, (column, present)) in rows.present.iter().enumerate() {
+        let (values, seqs) = fold_sparse(&rows, present, &chosen)?;
+        let pos = fields
+            .iter()
+            .position(|f| f.name() == column)
+            .ok_or_else(|| Error::internal(format!("sparse column {column} vanished")))?;
+        cols[pos] = take(rows.all.column(pos), &values, None).map_err(Error::arrow)?;
+        let seq_column = format!("{SPARSE_SEQ_PREFIX}{n}");
+        fields.push(Field::new(&seq_column, DataType::Utf8, true));
+        cols.push(Arc::new(seqs));
+        sparse.push(SparseColumn {
+            column: column.clone(),
+            seq_column,
+        });
+    }
+    let ops: Vec<PlanOp> = idx
+        .iter()
+        .map(|&i| match rows.ops[i as usize] {
+            ChangeOp::Delete => PlanOp::Delete,
+            _ => PlanOp::Upsert,
+        })
+        .collect();
+    fields.push(Field::new(OP_COLUMN, DataType::Utf8, false));
+    cols.push(string_array(ops.iter().map(|o| o.marker())));
+    let deletes = ops.iter().filter(|o| **o == PlanOp::Delete).count();
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(Error::arrow)?;
+    Ok(MergePlan {
+        upserts: idx.len() - deletes,
+        deletes,
+        superseded: rows.all.num_rows() - idx.len(),
+        batch,
+        sparse,
+    })
+}
+
+/// Concatenate the change sets (columns in first-seen order; a file without a column gets
+/// nulls there and the column is marked sparse).
+fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
     let mut fields: Vec<Field> = Vec::new();
     for c in changes {
         for f in c.data.schema().fields() {
@@ -100,95 +342,88 @@ pub fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePlan> {
     }
     let total: usize = changes.iter().map(|c| c.data.num_rows()).sum();
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(fields.len());
+    let mut present = Vec::new();
     for f in &fields {
         let mut parts: Vec<ArrayRef> = Vec::with_capacity(changes.len());
+        let mut has = Vec::with_capacity(total);
         for c in changes {
             let part = match c.data.column_by_name(f.name()) {
                 Some(a) if a.data_type() == f.data_type() => a.clone(),
-                Some(a) => cast(a, f.data_type()).map_err(|e| Error::BadInput {
-                    file: crate::storage::display(&c.file),
-                    location: crate::error::Location::Column(f.name().clone()),
-                    message: format!(
-                        "type {} conflicts with {} in another file of the same batch: {e}",
-                        a.data_type(),
-                        f.data_type()
-                    ),
-                })?,
+                Some(a) => {
+                    return Err(Error::internal(format!(
+                        "column `{}` is {} in one file and {} in another after admission",
+                        f.name(),
+                        f.data_type(),
+                        a.data_type()
+                    )))
+                }
                 None => arrow::array::new_null_array(f.data_type(), c.data.num_rows()),
             };
+            has.extend(std::iter::repeat_n(
+                c.data.column_by_name(f.name()).is_some(),
+                c.data.num_rows(),
+            ));
             parts.push(part);
         }
+        if has.iter().any(|p| !p) {
+            present.push((f.name().clone(), has));
+        }
         let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-        columns.push(concat(&refs).map_err(|e| Error::Internal(format!("concat: {e}")))?);
+        columns.push(concat(&refs).map_err(Error::arrow)?);
     }
-    let schema = Arc::new(Schema::new(fields.clone()));
     let all = RecordBatch::try_new_with_options(
-        schema.clone(),
+        Arc::new(Schema::new(fields)),
         columns,
         &arrow::array::RecordBatchOptions::new().with_row_count(Some(total)),
     )
-    .map_err(|e| Error::Internal(format!("assemble plan: {e}")))?;
-    let ops: Vec<ChangeOp> = changes.iter().flat_map(|c| c.ops.iter().copied()).collect();
-    let order: Vec<&str> = changes
-        .iter()
-        .flat_map(|c| c.order.iter().map(String::as_str))
-        .collect();
-
-    // Latest change per key.
-    let enc = KeyEncoder::new(&schema, &table.primary_key)?;
-    let keys = enc.encode(&all)?;
-    let mut latest: HashMap<&OwnedRow, usize> = HashMap::with_capacity(keys.len());
-    for (i, k) in keys.iter().enumerate() {
-        latest
-            .entry(k)
-            .and_modify(|j| {
-                if order[i] > order[*j] {
-                    *j = i;
-                }
-            })
-            .or_insert(i);
-    }
-    let mut idx: Vec<u32> = latest.into_values().map(|i| i as u32).collect();
-    idx.sort_unstable();
-    let superseded = total - idx.len();
-    let indices = UInt32Array::from(idx.clone());
-    let mut out_cols = Vec::with_capacity(all.num_columns() + 2);
-    for c in all.columns() {
-        out_cols.push(take(c, &indices, None).map_err(|e| Error::Internal(format!("take: {e}")))?);
-    }
-    out_cols.push(string_array(idx.iter().map(|&i| order[i as usize])));
-    let mut deletes = 0;
-    out_cols.push(string_array(idx.iter().map(|&i| {
-        if ops[i as usize] == ChangeOp::Delete {
-            deletes += 1;
-            "D"
-        } else {
-            "U"
-        }
-    })));
-    let mut out_fields = fields;
-    out_fields.push(Field::new(
-        &table.sequence_column,
-        arrow::datatypes::DataType::Utf8,
-        false,
-    ));
-    out_fields.push(Field::new(
-        OP_COLUMN,
-        arrow::datatypes::DataType::Utf8,
-        false,
-    ));
-    let batch = RecordBatch::try_new(Arc::new(Schema::new(out_fields)), out_cols)
-        .map_err(|e| Error::Internal(format!("assemble plan: {e}")))?;
-    Ok(MergePlan {
-        upserts: idx.len() - deletes,
-        deletes,
-        superseded,
-        batch,
+    .map_err(Error::arrow)?;
+    Ok(Rows {
+        all,
+        ops: changes.iter().flat_map(|c| c.ops.iter().copied()).collect(),
+        order: changes
+            .iter()
+            .flat_map(|c| c.order.iter().map(String::as_str))
+            .collect(),
+        present,
     })
 }
 
+/// For one sparse column: per chosen key, the row whose value it takes (null: none) and the
+/// order key of the change that set it. Walking a key's changes in order: a change that has
+/// the column sets it; a delete sets it to null (a row inserted after it starts empty); a
+/// change without the column leaves it as it was.
+fn fold_sparse(
+    rows: &Rows<'_>,
+    present: &[bool],
+    chosen: &[(usize, &Vec<usize>)],
+) -> Result<(UInt32Array, StringArray)> {
+    let mut take_rows: Vec<Option<u32>> = Vec::with_capacity(chosen.len());
+    let mut seqs: Vec<Option<&str>> = Vec::with_capacity(chosen.len());
+    for (_, group) in chosen {
+        let mut g: Vec<usize> = (*group).clone();
+        g.sort_by(|a, b| rows.order[*a].cmp(rows.order[*b]));
+        let mut value: Option<u32> = None;
+        let mut set_by: Option<&str> = None;
+        for i in g {
+            if rows.ops[i] == ChangeOp::Delete {
+                value = None;
+                set_by = Some(rows.order[i]);
+            } else if present[i] {
+                value = Some(i as u32);
+                set_by = Some(rows.order[i]);
+            }
+        }
+        take_rows.push(value);
+        seqs.push(set_by);
+    }
+    Ok((UInt32Array::from(take_rows), StringArray::from(seqs)))
+}
+
 /// Turn upserts that a newer tombstone supersedes into deletes carrying the tombstone's
-/// order key (so the MERGE removes any older copy of the row). Returns how many changed.
+/// order key (so the MERGE removes any older copy of the row). Upserts newer than their
+/// key's tombstone stay, but the tombstone's delete comes before them in the key's history:
+/// sparse columns no later change of the batch set are cleared as of the tombstone.
+/// Returns how many upserts became deletes.
 pub fn apply_tombstones(
     plan: &mut MergePlan,
     table: &TableConfig,
@@ -200,40 +435,81 @@ pub fn apply_tombstones(
     let enc = KeyEncoder::new(&plan.batch.schema(), &table.primary_key)?;
     let keys = enc.encode(&plan.batch)?;
     let schema = plan.batch.schema();
-    let seq_idx = schema
-        .index_of(&table.sequence_column)
-        .map_err(|e| Error::Internal(e.to_string()))?;
-    let op_idx = schema
-        .index_of(OP_COLUMN)
-        .map_err(|e| Error::Internal(e.to_string()))?;
-    let seqs = plan.batch.column(seq_idx).as_string::<i32>();
-    let ops = plan.batch.column(op_idx).as_string::<i32>();
-    let mut new_seq: Vec<&str> = Vec::with_capacity(keys.len());
-    let mut new_ops: Vec<&str> = Vec::with_capacity(keys.len());
+    let seq_idx = index_of(&schema, &table.sequence_column)?;
+    let op_idx = index_of(&schema, OP_COLUMN)?;
+    let seqs = plan.batch.column(seq_idx).as_string::<i32>().clone();
+    let ops = plan.ops()?;
+    let mut new_seq: Vec<String> = Vec::with_capacity(keys.len());
+    let mut new_ops: Vec<PlanOp> = Vec::with_capacity(keys.len());
+    let mut clear: Vec<(usize, &str)> = Vec::new();
     let mut changed = 0;
     for (i, k) in keys.iter().enumerate() {
         match tombstones.get(k) {
             Some(t) if t.as_str() > seqs.value(i) => {
-                if ops.value(i) == "U" {
-                    changed += 1;
-                }
-                new_seq.push(t.as_str());
-                new_ops.push("D");
+                changed += usize::from(ops[i] == PlanOp::Upsert);
+                new_seq.push(t.clone());
+                new_ops.push(PlanOp::Delete);
+            }
+            Some(t) if ops[i] == PlanOp::Upsert => {
+                clear.push((i, t.as_str()));
+                new_seq.push(seqs.value(i).to_string());
+                new_ops.push(ops[i]);
             }
             _ => {
-                new_seq.push(seqs.value(i));
-                new_ops.push(ops.value(i));
+                new_seq.push(seqs.value(i).to_string());
+                new_ops.push(ops[i]);
             }
         }
     }
-    if changed == 0 && new_seq.iter().zip(0..).all(|(s, i)| *s == seqs.value(i)) {
-        return Ok(0);
-    }
     let mut cols = plan.batch.columns().to_vec();
-    cols[seq_idx] = string_array(new_seq.into_iter());
-    cols[op_idx] = string_array(new_ops.iter().copied());
-    plan.deletes = new_ops.iter().filter(|o| **o == "D").count();
+    cols[seq_idx] = string_array(new_seq.iter().map(String::as_str));
+    cols[op_idx] = string_array(new_ops.iter().map(|o| o.marker()));
+    for s in &plan.sparse {
+        clear_before(&schema, &mut cols, s, &clear)?;
+    }
+    plan.deletes = new_ops.iter().filter(|o| **o == PlanOp::Delete).count();
     plan.upserts = new_ops.len() - plan.deletes;
-    plan.batch = RecordBatch::try_new(schema, cols).map_err(|e| Error::Internal(e.to_string()))?;
+    plan.batch = RecordBatch::try_new(schema, cols).map_err(Error::arrow)?;
     Ok(changed)
 }
+
+/// Null a sparse column (and set its order key to the tombstone's) on the rows whose value
+/// was set before their key's tombstone.
+fn clear_before(
+    schema: &SchemaRef,
+    cols: &mut [ArrayRef],
+    s: &SparseColumn,
+    clear: &[(usize, &str)],
+) -> Result<()> {
+    if clear.is_empty() {
+        return Ok(());
+    }
+    let vi = index_of(schema, &s.column)?;
+    let si = index_of(schema, &s.seq_column)?;
+    let seqs = cols[si].as_string::<i32>().clone();
+    let mut new_seqs: Vec<Option<String>> = seqs.iter().map(|v| v.map(str::to_string)).collect();
+    let mut keep = vec![true; seqs.len()];
+    for (row, t) in clear {
+        if seqs.is_null(*row) || seqs.value(*row) < *t {
+            new_seqs[*row] = Some((*t).to_string());
+            keep[*row] = false;
+        }
+    }
+    let mask = arrow::array::BooleanArray::from(keep);
+    cols[vi] = arrow::compute::nullif(
+        &cols[vi],
+        &arrow::compute::not(&mask).map_err(Error::arrow)?,
+    )
+    .map_err(Error::arrow)?;
+    cols[si] = Arc::new(StringArray::from(new_seqs));
+    Ok(())
+}
+
+fn index_of(schema: &SchemaRef, name: &str) -> Result<usize> {
+    schema
+        .index_of(name)
+        .map_err(|_| Error::internal(format!("the merge plan has no column `{name}`")))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,10 @@
-//! Storage access for raw CDC files and the config file: `file://` and `s3://` URIs through
-//! `object_store` (the same client stack delta-rs uses for the tables). `AWS_ENDPOINT_URL`
-//! (or `AWS_ENDPOINT_URL_S3`) points everything at an emulator.
+//! Storage access for raw CDC files, manifests and the config file: `file://` and `s3://`
+//! URIs through `object_store` (the same client stack delta-rs uses for the tables).
+//! `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`) points everything at an emulator.
+//!
+//! One rule for keys and URLs: a URL's path is the object key percent-encoded once (as
+//! [`Url::from_file_path`] and [`s3_url`] build it), and [`object_path`] decodes it once. A
+//! key may contain any character, `%` included.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,10 +14,12 @@ use deltalake::{ObjectStore, Path};
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
-use object_store::ObjectStoreExt;
+use object_store::{ObjectMeta, ObjectStoreExt};
+use percent_encoding::percent_decode_str;
 use url::Url;
 
 use crate::error::{Error, Result};
+use crate::source::RawFile;
 
 /// Builds and caches one object store per bucket (or one for the local file system).
 #[derive(Debug, Default)]
@@ -29,8 +35,16 @@ pub fn endpoint_override() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// The region when the environment sets none.
+const DEFAULT_REGION: &str = "us-east-1";
+
+fn region_unset() -> bool {
+    std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
+}
+
 /// Storage options for delta-rs tables, derived from the environment so that an emulator
-/// endpoint and plain-HTTP access work without further setup.
+/// endpoint and plain-HTTP access work without further setup. The raw-file stores are built
+/// from the same options (one endpoint/region rule for both).
 pub fn delta_storage_options() -> HashMap<String, String> {
     let mut opts = HashMap::new();
     if let Some(ep) = endpoint_override() {
@@ -44,47 +58,38 @@ pub fn delta_storage_options() -> HashMap<String, String> {
             "false".to_string(),
         );
     }
-    if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
-        opts.insert("AWS_REGION".to_string(), "us-east-1".to_string());
+    if region_unset() {
+        opts.insert("AWS_REGION".to_string(), DEFAULT_REGION.to_string());
     }
     opts
 }
 
-/// Object path (within its store) of a `file://` or `s3://` URL.
+/// Decode a URL path component once.
+pub fn percent_decode(s: &str) -> String {
+    percent_decode_str(s).decode_utf8_lossy().into_owned()
+}
+
+/// Object path (within its store) of a `file://` or `s3://` URL: the key, decoded once.
 pub fn object_path(url: &Url) -> Result<Path> {
-    let p = url.path().trim_start_matches('/');
-    let decoded = percent_decode(p);
+    let decoded = percent_decode(url.path().trim_start_matches('/'));
     Path::parse(decoded).map_err(|e| Error::storage(url.as_str(), e.into()))
 }
 
-pub(crate) fn percent_decode(s: &str) -> String {
-    // `Url` keeps paths percent-encoded; object paths are the decoded keys.
-    fn hex(b: u8) -> Option<u8> {
-        (b as char).to_digit(16).map(|d| d as u8)
-    }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push(h * 16 + l);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Build an `s3://bucket/key` URL from a decoded object key.
+/// Build an `s3://bucket/key` URL from a decoded object key (any characters).
 pub fn s3_url(bucket: &str, key: &str) -> Result<Url> {
     let mut u = Url::parse(&format!("s3://{bucket}/"))
-        .map_err(|e| Error::Internal(format!("invalid bucket name {bucket:?}: {e}")))?;
-    u.set_path(key);
+        .map_err(|e| Error::config("event", format!("invalid bucket name {bucket:?}: {e}")))?;
+    set_key(&mut u, key);
     Ok(u)
+}
+
+/// Replace a URL's path with `key`, each segment percent-encoded (so that [`object_path`]
+/// gives the key back exactly).
+fn set_key(u: &mut Url, key: &str) {
+    u.set_path("/");
+    if let Ok(mut segments) = u.path_segments_mut() {
+        segments.clear().extend(key.split('/'));
+    }
 }
 
 /// The last path segment (file name) of a URL, decoded.
@@ -105,6 +110,23 @@ pub fn display(url: &Url) -> String {
     }
 }
 
+/// `base` + `/name` for a URL without a trailing slash (`name` is a decoded key segment).
+pub fn join(base: &Url, name: &str) -> Url {
+    let mut u = base.clone();
+    if let Ok(mut segments) = u.path_segments_mut() {
+        segments.pop_if_empty().push(name);
+    }
+    u
+}
+
+/// An object under a listed prefix.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub url: Url,
+    pub last_modified: chrono::DateTime<chrono::Utc>,
+    pub size: u64,
+}
+
 impl Storage {
     pub fn new() -> Self {
         Self::default()
@@ -116,32 +138,27 @@ impl Storage {
             "file" => "file://".to_string(),
             "s3" | "s3a" => format!("s3://{}", url.host_str().unwrap_or("")),
             other => {
-                return Err(Error::Internal(format!(
-                    "unsupported URI scheme `{other}` in {url}; use s3:// or file://"
-                )))
+                return Err(Error::config(
+                    url.as_str(),
+                    format!("unsupported URI scheme `{other}`; use s3:// or file://"),
+                ))
             }
         };
         let mut stores = self
             .stores
             .lock()
-            .map_err(|_| Error::Internal("storage cache lock poisoned".into()))?;
+            .map_err(|_| Error::internal("storage cache lock poisoned"))?;
         if let Some(s) = stores.get(&key) {
             return Ok(s.clone());
         }
         let store: Arc<dyn ObjectStore> = if url.scheme() == "file" {
             Arc::new(LocalFileSystem::new())
         } else {
-            let bucket = url.host_str().unwrap_or("");
-            let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
-            if let Some(ep) = endpoint_override() {
-                b = b
-                    .with_allow_http(ep.starts_with("http://"))
-                    .with_endpoint(ep)
-                    .with_virtual_hosted_style_request(false);
-            }
-            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
-            {
-                b = b.with_region("us-east-1");
+            let mut b = AmazonS3Builder::from_env().with_bucket_name(url.host_str().unwrap_or(""));
+            for (k, v) in delta_storage_options() {
+                if let Ok(k) = k.to_ascii_lowercase().parse() {
+                    b = b.with_config(k, v);
+                }
             }
             Arc::new(b.build().map_err(|e| Error::storage(url.as_str(), e))?)
         };
@@ -151,18 +168,29 @@ impl Storage {
 
     /// Read a whole object.
     pub async fn get(&self, url: &Url) -> Result<Bytes> {
+        Ok(self.get_file(url).await?.bytes)
+    }
+
+    /// Read a whole object with its last-modified time.
+    pub async fn get_file(&self, url: &Url) -> Result<RawFile> {
         let store = self.store(url)?;
         let path = object_path(url)?;
         let res = store
             .get(&path)
             .await
             .map_err(|e| Error::storage(display(url), e))?;
-        res.bytes()
+        let last_modified = Some(res.meta.last_modified);
+        let bytes = res
+            .bytes()
             .await
-            .map_err(|e| Error::storage(display(url), e))
+            .map_err(|e| Error::storage(display(url), e))?;
+        Ok(RawFile {
+            bytes,
+            last_modified,
+        })
     }
 
-    /// Write a whole object (used by the demo and tests).
+    /// Write a whole object.
     pub async fn put(&self, url: &Url, data: Bytes) -> Result<()> {
         let store = self.store(url)?;
         let path = object_path(url)?;
@@ -173,22 +201,50 @@ impl Storage {
         Ok(())
     }
 
+    /// Delete an object; `false` when it was not there.
+    pub async fn delete_if_exists(&self, url: &Url) -> Result<bool> {
+        let store = self.store(url)?;
+        let path = object_path(url)?;
+        match store.delete(&path).await {
+            Ok(()) => Ok(true),
+            Err(deltalake::ObjectStoreError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(Error::storage(display(url), e)),
+        }
+    }
+
     /// All objects under a prefix (recursively), as URLs, sorted by key.
     pub async fn list(&self, prefix: &Url) -> Result<Vec<Url>> {
+        Ok(self
+            .list_meta(prefix)
+            .await?
+            .into_iter()
+            .map(|l| l.url)
+            .collect())
+    }
+
+    /// All objects under a prefix (recursively) with their metadata, sorted by key. A
+    /// prefix that does not exist lists nothing.
+    pub async fn list_meta(&self, prefix: &Url) -> Result<Vec<Listed>> {
         let store = self.store(prefix)?;
         let path = object_path(prefix)?;
-        let metas: Vec<_> = store
-            .list(Some(&path))
-            .try_collect()
-            .await
-            .map_err(|e| Error::storage(display(prefix), e))?;
-        let mut out = Vec::with_capacity(metas.len());
-        for m in metas {
-            let mut u = prefix.clone();
-            u.set_path(&format!("/{}", m.location.as_ref()));
-            out.push(u);
-        }
-        out.sort_by(|a, b| a.path().cmp(b.path()));
+        let metas: Vec<ObjectMeta> = match store.list(Some(&path)).try_collect().await {
+            Ok(m) => m,
+            Err(deltalake::ObjectStoreError::NotFound { .. }) => vec![],
+            Err(e) => return Err(Error::storage(display(prefix), e)),
+        };
+        let mut out: Vec<Listed> = metas
+            .into_iter()
+            .map(|m| {
+                let mut u = prefix.clone();
+                set_key(&mut u, m.location.as_ref());
+                Listed {
+                    url: u,
+                    last_modified: m.last_modified,
+                    size: m.size,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.url.path().cmp(b.url.path()));
         Ok(out)
     }
 }
@@ -198,32 +254,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn s3_urls_round_trip_keys_with_spaces_and_symbols() {
-        let u = s3_url("raw", "dms/sales/my table/2024/01/01/20240101-1+2.parquet").unwrap();
-        assert_eq!(
-            object_path(&u).unwrap().as_ref(),
-            "dms/sales/my table/2024/01/01/20240101-1+2.parquet"
-        );
-        assert_eq!(file_name(&u), "20240101-1+2.parquet");
-        assert_eq!(
-            display(&u),
-            "s3://raw/dms/sales/my table/2024/01/01/20240101-1+2.parquet"
-        );
+    fn s3_urls_round_trip_keys_with_any_character() {
+        for key in [
+            "dms/sales/my table/2024/01/01/20240101-1+2.parquet",
+            "dms/x/2024%2001.parquet",
+            "dms/100%/a?b#c=d.parquet",
+        ] {
+            let u = s3_url("raw", key).unwrap();
+            assert_eq!(object_path(&u).unwrap().as_ref(), key, "{u}");
+            assert_eq!(display(&u), format!("s3://raw/{key}"));
+        }
+        let u = s3_url("raw", "dms/x/2024%2001.parquet").unwrap();
+        assert_eq!(file_name(&u), "2024%2001.parquet");
     }
 
     #[tokio::test]
-    async fn local_put_get_list() {
+    async fn local_put_get_list_with_percent_in_names() {
         let dir = tempfile::tempdir().unwrap();
         let base = Url::from_directory_path(dir.path()).unwrap();
         let s = Storage::new();
-        let a = base.join("t/LOAD00000001.csv").unwrap();
-        let b = base.join("t/2024/01/02/20240102-0000.csv").unwrap();
+        let a = join(&join(&base, "t%20x"), "LOAD00000001.csv");
+        let b = join(&join(&base, "t%20x"), "2024%2001.csv");
         s.put(&b, Bytes::from_static(b"y")).await.unwrap();
         s.put(&a, Bytes::from_static(b"x")).await.unwrap();
+        assert!(dir.path().join("t%20x/2024%2001.csv").is_file());
         assert_eq!(s.get(&a).await.unwrap(), Bytes::from_static(b"x"));
-        let listed = s.list(&base.join("t/").unwrap()).await.unwrap();
-        assert_eq!(listed, vec![b.clone(), a.clone()]);
-        let missing = s.get(&base.join("t/nope.csv").unwrap()).await.unwrap_err();
+        let mut prefix = join(&base, "t%20x");
+        prefix.set_path(&format!("{}/", prefix.path()));
+        let listed = s.list(&prefix).await.unwrap();
+        assert_eq!(listed.len(), 2);
+        for u in &listed {
+            assert!(s.get(u).await.is_ok(), "listed {u} must be readable");
+        }
+        let missing = s.get(&join(&base, "nope.csv")).await.unwrap_err();
         assert!(!missing.is_retryable(), "{missing}");
+        assert!(s
+            .list(&base.join("none/").unwrap())
+            .await
+            .unwrap()
+            .is_empty());
     }
 }

@@ -28,7 +28,10 @@ use deltalake::DeltaTable;
 use crate::config::TableConfig;
 use crate::delta;
 use crate::error::{Error, Result};
-use crate::plan::{KeyEncoder, MergePlan, OP_COLUMN};
+use crate::plan::{KeyEncoder, MergePlan, PlanOp};
+use crate::props::TableProps;
+use crate::retry::Retry;
+use crate::source::ChangeSet;
 
 /// Column of the tombstone table holding the wall-clock time a delete was recorded.
 pub const DELETED_AT_COLUMN: &str = "deleted_at";
@@ -55,7 +58,15 @@ impl<'a> Tombstones<'a> {
     ) -> Result<Self> {
         let schema = schema(cfg, plan_schema)?;
         let name = format!("{}_tombstones", cfg.name);
-        let table = delta::create_or_open(&cfg.tombstones, options, &name, &schema, &[]).await?;
+        let table = delta::create_or_open(
+            &cfg.tombstones,
+            options,
+            &name,
+            &schema,
+            &[],
+            Default::default(),
+        )
+        .await?;
         Ok(Self {
             cfg,
             table,
@@ -66,24 +77,41 @@ impl<'a> Tombstones<'a> {
 
     /// Append the plan's deletes. Returns how many tombstones the plan carried.
     pub async fn record(&mut self, plan: &MergePlan, files: &[String]) -> Result<usize> {
-        let op = plan
-            .batch
-            .column_by_name(OP_COLUMN)
-            .ok_or_else(|| Error::Internal("op column".into()))?;
-        let mask: arrow::array::BooleanArray = op
-            .as_string::<i32>()
-            .iter()
-            .map(|v| Some(v == Some("D")))
-            .collect();
-        let deletes =
-            filter_record_batch(&plan.batch, &mask).map_err(|e| Error::Internal(e.to_string()))?;
+        let deletes = deletes_of(plan)?;
         if deletes.num_rows() == 0 {
             return Ok(0);
         }
-        // Columns in the tombstone table's own types (the first file may have written the
-        // keys with another integer width than today's file: cast, refusing lossy casts).
+        let batch = self.tombstone_rows(&deletes)?;
+        // A blind append: delta-rs rebases it over concurrent appends. Only a concurrent
+        // metadata commit (two writers creating the table at once) conflicts: refresh, retry.
+        let mut retry = Retry::new(&self.label, self.cfg.max_commit_attempts);
+        loop {
+            let res = self
+                .table
+                .clone()
+                .write(vec![batch.clone()])
+                .with_save_mode(SaveMode::Append)
+                .with_commit_properties(delta::tributary_commit(files))
+                .await
+                .map_err(|e| Error::delta(&self.label, e));
+            match res {
+                Ok(table) => {
+                    self.table = table;
+                    return Ok(deletes.num_rows());
+                }
+                Err(e) => {
+                    retry.on_error(e, "record tombstones").await?;
+                    self.refresh().await?;
+                }
+            }
+        }
+    }
+
+    /// The deletes in the tombstone table's own columns and types (the first file may have
+    /// written the keys with another integer width than today's file: convert exactly).
+    fn tombstone_rows(&self, deletes: &RecordBatch) -> Result<RecordBatch> {
         let table_schema = delta::arrow_schema(&self.table)
-            .ok_or_else(|| Error::Internal(format!("{}: table not loaded", self.label)))?;
+            .ok_or_else(|| Error::internal(format!("{}: table not loaded", self.label)))?;
         let now = chrono::Utc::now().timestamp_micros();
         let n = deletes.num_rows();
         let mut fields = Vec::new();
@@ -100,44 +128,13 @@ impl<'a> Tombstones<'a> {
                         crate::storage::display(&self.cfg.tombstones)
                     ),
                 })?;
-                let cast_c = cast(c, f.data_type()).map_err(|e| self.type_error(f, c, e))?;
-                if cast_c.null_count() != c.null_count() {
-                    return Err(self.type_error(f, c, "values out of range"));
-                }
-                cast_c
+                crate::coerce::exact_cast(c, f.data_type())
+                    .map_err(|e| self.type_error(f, c, e.describe(c.data_type(), f.data_type())))?
             };
             fields.push(Field::new(f.name(), f.data_type().clone(), true));
             cols.push(col);
         }
-        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        // A blind append: delta-rs rebases it over concurrent appends. Only a concurrent
-        // metadata commit (two writers creating the table at once) conflicts: refresh, retry.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let res = self
-                .table
-                .clone()
-                .write(vec![batch.clone()])
-                .with_save_mode(SaveMode::Append)
-                .with_commit_properties(delta::tributary_commit(files))
-                .await;
-            match res {
-                Ok(table) => {
-                    self.table = table;
-                    return Ok(n);
-                }
-                Err(e)
-                    if attempt < self.cfg.max_commit_attempts
-                        && crate::error::is_commit_conflict(&e) =>
-                {
-                    delta::backoff(attempt).await;
-                    self.refresh().await?;
-                }
-                Err(e) => return Err(Error::delta(&self.label, e)),
-            }
-        }
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(Error::arrow)
     }
 
     fn type_error(&self, f: &Field, c: &ArrayRef, e: impl std::fmt::Display) -> Error {
@@ -192,17 +189,16 @@ impl<'a> Tombstones<'a> {
             .table
             .table_provider()
             .await
-            .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
-        let mut df = ctx
-            .read_table(provider)
-            .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+            .map_err(|e| Error::datafusion(format!("{label}: table provider"), e))?;
+        let df_err = |e| Error::datafusion(format!("{label}: reading tombstones"), e);
+        let mut df = ctx.read_table(provider).map_err(df_err)?;
         // Prune by the range of the first key column (file statistics do the rest).
         let k0 = &cfg.primary_key[0];
         if let Some(keys) = plan.batch.column_by_name(k0) {
             if let Some((lo, hi)) = min_max(keys)? {
                 df = df
                     .filter(Expr::Column(ucol(k0)).between(lit(lo), lit(hi)))
-                    .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+                    .map_err(df_err)?;
             }
         }
         let mut cols: Vec<Expr> = cfg
@@ -213,10 +209,10 @@ impl<'a> Tombstones<'a> {
         cols.push(Expr::Column(ucol(&cfg.sequence_column)));
         let batches = df
             .select(cols)
-            .map_err(|e| Error::Internal(format!("{label}: {e}")))?
+            .map_err(df_err)?
             .collect()
             .await
-            .map_err(|e| Error::Internal(format!("{label}: reading tombstones failed: {e}")))?;
+            .map_err(df_err)?;
         // Encode keys with the plan's key types (DataFusion may hand back view types).
         let plan_schema = plan.batch.schema();
         let enc = KeyEncoder::new(&plan_schema, &cfg.primary_key)?;
@@ -224,9 +220,10 @@ impl<'a> Tombstones<'a> {
             let mut fields = Vec::new();
             let mut cols = Vec::new();
             for (i, k) in cfg.primary_key.iter().enumerate() {
-                let f = plan_schema
-                    .field_with_name(k)
-                    .map_err(|e| Error::Internal(e.to_string()))?;
+                let f = plan_schema.field_with_name(k).map_err(|e| Error::Arrow {
+                    context: format!("{label}: key column"),
+                    source: e,
+                })?;
                 cols.push(cast(b.column(i), f.data_type()).map_err(|e| Error::Schema {
                     table: cfg.name.clone(),
                     message: format!(
@@ -235,11 +232,11 @@ impl<'a> Tombstones<'a> {
                 })?);
                 fields.push(Field::new(k, f.data_type().clone(), true));
             }
-            let keys_batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
-                .map_err(|e| Error::Internal(e.to_string()))?;
+            let keys_batch =
+                RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(Error::arrow)?;
             let keys = enc.encode(&keys_batch)?;
             let seqs = b.column(cfg.primary_key.len());
-            let seqs = cast(seqs, &DataType::Utf8).map_err(|e| Error::Internal(e.to_string()))?;
+            let seqs = cast(seqs, &DataType::Utf8).map_err(Error::arrow)?;
             let seqs = seqs.as_string::<i32>();
             for (i, k) in keys.into_iter().enumerate() {
                 if seqs.is_valid(i) {
@@ -263,7 +260,7 @@ fn schema(cfg: &TableConfig, plan_schema: &Schema) -> Result<Schema> {
     for k in &cfg.primary_key {
         let f = plan_schema
             .field_with_name(k)
-            .map_err(|_| Error::Internal(format!("key {k} missing from plan")))?;
+            .map_err(|_| Error::internal(format!("key {k} missing from plan")))?;
         fields.push(Field::new(k, f.data_type().clone(), true));
     }
     fields.push(Field::new(&cfg.sequence_column, DataType::Utf8, true));
@@ -283,13 +280,39 @@ fn min_max(a: &ArrayRef) -> Result<Option<(ScalarValue, ScalarValue)>> {
     if a.is_empty() {
         return Ok(None);
     }
-    let idx = arrow::compute::sort_to_indices(a, None, None)
-        .map_err(|e| Error::Internal(e.to_string()))?;
-    let lo = ScalarValue::try_from_array(a, idx.value(0) as usize)
-        .map_err(|e| Error::Internal(e.to_string()))?;
-    let hi = ScalarValue::try_from_array(a, idx.value(idx.len() - 1) as usize)
-        .map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(Some((lo, hi)))
+    let idx = arrow::compute::sort_to_indices(a, None, None).map_err(Error::arrow)?;
+    let scalar = |i: u32| {
+        ScalarValue::try_from_array(a, i as usize)
+            .map_err(|e| Error::datafusion("tombstone key range", e))
+    };
+    Ok(Some((
+        scalar(idx.value(0))?,
+        scalar(idx.value(idx.len() - 1))?,
+    )))
+}
+
+/// The plan's delete rows.
+fn deletes_of(plan: &MergePlan) -> Result<RecordBatch> {
+    let mask: arrow::array::BooleanArray = plan
+        .ops()?
+        .iter()
+        .map(|o| Some(*o == PlanOp::Delete))
+        .collect();
+    filter_record_batch(&plan.batch, &mask).map_err(Error::arrow)
+}
+
+/// Refuse a file written before the table's tombstone horizon: a delete of one of its keys
+/// may have been recorded and forgotten since, and applying the file could revive the row.
+pub fn check_horizon(cfg: &TableConfig, props: &TableProps, cs: &ChangeSet) -> Result<()> {
+    match (props.tombstone_horizon, cs.written) {
+        (Some(h), Some(w)) if w <= h => Err(Error::TooLate {
+            table: cfg.name.clone(),
+            file: crate::storage::display(&cs.file),
+            written: w.to_rfc3339(),
+            horizon: h.to_rfc3339(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A plan of deletes for the upserts of `plan` that tombstones written since have
@@ -308,25 +331,20 @@ pub fn superseded_upserts(
         return Ok(None);
     }
     // Keep only rows that turned from upsert into delete.
-    let before = plan
-        .batch
-        .column_by_name(OP_COLUMN)
-        .ok_or_else(|| Error::Internal("op".into()))?;
-    let after = p
-        .batch
-        .column_by_name(OP_COLUMN)
-        .ok_or_else(|| Error::Internal("op".into()))?;
-    let (b, a) = (before.as_string::<i32>(), after.as_string::<i32>());
-    let mask: arrow::array::BooleanArray = (0..b.len())
-        .map(|i| Some(b.value(i) == "U" && a.value(i) == "D"))
+    let (before, after) = (plan.ops()?, p.ops()?);
+    let mask: arrow::array::BooleanArray = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| Some(*b == PlanOp::Upsert && *a == PlanOp::Delete))
         .collect();
-    let batch = filter_record_batch(&p.batch, &mask).map_err(|e| Error::Internal(e.to_string()))?;
+    let batch = filter_record_batch(&p.batch, &mask).map_err(Error::arrow)?;
     let n = batch.num_rows();
     Ok(Some(MergePlan {
         batch,
         upserts: 0,
         deletes: n,
         superseded: 0,
+        sparse: p.sparse,
     }))
 }
 
@@ -341,7 +359,7 @@ mod tests {
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, true),
             Field::new(&cfg.sequence_column, DataType::Utf8, true),
-            Field::new(OP_COLUMN, DataType::Utf8, true),
+            Field::new(crate::plan::OP_COLUMN, DataType::Utf8, true),
         ]));
         let batch = RecordBatch::try_new(
             schema,
@@ -358,6 +376,7 @@ mod tests {
             upserts: rows.len() - deletes,
             deletes,
             superseded: 0,
+            sparse: vec![],
         }
     }
 

@@ -1,0 +1,418 @@
+//! Type coercion: the Delta type a new source column gets, and exact conversion of values to
+//! a column's type.
+//!
+//! Every conversion tributary makes (a CSV text into a typed column, a file's column into the
+//! table's type, one file's column into the type another file of the same batch set) goes
+//! through [`exact_cast`]: a value that the target type cannot represent exactly is an error
+//! naming the row and the value. Nothing is truncated, rounded, wrapped or nulled.
+//!
+//! "Exactly" means the value survives the round trip: converted back to the type it came in,
+//! it is equal to what it was (`1.75` into an integer column fails, `5` into a string column
+//! is `"5"` and back `5`). Text (CSV) is checked against what it says: `3.333` does not fit
+//! `decimal(10,2)`, `…:00.1234567` does not fit microseconds.
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::compute::kernels::cmp::not_distinct;
+use arrow::compute::{cast_with_options, CastOptions};
+use arrow::datatypes::{DataType, TimeUnit};
+use arrow::util::display::{array_value_to_string, FormatOptions};
+
+/// The type a new column gets in the Delta table (Delta has no unsigned, time-of-day or
+/// nanosecond types; timestamps become `timestamp` (UTC), as Spark writes them). `None` when
+/// Delta has no equivalent.
+pub fn delta_type(dt: &DataType) -> Option<DataType> {
+    Some(match dt {
+        DataType::Null | DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
+        DataType::Time32(_) | DataType::Time64(_) => DataType::Utf8,
+        DataType::LargeBinary | DataType::BinaryView | DataType::FixedSizeBinary(_) => {
+            DataType::Binary
+        }
+        DataType::UInt8 => DataType::Int16,
+        DataType::UInt16 => DataType::Int32,
+        DataType::UInt32 => DataType::Int64,
+        DataType::UInt64 => DataType::Decimal128(20, 0),
+        DataType::Float16 => DataType::Float32,
+        DataType::Date64 => DataType::Date32,
+        DataType::Timestamp(_, _) => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        DataType::Dictionary(_, v) => return delta_type(v),
+        DataType::Boolean
+        | DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::Float32
+        | DataType::Float64
+        | DataType::Utf8
+        | DataType::Binary
+        | DataType::Date32
+        | DataType::Decimal128(_, _) => dt.clone(),
+        _ => return None,
+    })
+}
+
+/// Why a column could not be converted: the first row (0-based) that does not fit, its value
+/// as text, and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inexact {
+    pub row: Option<usize>,
+    pub value: Option<String>,
+    pub reason: String,
+}
+
+impl Inexact {
+    fn at(array: &dyn Array, row: usize, reason: impl Into<String>) -> Self {
+        Inexact {
+            row: Some(row),
+            value: array_value_to_string(array, row).ok(),
+            reason: reason.into(),
+        }
+    }
+
+    /// `value "1.75" cannot be represented exactly as Int64 (from Float64): …`
+    pub fn describe(&self, from: &DataType, to: &DataType) -> String {
+        let value = self
+            .value
+            .as_ref()
+            .map(|v| format!("value {v:?} "))
+            .unwrap_or_default();
+        format!(
+            "{value}cannot be represented exactly as {to} (from {from}): {}",
+            self.reason
+        )
+    }
+}
+
+const STRICT: CastOptions<'static> = CastOptions {
+    safe: false,
+    format_options: FormatOptions::new(),
+};
+
+/// Convert `array` to `to`, refusing any value that would change.
+pub fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, Inexact> {
+    let from = array.data_type();
+    if from == to {
+        return Ok(array.clone());
+    }
+    if let DataType::Dictionary(_, values) = from {
+        // Unpacking a dictionary changes no value.
+        let plain = cast_with_options(array, values, &STRICT).map_err(|e| Inexact {
+            row: None,
+            value: None,
+            reason: e.to_string(),
+        })?;
+        return exact_cast(&plain, to);
+    }
+    let out = cast_with_options(array, to, &STRICT).map_err(|e| first_failure(array, to, e))?;
+    if let Some(row) = (0..array.len()).find(|&i| array.is_valid(i) && out.is_null(i)) {
+        return Err(Inexact::at(
+            array.as_ref(),
+            row,
+            "the value has no equivalent",
+        ));
+    }
+    let mismatch = if is_text(from) {
+        text_mismatch(array, &out, to)
+    } else {
+        roundtrip_mismatch(array, &out)?
+    };
+    match mismatch {
+        Some((row, reason)) => Err(Inexact::at(array.as_ref(), row, reason)),
+        None => Ok(out),
+    }
+}
+
+fn is_text(dt: &DataType) -> bool {
+    matches!(
+        dt,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    )
+}
+
+/// The strict cast failed: find the first row a lenient cast turns into null (the value that
+/// does not convert) so the error can name it.
+fn first_failure(array: &ArrayRef, to: &DataType, e: arrow::error::ArrowError) -> Inexact {
+    let lenient = cast_with_options(array, to, &CastOptions::default()).ok();
+    let row = lenient
+        .as_ref()
+        .and_then(|l| (0..array.len()).find(|&i| array.is_valid(i) && l.is_null(i)));
+    match row {
+        Some(r) => Inexact::at(array.as_ref(), r, e.to_string()),
+        None => Inexact {
+            row: None,
+            value: None,
+            reason: e.to_string(),
+        },
+    }
+}
+
+/// Typed source: convert back and compare. Returns the first row that changed.
+fn roundtrip_mismatch(
+    array: &ArrayRef,
+    out: &ArrayRef,
+) -> Result<Option<(usize, String)>, Inexact> {
+    let back = cast_with_options(out, array.data_type(), &CastOptions::default()).map_err(|e| {
+        Inexact {
+            row: None,
+            value: None,
+            reason: format!("cannot verify the conversion: {e}"),
+        }
+    })?;
+    let changed = "the value changes in the conversion";
+    if let Some(a) = as_f64(array) {
+        let b = as_f64(&back).unwrap_or_default();
+        let row = (0..array.len()).find(|&i| {
+            array.is_valid(i)
+                && (back.is_null(i) || !(a[i] == b[i] || (a[i].is_nan() && b[i].is_nan())))
+        });
+        return Ok(row.map(|r| (r, changed.to_string())));
+    }
+    let equal = not_distinct(array, &back).map_err(|e| Inexact {
+        row: None,
+        value: None,
+        reason: format!("cannot verify the conversion: {e}"),
+    })?;
+    let row = (0..array.len()).find(|&i| array.is_valid(i) && !equal.value(i));
+    Ok(row.map(|r| (r, changed.to_string())))
+}
+
+fn as_f64(a: &ArrayRef) -> Option<Vec<f64>> {
+    use arrow::datatypes::{Float16Type, Float32Type, Float64Type};
+    Some(match a.data_type() {
+        DataType::Float16 => a
+            .as_primitive::<Float16Type>()
+            .values()
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        DataType::Float32 => a
+            .as_primitive::<Float32Type>()
+            .values()
+            .iter()
+            .map(|v| f64::from(*v))
+            .collect(),
+        DataType::Float64 => a.as_primitive::<Float64Type>().values().to_vec(),
+        _ => return None,
+    })
+}
+
+/// Text source: check what the text says against what the target kept.
+fn text_mismatch(array: &ArrayRef, out: &ArrayRef, to: &DataType) -> Option<(usize, String)> {
+    let text =
+        |i: usize| -> String { array_value_to_string(array.as_ref(), i).unwrap_or_default() };
+    let rows = (0..array.len()).filter(|&i| array.is_valid(i));
+    match to {
+        DataType::Decimal32(_, s)
+        | DataType::Decimal64(_, s)
+        | DataType::Decimal128(_, s)
+        | DataType::Decimal256(_, s) => {
+            for i in rows {
+                let t = text(i);
+                if let Some(needed) = decimal_scale(&t) {
+                    if needed > i64::from(*s) {
+                        return Some((
+                            i,
+                            format!("it has {needed} decimal places; the column keeps {s}"),
+                        ));
+                    }
+                }
+            }
+            None
+        }
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
+            let values = as_f64(out)?;
+            for i in rows {
+                let t = text(i);
+                let v = values[i];
+                if v.is_infinite() && !names_infinity(&t) {
+                    return Some((i, "it is out of the type's range".into()));
+                }
+                if v == 0.0 && has_nonzero_mantissa(&t) {
+                    return Some((i, "it is too small for the type (would become 0)".into()));
+                }
+            }
+            None
+        }
+        DataType::Timestamp(unit, _) => {
+            let keep = match unit {
+                TimeUnit::Second => 0,
+                TimeUnit::Millisecond => 3,
+                TimeUnit::Microsecond => 6,
+                TimeUnit::Nanosecond => 9,
+            };
+            for i in rows {
+                let digits = fraction_digits(&text(i));
+                if digits > keep {
+                    return Some((
+                        i,
+                        format!(
+                            "it has {digits} fractional second digits; the column keeps {keep}"
+                        ),
+                    ));
+                }
+            }
+            None
+        }
+        DataType::Date32 | DataType::Date64 => {
+            // A time of day other than midnight would be dropped.
+            let micros = DataType::Timestamp(TimeUnit::Microsecond, None);
+            let said = cast_with_options(array, &micros, &CastOptions::default()).ok()?;
+            let kept = cast_with_options(out, &micros, &CastOptions::default()).ok()?;
+            let equal = not_distinct(&said, &kept).ok()?;
+            rows.into_iter()
+                .find(|&i| said.is_valid(i) && !equal.value(i))
+                .map(|i| {
+                    (
+                        i,
+                        "it has a time of day; the column keeps dates".to_string(),
+                    )
+                })
+        }
+        _ => None,
+    }
+}
+
+/// The number of decimal places `text` needs (`"3.330"` → 2, `"1.5e-3"` → 4, `"1200"` → 0).
+/// `None` when the text is not a plain decimal number (the parser judged it already).
+fn decimal_scale(text: &str) -> Option<i64> {
+    let t = text.trim();
+    let t = t.strip_prefix(['-', '+']).unwrap_or(t);
+    let (mantissa, exp) = match t.find(['e', 'E']) {
+        Some(p) => (&t[..p], t[p + 1..].parse::<i64>().ok()?),
+        None => (t, 0),
+    };
+    let fraction = match mantissa.split_once('.') {
+        Some((_, f)) => f.trim_end_matches('0'),
+        None => "",
+    };
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((fraction.len() as i64 - exp).max(0))
+}
+
+fn names_infinity(text: &str) -> bool {
+    let t = text
+        .trim()
+        .trim_start_matches(['-', '+'])
+        .to_ascii_lowercase();
+    t == "inf" || t == "infinity"
+}
+
+fn has_nonzero_mantissa(text: &str) -> bool {
+    let t = text.trim();
+    let mantissa = match t.find(['e', 'E']) {
+        Some(p) => &t[..p],
+        None => t,
+    };
+    mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b))
+}
+
+/// Significant fractional-second digits of a timestamp text (`…:05.120` → 2).
+fn fraction_digits(text: &str) -> usize {
+    // The fraction follows the seconds: the first '.' after the last ':'.
+    let Some(colon) = text.rfind(':') else {
+        return 0;
+    };
+    let rest = &text[colon..];
+    let Some(dot) = rest.find('.') else {
+        return 0;
+    };
+    rest[dot + 1..]
+        .bytes()
+        .take_while(u8::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .iter()
+        .rposition(|b| *b != b'0')
+        .map_or(0, |p| p + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{
+        Decimal128Array, Float64Array, Int32Array, Int64Array, StringArray,
+        TimestampNanosecondArray,
+    };
+
+    use super::*;
+
+    fn err(a: ArrayRef, to: DataType) -> Inexact {
+        exact_cast(&a, &to).expect_err("must refuse")
+    }
+
+    #[test]
+    fn lossy_numeric_conversions_are_refused_with_row_and_value() {
+        let e = err(
+            Arc::new(Float64Array::from(vec![1.0, 1.75])),
+            DataType::Int64,
+        );
+        assert_eq!((e.row, e.value.as_deref()), (Some(1), Some("1.75")));
+        let d = Decimal128Array::from(vec![1234])
+            .with_precision_and_scale(10, 3)
+            .unwrap();
+        let e = err(Arc::new(d), DataType::Decimal128(10, 2));
+        assert_eq!(e.value.as_deref(), Some("1.234"));
+        let e = err(
+            Arc::new(Int64Array::from(vec![5, 1 << 40])),
+            DataType::Int32,
+        );
+        assert_eq!(e.row, Some(1));
+        let e = err(
+            Arc::new(Int64Array::from(vec![(1 << 60) + 1])),
+            DataType::Float64,
+        );
+        assert_eq!(e.row, Some(0));
+        let ns = TimestampNanosecondArray::from(vec![1_000, 1_500]);
+        let e = err(
+            Arc::new(ns),
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        );
+        assert_eq!(e.row, Some(1));
+    }
+
+    #[test]
+    fn exact_conversions_pass() {
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![Some(5), None, Some(-7)]));
+        let out = exact_cast(&a, &DataType::Int64).unwrap();
+        assert_eq!(out.null_count(), 1);
+        let s = exact_cast(&a, &DataType::Utf8).unwrap();
+        assert_eq!(s.as_string::<i32>().value(2), "-7");
+        let f: ArrayRef = Arc::new(Float64Array::from(vec![2.0, -0.0, f64::NAN]));
+        assert!(exact_cast(&f, &DataType::Float32).is_ok());
+        assert!(exact_cast(&f.slice(0, 2), &DataType::Int64).is_ok());
+        assert!(
+            exact_cast(&f, &DataType::Int64).is_err(),
+            "NaN has no integer"
+        );
+    }
+
+    #[test]
+    fn text_is_checked_against_what_it_says() {
+        let t = |v: &[&str]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
+        let e = err(t(&["1.10", "3.333"]), DataType::Decimal128(10, 2));
+        assert_eq!((e.row, e.value.as_deref()), (Some(1), Some("3.333")));
+        let ok = exact_cast(&t(&["3.330", "-2", "12"]), &DataType::Decimal128(10, 2));
+        assert!(ok.is_ok(), "{ok:?}");
+        assert!(exact_cast(&t(&["1e-3"]), &DataType::Decimal128(10, 2)).is_err());
+        let us = DataType::Timestamp(TimeUnit::Microsecond, None);
+        assert!(exact_cast(&t(&["2024-01-01 00:00:00.123456"]), &us).is_ok());
+        assert!(exact_cast(&t(&["2024-01-01 00:00:00.1234567"]), &us).is_err());
+        assert!(exact_cast(&t(&["2024-01-01 00:00:00.1234560"]), &us).is_ok());
+        assert!(exact_cast(&t(&["1e400"]), &DataType::Float64).is_err());
+        assert!(exact_cast(&t(&["1e-50"]), &DataType::Float32).is_err());
+        assert!(exact_cast(&t(&["0.1", "inf"]), &DataType::Float32).is_ok());
+        assert!(exact_cast(&t(&["1.5"]), &DataType::Int64).is_err());
+        assert!(exact_cast(&t(&["2024-01-01"]), &DataType::Date32).is_ok());
+    }
+
+    #[test]
+    fn decimal_scale_reads_plain_and_exponent_forms() {
+        assert_eq!(decimal_scale("3.330"), Some(2));
+        assert_eq!(decimal_scale("-1200"), Some(0));
+        assert_eq!(decimal_scale("1.5e-3"), Some(4));
+        assert_eq!(decimal_scale("12.5E2"), Some(0));
+        assert_eq!(fraction_digits("2024-01-01T00:00:05.120Z"), 2);
+        assert_eq!(fraction_digits("2024-01-01"), 0);
+    }
+}

@@ -1,0 +1,345 @@
+//! Table configuration: which DMS folders feed which Delta tables, and how to read them.
+//!
+//! One TOML file lists the tables. It is loaded from a local path or an `s3://` URI and
+//! validated before anything runs; every error says which table and field is wrong and how
+//! to fix it. See `docs/configuration.md` for the reference of every field.
+
+mod locations;
+mod raw;
+
+use std::path::Path;
+use std::time::Duration;
+
+use arrow::datatypes::DataType;
+use url::Url;
+
+use crate::error::{Error, Result};
+
+pub use raw::parse_type;
+
+/// Name of the column that stores, in every curated row, the order key of the change that
+/// produced it. Merges apply a change only when its order key is greater.
+pub const DEFAULT_SEQUENCE_COLUMN: &str = "_tributary_seq";
+/// Sub-folder of the target table that holds the delete tombstones (its own Delta table).
+/// Names starting with `_` are hidden from readers and from VACUUM of the main table.
+pub const TOMBSTONE_DIR: &str = "_tributary_tombstones";
+
+/// The whole configuration file.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it was loaded from (for messages).
+    pub origin: String,
+    pub tables: Vec<TableConfig>,
+}
+
+/// Input file format.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Format {
+    Parquet,
+    Csv(CsvOptions),
+}
+
+/// How to read DMS CSV files.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsvOptions {
+    /// Whether files start with a header row (DMS `AddColumnName=true`).
+    pub header: bool,
+    /// Field delimiter (DMS `CsvDelimiter`, default `,`).
+    pub delimiter: u8,
+    /// Quote character (DMS writes RFC 4180 quoting with `"`).
+    pub quote: u8,
+    /// Text that stands for NULL (DMS `CsvNullValue`, default `NULL`).
+    pub null_value: String,
+    /// Whether full-load files carry the `Op` column (DMS `IncludeOpForFullLoad`).
+    pub include_op_for_full_load: bool,
+    /// Columns of the file after the `Op` column, in file order, with their types.
+    /// Required without a header; with a header it gives types by name (others are read
+    /// with the Delta table's type when the table exists, else as strings).
+    pub columns: Vec<ColumnSpec>,
+}
+
+/// A column name and its type, for CSV.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColumnSpec {
+    pub name: String,
+    pub data_type: DataType,
+}
+
+/// One source table and its curated Delta table.
+#[derive(Debug, Clone)]
+pub struct TableConfig {
+    pub name: String,
+    /// Prefix under which DMS lands this table's files (always ends with `/`).
+    pub source: Url,
+    /// The Delta table.
+    pub target: Url,
+    /// The Delta table of delete tombstones (default: `<target>/_tributary_tombstones`).
+    pub tombstones: Url,
+    pub primary_key: Vec<String>,
+    pub partition_by: Vec<String>,
+    /// Columns that order changes (e.g. DMS `TimestampColumnName` or `AR_H_CHANGE_SEQ`).
+    pub sequence_by: Vec<String>,
+    /// Source columns not written to the table (DMS metadata). `op_column` is always dropped.
+    pub drop_columns: Vec<String>,
+    pub op_column: String,
+    /// Column of the curated table that records the applied change's order key.
+    pub sequence_column: String,
+    pub format: Format,
+    pub tombstone_retention: Duration,
+    pub max_commit_attempts: u32,
+    /// Keep `_symlink_format_manifest` up to date after every merge (Athena / Spectrum).
+    pub manifests: bool,
+    pub maintenance: MaintenanceConfig,
+}
+
+/// What the maintenance function does to a table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaintenanceConfig {
+    /// Compaction target size of data files, in bytes.
+    pub target_file_size: u64,
+    /// VACUUM deletes unreferenced files older than this.
+    pub vacuum_retention: Duration,
+    /// VACUUM refuses a shorter retention unless forced.
+    pub min_vacuum_retention: Duration,
+}
+
+impl TableConfig {
+    /// Whether `column` (a source column) is written to the curated table.
+    pub fn keeps_column(&self, column: &str) -> bool {
+        column != self.op_column && !self.drop_columns.iter().any(|c| c == column)
+    }
+
+    /// Whether an object URI belongs to this table's source prefix.
+    pub fn owns(&self, object: &Url) -> bool {
+        object.scheme() == self.source.scheme()
+            && object.host_str() == self.source.host_str()
+            && object.path().starts_with(self.source.path())
+    }
+}
+
+impl Config {
+    /// Parse and validate a configuration text. Relative paths in `source`, `target` and
+    /// `tombstones` are resolved against `base_dir` (the config file's folder) when given.
+    pub fn from_toml(text: &str, origin: &str, base_dir: Option<&Path>) -> Result<Config> {
+        let tables = raw::parse(text, base_dir).map_err(|m| Error::config(origin, m))?;
+        locations::check(&tables).map_err(|m| Error::config(origin, m))?;
+        Ok(Config {
+            origin: origin.to_string(),
+            tables,
+        })
+    }
+
+    /// Load from a local path (relative table locations resolve against its folder).
+    pub fn from_path(path: &Path) -> Result<Config> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::config(&origin, format!("cannot read the file: {e}")))?;
+        let base = path
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf));
+        Config::from_toml(&text, &origin, base.as_deref())
+    }
+
+    /// The table whose source prefix holds this object, if any.
+    pub fn table_for(&self, object: &Url) -> Option<&TableConfig> {
+        self.tables.iter().find(|t| t.owns(object))
+    }
+
+    /// A table by name.
+    pub fn table(&self, name: &str) -> Option<&TableConfig> {
+        self.tables.iter().find(|t| t.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEED: &str = r#"
+[defaults]
+tombstone_retention_days = 7
+
+[[table]]
+name = "travel_details"
+source = "s3://raw-bucket/dms/delta_emr_source/travel_details"
+target = "s3://curated-bucket/travel_details/"
+primary_key = ["trip_id"]
+partition_by = ["route_id"]
+sequence_by = ["update_ts_dms"]
+drop_columns = ["schema_name", "table_name", "update_ts_dms"]
+"#;
+
+    #[test]
+    fn parses_seed_config_with_defaults() {
+        let c = Config::from_toml(SEED, "test", None).unwrap();
+        let t = &c.tables[0];
+        assert_eq!(
+            t.source.as_str(),
+            "s3://raw-bucket/dms/delta_emr_source/travel_details/"
+        );
+        assert_eq!(t.target.as_str(), "s3://curated-bucket/travel_details");
+        assert_eq!(
+            t.tombstones.as_str(),
+            "s3://curated-bucket/travel_details/_tributary_tombstones"
+        );
+        assert_eq!(t.op_column, "Op");
+        assert_eq!(t.format, Format::Parquet);
+        assert_eq!(t.tombstone_retention, Duration::from_secs(7 * 86400));
+        assert!(!t.keeps_column("Op"));
+        assert!(!t.keeps_column("update_ts_dms"));
+        assert!(t.keeps_column("destination"));
+        let f =
+            Url::parse("s3://raw-bucket/dms/delta_emr_source/travel_details/2022/10/25/x.parquet")
+                .unwrap();
+        assert_eq!(c.table_for(&f).unwrap().name, "travel_details");
+        let other =
+            Url::parse("s3://raw-bucket/dms/delta_emr_source/travel_details_v2/x.parquet").unwrap();
+        assert!(c.table_for(&other).is_none());
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_base_dir() {
+        let text = r#"
+[[table]]
+name = "t"
+source = "raw/s/t"
+target = "curated/t"
+primary_key = ["id"]
+"#;
+        let c = Config::from_toml(text, "x", Some(Path::new("/data/demo"))).unwrap();
+        assert_eq!(c.tables[0].source.as_str(), "file:///data/demo/raw/s/t/");
+        assert_eq!(c.tables[0].target.as_str(), "file:///data/demo/curated/t");
+    }
+
+    fn err_of(text: &str) -> String {
+        Config::from_toml(text, "cfg.toml", None)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn errors_say_how_to_fix() {
+        assert!(err_of("").contains("add at least one [[table]]"));
+        let e = err_of(
+            r#"[[table]]
+name = "t"
+source = "s3://b/raw/"
+target = "s3://b/raw/curated"
+primary_key = ["id"]"#,
+        );
+        assert!(e.contains("overlap"), "{e}");
+        let e = err_of(
+            r#"[[table]]
+name = "t"
+source = "s3://b/raw/"
+target = "s3://c/t"
+primary_key = []"#,
+        );
+        assert!(e.contains("`primary_key` is empty"), "{e}");
+        let e = err_of(
+            r#"[[table]]
+name = "t"
+source = "s3://b/raw/"
+target = "s3://c/t"
+primary_key = ["id"]
+format = "csv"
+[table.csv]
+header = false"#,
+        );
+        assert!(e.contains("needs csv.columns"), "{e}");
+        let e = err_of(
+            r#"[[table]]
+name = "t"
+source = "s3://b/raw/"
+target = "s3://c/t"
+primary_key = ["id"]
+drop_columns = ["id"]"#,
+        );
+        assert!(e.contains("cannot also be dropped"), "{e}");
+        let e = err_of(
+            r#"[[table]]
+name = "t"
+source = "s3://b/raw/"
+target = "s3://c/t"
+primary_key = ["id"]
+primary_kee = ["x"]"#,
+        );
+        assert!(e.contains("unknown field"), "{e}");
+        let two = r#"[[table]]
+name = "a"
+source = "s3://b/raw/"
+target = "s3://c/a"
+primary_key = ["id"]
+[[table]]
+name = "b"
+source = "s3://b/raw/x/"
+target = "s3://c/b"
+primary_key = ["id"]"#;
+        assert!(err_of(two).contains("each file must belong to exactly one table"));
+        assert!(
+            err_of(&two.replace("raw/x/", "raw2/").replace("\"b\"", "\"a\""))
+                .contains("used twice")
+        );
+        let e = err_of(
+            r#"[[table]]
+name = "t"
+source = "gs://b/raw/"
+target = "s3://c/t"
+primary_key = ["id"]"#,
+        );
+        assert!(e.contains("not supported"), "{e}");
+    }
+
+    #[test]
+    fn overlapping_locations_are_refused() {
+        let two = |a_extra: &str, b_extra: &str, b_target: &str| {
+            format!(
+                r#"[[table]]
+name = "a"
+source = "s3://raw/a/"
+target = "s3://cur/a"
+primary_key = ["id"]
+{a_extra}
+[[table]]
+name = "b"
+source = "s3://raw/b/"
+target = "{b_target}"
+primary_key = ["id"]
+{b_extra}"#
+            )
+        };
+        let shared = "tombstones = \"s3://cur/tombs\"";
+        let e = err_of(&two(shared, shared, "s3://cur/b"));
+        assert!(e.contains("shared tombstone table"), "{e}");
+        let e = err_of(&two("", "", "s3://cur/a/nested"));
+        assert!(e.contains("VACUUM"), "{e}");
+        let e = err_of(&two("", "tombstones = \"s3://cur/a/_t\"", "s3://cur/b"));
+        assert!(e.contains("overlap"), "{e}");
+        let e = err_of(&two("tombstones = \"s3://raw/a/t\"", "", "s3://cur/b"));
+        assert!(e.contains("DMS folder"), "{e}");
+        let e = err_of(&two("tombstones = \"s3://cur/a\"", "", "s3://cur/b"));
+        assert!(e.contains("hidden folder"), "{e}");
+        assert!(Config::from_toml(
+            &two("tombstones = \"s3://cur/a/_deletes\"", "", "s3://cur/b"),
+            "x",
+            None
+        )
+        .is_ok());
+        let e = err_of(
+            "[[table]]\nname = \"t\"\nsource = \"s3://r/t/\"\ntarget = \"s3://c/t\"\nprimary_key = [\"deleted_at\"]",
+        );
+        assert!(e.contains("clashes with the tombstone table"), "{e}");
+    }
+
+    #[test]
+    fn csv_types_parse() {
+        assert_eq!(
+            parse_type("decimal(10, 2)").unwrap(),
+            DataType::Decimal128(10, 2)
+        );
+        assert_eq!(parse_type("BIGINT").unwrap(), DataType::Int64);
+        assert!(parse_type("decimal(50,2)").is_err());
+        assert!(parse_type("uuid").unwrap_err().contains("unknown type"));
+    }
+}

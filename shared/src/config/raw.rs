@@ -1,0 +1,444 @@
+//! The TOML form of the configuration and its resolution into [`TableConfig`]s: defaults
+//! applied, URIs resolved, every field checked with a message that says how to fix it.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+use arrow::datatypes::{DataType, TimeUnit};
+use serde::Deserialize;
+use url::Url;
+
+use super::{
+    ColumnSpec, CsvOptions, Format, MaintenanceConfig, TableConfig, DEFAULT_SEQUENCE_COLUMN,
+    TOMBSTONE_DIR,
+};
+use crate::source::RESERVED_PREFIX;
+use crate::tombstones::DELETED_AT_COLUMN;
+
+type Msg<T> = std::result::Result<T, String>;
+
+/// Default `tombstone_retention_days`: longer than anything the template lets an event wait
+/// (14 days in the queue, then up to 14 more after a DLQ redrive), with a week to spare.
+pub(super) const DEFAULT_TOMBSTONE_RETENTION_DAYS: f64 = 35.0;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    defaults: RawDefaults,
+    #[serde(default, rename = "table")]
+    tables: Vec<RawTable>,
+}
+
+/// Fields that `[defaults]` may set for every table.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    tombstone_retention_days: Option<f64>,
+    max_commit_attempts: Option<u32>,
+    op_column: Option<String>,
+    sequence_column: Option<String>,
+    manifests: Option<bool>,
+    target_file_size_mb: Option<f64>,
+    vacuum_retention_hours: Option<f64>,
+    min_vacuum_retention_hours: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTable {
+    name: String,
+    source: String,
+    target: String,
+    tombstones: Option<String>,
+    primary_key: Vec<String>,
+    #[serde(default)]
+    partition_by: Vec<String>,
+    #[serde(default)]
+    sequence_by: Vec<String>,
+    #[serde(default)]
+    drop_columns: Vec<String>,
+    #[serde(default = "default_format")]
+    format: String,
+    csv: Option<RawCsv>,
+    // The fields `[defaults]` may also set (serde cannot flatten with deny_unknown_fields).
+    tombstone_retention_days: Option<f64>,
+    max_commit_attempts: Option<u32>,
+    op_column: Option<String>,
+    sequence_column: Option<String>,
+    manifests: Option<bool>,
+    target_file_size_mb: Option<f64>,
+    vacuum_retention_hours: Option<f64>,
+    min_vacuum_retention_hours: Option<f64>,
+}
+
+impl RawTable {
+    /// The table's own settings of the fields `[defaults]` may set.
+    fn tuning(&self) -> RawDefaults {
+        RawDefaults {
+            tombstone_retention_days: self.tombstone_retention_days,
+            max_commit_attempts: self.max_commit_attempts,
+            op_column: self.op_column.clone(),
+            sequence_column: self.sequence_column.clone(),
+            manifests: self.manifests,
+            target_file_size_mb: self.target_file_size_mb,
+            vacuum_retention_hours: self.vacuum_retention_hours,
+            min_vacuum_retention_hours: self.min_vacuum_retention_hours,
+        }
+    }
+}
+
+fn default_format() -> String {
+    "parquet".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCsv {
+    #[serde(default)]
+    header: bool,
+    delimiter: Option<String>,
+    quote: Option<String>,
+    null_value: Option<String>,
+    #[serde(default)]
+    include_op_for_full_load: bool,
+    #[serde(default)]
+    columns: Vec<RawColumn>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawColumn {
+    name: String,
+    #[serde(rename = "type")]
+    data_type: String,
+}
+
+/// Parse the text into resolved tables (cross-table checks are `locations::check`).
+pub(super) fn parse(text: &str, base_dir: Option<&Path>) -> Msg<Vec<TableConfig>> {
+    let raw: RawConfig =
+        toml::from_str(text).map_err(|e| format!("not valid TOML for tributary: {e}"))?;
+    if raw.tables.is_empty() {
+        return Err(
+            "no tables configured: add at least one [[table]] section (see docs/configuration.md)"
+                .into(),
+        );
+    }
+    let mut names = HashSet::new();
+    let mut tables = Vec::with_capacity(raw.tables.len());
+    for t in raw.tables {
+        let name = t.name.clone();
+        let table =
+            resolve(t, &raw.defaults, base_dir).map_err(|m| format!("table `{name}`: {m}"))?;
+        if !names.insert(table.name.clone()) {
+            return Err(format!(
+                "table name `{}` is used twice; names must be unique",
+                table.name
+            ));
+        }
+        tables.push(table);
+    }
+    Ok(tables)
+}
+
+fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableConfig> {
+    check_name(&t.name)?;
+    let (source, target, tombstones) = locations(&t, base_dir)?;
+    let tuning = t.tuning();
+    let op_column = pick(&tuning.op_column, &d.op_column).unwrap_or_else(|| "Op".into());
+    let sequence_column = pick(&tuning.sequence_column, &d.sequence_column)
+        .unwrap_or_else(|| DEFAULT_SEQUENCE_COLUMN.into());
+    check_columns(&t, &op_column, &sequence_column)?;
+    let format = format(&t.format, t.csv)?;
+    let tombstone_days = pick(
+        &tuning.tombstone_retention_days,
+        &d.tombstone_retention_days,
+    )
+    .unwrap_or(DEFAULT_TOMBSTONE_RETENTION_DAYS);
+    let max_commit_attempts =
+        pick(&tuning.max_commit_attempts, &d.max_commit_attempts).unwrap_or(30);
+    if max_commit_attempts == 0 {
+        return Err("`max_commit_attempts` must be at least 1".into());
+    }
+    let maintenance = maintenance(&tuning, d)?;
+    Ok(TableConfig {
+        name: t.name,
+        source,
+        target,
+        tombstones,
+        primary_key: t.primary_key,
+        partition_by: t.partition_by,
+        sequence_by: t.sequence_by,
+        drop_columns: t.drop_columns,
+        op_column,
+        sequence_column,
+        format,
+        tombstone_retention: Duration::from_secs_f64(
+            positive(tombstone_days, "tombstone_retention_days")? * 86_400.0,
+        ),
+        max_commit_attempts,
+        manifests: pick(&tuning.manifests, &d.manifests).unwrap_or(true),
+        maintenance,
+    })
+}
+
+fn pick<T: Clone>(table: &Option<T>, default: &Option<T>) -> Option<T> {
+    table.clone().or_else(|| default.clone())
+}
+
+fn positive(v: f64, field: &str) -> Msg<f64> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("`{field}` is {v}; it must be a positive number"))
+    }
+}
+
+fn check_name(name: &str) -> Msg<()> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+    {
+        return Err(
+            "`name` must be non-empty and use only letters, digits, `_`, `-` or `.`".into(),
+        );
+    }
+    Ok(())
+}
+
+/// `source` (always ending with `/`), `target` and `tombstones` (no trailing slash).
+fn locations(t: &RawTable, base_dir: Option<&Path>) -> Msg<(Url, Url, Url)> {
+    let mut source = resolve_uri(&t.source, base_dir).map_err(|m| format!("`source`: {m}"))?;
+    if !source.path().ends_with('/') {
+        let p = format!("{}/", source.path());
+        source.set_path(&p);
+    }
+    let target = trim_trailing_slash(
+        resolve_uri(&t.target, base_dir).map_err(|m| format!("`target`: {m}"))?,
+    );
+    let tombstones = match &t.tombstones {
+        Some(s) => {
+            trim_trailing_slash(resolve_uri(s, base_dir).map_err(|m| format!("`tombstones`: {m}"))?)
+        }
+        None => crate::storage::join(&target, TOMBSTONE_DIR),
+    };
+    Ok((source, target, tombstones))
+}
+
+fn check_columns(t: &RawTable, op_column: &str, sequence_column: &str) -> Msg<()> {
+    if t.primary_key.is_empty() {
+        return Err(
+            "`primary_key` is empty: list the source table's primary key column(s), e.g. primary_key = [\"id\"]".into(),
+        );
+    }
+    check_unique(&t.primary_key, "primary_key")?;
+    check_unique(&t.partition_by, "partition_by")?;
+    check_unique(&t.sequence_by, "sequence_by")?;
+    if sequence_column.is_empty() {
+        return Err("`sequence_column` is empty".into());
+    }
+    for c in t.primary_key.iter().chain(&t.partition_by) {
+        if c == op_column || t.drop_columns.contains(c) {
+            return Err(format!(
+                "column `{c}` is a key or partition column and cannot also be dropped (remove it from `drop_columns`)"
+            ));
+        }
+        if c == sequence_column {
+            return Err(format!(
+                "column `{c}` clashes with the internal sequence column; set `sequence_column` to another name"
+            ));
+        }
+        if c.starts_with(RESERVED_PREFIX) {
+            return Err(format!(
+                "column `{c}`: names starting with `{RESERVED_PREFIX}` are reserved for tributary's own columns"
+            ));
+        }
+    }
+    if t.primary_key.iter().any(|k| k == DELETED_AT_COLUMN) {
+        return Err(format!(
+            "a primary key column named `{DELETED_AT_COLUMN}` clashes with the tombstone table's column of that name"
+        ));
+    }
+    if t.sequence_by.iter().any(|s| s == op_column) {
+        return Err(format!(
+            "`sequence_by` cannot contain the operation column `{op_column}`"
+        ));
+    }
+    Ok(())
+}
+
+fn format(name: &str, csv: Option<RawCsv>) -> Msg<Format> {
+    match name.to_ascii_lowercase().as_str() {
+        "parquet" if csv.is_some() => Err("a [table.csv] section is given but `format` is \"parquet\"; set format = \"csv\" or remove the section".into()),
+        "parquet" => Ok(Format::Parquet),
+        "csv" => Ok(Format::Csv(csv_options(csv)?)),
+        other => Err(format!("`format` is \"{other}\"; use \"parquet\" or \"csv\"")),
+    }
+}
+
+fn maintenance(t: &RawDefaults, d: &RawDefaults) -> Msg<MaintenanceConfig> {
+    let target_mb = positive(
+        pick(&t.target_file_size_mb, &d.target_file_size_mb).unwrap_or(128.0),
+        "target_file_size_mb",
+    )?;
+    let vacuum_h = positive(
+        pick(&t.vacuum_retention_hours, &d.vacuum_retention_hours).unwrap_or(168.0),
+        "vacuum_retention_hours",
+    )?;
+    let min_vacuum_h = positive(
+        pick(&t.min_vacuum_retention_hours, &d.min_vacuum_retention_hours).unwrap_or(168.0),
+        "min_vacuum_retention_hours",
+    )?;
+    Ok(MaintenanceConfig {
+        target_file_size: (target_mb * 1024.0 * 1024.0) as u64,
+        vacuum_retention: Duration::from_secs_f64(vacuum_h * 3600.0),
+        min_vacuum_retention: Duration::from_secs_f64(min_vacuum_h * 3600.0),
+    })
+}
+
+fn check_unique(cols: &[String], field: &str) -> Msg<()> {
+    let mut seen = HashSet::new();
+    for c in cols {
+        if c.is_empty() {
+            return Err(format!("`{field}` contains an empty column name"));
+        }
+        if !seen.insert(c) {
+            return Err(format!("`{field}` lists column `{c}` twice"));
+        }
+    }
+    Ok(())
+}
+
+fn csv_options(raw: Option<RawCsv>) -> Msg<CsvOptions> {
+    let raw = raw.ok_or_else(|| {
+        "format = \"csv\" needs a [table.csv] section (at least `header` and, without a header, `columns`)".to_string()
+    })?;
+    let delimiter = single_byte(raw.delimiter, "delimiter", b',')?;
+    let quote = single_byte(raw.quote, "quote", b'"')?;
+    let mut columns = Vec::with_capacity(raw.columns.len());
+    for c in raw.columns {
+        let data_type = parse_type(&c.data_type)
+            .map_err(|m| format!("csv.columns: column `{}`: {m}", c.name))?;
+        columns.push(ColumnSpec {
+            name: c.name,
+            data_type,
+        });
+    }
+    check_unique(
+        &columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+        "csv.columns",
+    )?;
+    if !raw.header && columns.is_empty() {
+        return Err("csv.header = false needs csv.columns: list the file's columns after `Op`, in order, e.g. columns = [{ name = \"id\", type = \"int64\" }]".into());
+    }
+    Ok(CsvOptions {
+        header: raw.header,
+        delimiter,
+        quote,
+        null_value: raw.null_value.unwrap_or_else(|| "NULL".to_string()),
+        include_op_for_full_load: raw.include_op_for_full_load,
+        columns,
+    })
+}
+
+fn single_byte(v: Option<String>, field: &str, default: u8) -> Msg<u8> {
+    match v {
+        None => Ok(default),
+        Some(s) if s == "\\t" => Ok(b'\t'),
+        Some(s) if s.len() == 1 && s.is_ascii() => Ok(s.as_bytes()[0]),
+        Some(s) => Err(format!(
+            "csv.{field} must be one ASCII character (or \"\\t\"), got {s:?}"
+        )),
+    }
+}
+
+/// Parse a column type name as used in `csv.columns`.
+pub fn parse_type(s: &str) -> Msg<DataType> {
+    let t = s.trim().to_ascii_lowercase();
+    let dt = match t.as_str() {
+        "string" | "varchar" | "text" | "utf8" => DataType::Utf8,
+        "boolean" | "bool" => DataType::Boolean,
+        "int8" | "tinyint" | "byte" => DataType::Int8,
+        "int16" | "smallint" | "short" => DataType::Int16,
+        "int32" | "int" | "integer" => DataType::Int32,
+        "int64" | "bigint" | "long" => DataType::Int64,
+        "float" | "float32" | "real" => DataType::Float32,
+        "double" | "float64" => DataType::Float64,
+        "date" => DataType::Date32,
+        "timestamp" => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        "timestamp_ntz" => DataType::Timestamp(TimeUnit::Microsecond, None),
+        "binary" => DataType::Binary,
+        _ if t.starts_with("decimal(") && t.ends_with(')') => parse_decimal(s, &t)?,
+        _ => {
+            return Err(format!(
+                "unknown type {s:?}; use string, boolean, int8, int16, int32, int64, float, double, date, timestamp, timestamp_ntz, binary or decimal(p,s)"
+            ))
+        }
+    };
+    Ok(dt)
+}
+
+fn parse_decimal(s: &str, t: &str) -> Msg<DataType> {
+    let inner = &t["decimal(".len()..t.len() - 1];
+    let (p, sc) = inner.split_once(',').ok_or_else(|| {
+        format!("decimal needs precision and scale, e.g. decimal(10,2), got {s:?}")
+    })?;
+    let p: u8 = p
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad decimal precision in {s:?}"))?;
+    let sc: i8 = sc
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad decimal scale in {s:?}"))?;
+    if p == 0 || p > 38 || sc < 0 || sc as u8 > p {
+        return Err(format!(
+            "decimal({p},{sc}) is out of range (1 ≤ precision ≤ 38, 0 ≤ scale ≤ precision)"
+        ));
+    }
+    Ok(DataType::Decimal128(p, sc))
+}
+
+fn resolve_uri(s: &str, base_dir: Option<&Path>) -> Msg<Url> {
+    if s.is_empty() {
+        return Err("is empty".into());
+    }
+    if let Ok(u) = Url::parse(s) {
+        if u.scheme().len() > 1 {
+            return match u.scheme() {
+                "s3" | "s3a" | "file" => {
+                    if u.scheme() != "file" && u.host_str().unwrap_or("").is_empty() {
+                        Err(format!("{s:?} has no bucket; use s3://bucket/prefix/"))
+                    } else {
+                        Ok(u)
+                    }
+                }
+                other => Err(format!(
+                    "scheme `{other}` is not supported; use s3://bucket/prefix, file:///abs/path or a path"
+                )),
+            };
+        }
+    }
+    let p = Path::new(s);
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        match base_dir {
+            Some(b) => b.join(p),
+            None => std::env::current_dir()
+                .map_err(|e| format!("cannot resolve relative path {s:?}: {e}"))?
+                .join(p),
+        }
+    };
+    Url::from_file_path(&abs).map_err(|_| format!("cannot turn {} into a file URL", abs.display()))
+}
+
+fn trim_trailing_slash(mut u: Url) -> Url {
+    let p = u.path().trim_end_matches('/').to_string();
+    if !p.is_empty() {
+        u.set_path(&p);
+    }
+    u
+}

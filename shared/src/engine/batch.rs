@@ -1,0 +1,255 @@
+//! One batch of admitted change sets of one table → one commit: plan, record tombstones,
+//! MERGE (re-planned and retried on conflicts), re-check tombstones, update manifests.
+
+use std::time::Instant;
+
+use deltalake::kernel::Transaction;
+use deltalake::DeltaTable;
+
+use super::recheck::recheck_tombstones;
+use super::{Engine, TableReport};
+use crate::config::TableConfig;
+use crate::delta::{self, MergeExtras};
+use crate::error::Result;
+use crate::manifest;
+use crate::plan::{self, MergePlan};
+use crate::props::TableProps;
+use crate::retry::Retry;
+use crate::source::{ChangeSet, SeqKind};
+use crate::storage;
+use crate::tombstones::Tombstones;
+
+/// What one commit applies.
+#[derive(Debug, Clone)]
+pub struct Batch<'a> {
+    /// Admitted change sets (see [`plan::admit`]).
+    pub changes: &'a [ChangeSet],
+    /// The sequence kinds the batch establishes: recorded on a table that has none.
+    pub kinds: Option<Vec<SeqKind>>,
+    /// A reload: delete rows below this order key that no change matches.
+    pub delete_unmatched_below: Option<String>,
+}
+
+fn ms_since(t: Instant) -> u64 {
+    t.elapsed().as_millis() as u64
+}
+
+/// The state a commit attempt starts from.
+struct Attempt<'a> {
+    base_plan: &'a MergePlan,
+    files: &'a [String],
+    extras: &'a MergeExtras,
+}
+
+impl Engine {
+    /// Plan and commit one batch. Retries commit conflicts with jittered backoff,
+    /// re-reading the table (and tombstones) each time; the table loaded by the caller
+    /// serves the first attempt (if stale, the commit conflicts and the retry reloads).
+    pub(crate) async fn merge_batch(
+        &self,
+        table: &TableConfig,
+        batch: &Batch<'_>,
+        mut loaded: Option<DeltaTable>,
+    ) -> Result<TableReport> {
+        let start = Instant::now();
+        let files: Vec<String> = batch
+            .changes
+            .iter()
+            .map(|c| storage::display(&c.file))
+            .collect();
+        let base_plan = plan::plan(table, batch.changes)?;
+        let mut report = TableReport {
+            table: table.name.clone(),
+            files: batch.changes.len(),
+            source_rows: batch.changes.iter().map(|c| c.counts.rows).sum(),
+            superseded_in_batch: base_plan.superseded,
+            ..Default::default()
+        };
+        // Deletes are recorded first: a tombstone states a fact of the source, true whether
+        // or not the main table has caught up, and it stops late older upserts.
+        let t = Instant::now();
+        let mut tombstones =
+            Tombstones::open(table, &self.options, &base_plan.batch.schema()).await?;
+        report.tombstones_recorded = tombstones.record(&base_plan, &files).await?;
+        report.phases_ms.tombstones_recorded = ms_since(t);
+        let extras = MergeExtras {
+            txns: batch
+                .changes
+                .iter()
+                .filter_map(|c| crate::reload::load_txn(table, c))
+                .collect(),
+            delete_unmatched_below: batch.delete_unmatched_below.clone(),
+        };
+        let attempt = Attempt {
+            base_plan: &base_plan,
+            files: &files,
+            extras: &extras,
+        };
+        let mut retry = Retry::new(&table.name, table.max_commit_attempts);
+        let committed = loop {
+            let res = self
+                .try_merge(
+                    table,
+                    batch,
+                    &attempt,
+                    loaded.take(),
+                    &mut tombstones,
+                    &mut report,
+                )
+                .await;
+            match res {
+                Ok(c) => break c,
+                Err(e) => retry.on_error(e, "merge").await?,
+            }
+        };
+        report.commit_attempts = retry.attempt();
+        if let Some((before, after)) = committed {
+            let t = Instant::now();
+            self.update_manifests(table, &before, after, &mut report)
+                .await;
+            report.phases_ms.manifests = ms_since(t);
+        }
+        report.duration_ms = ms_since(start);
+        report.log();
+        Ok(report)
+    }
+
+    /// One attempt: load (or create) the table, apply tombstones, MERGE, re-check. Returns
+    /// the live files before and the table after when a commit happened and manifests are on.
+    async fn try_merge(
+        &self,
+        table: &TableConfig,
+        batch: &Batch<'_>,
+        a: &Attempt<'_>,
+        loaded: Option<DeltaTable>,
+        tombstones: &mut Tombstones<'_>,
+        report: &mut TableReport,
+    ) -> Result<Option<(Vec<manifest::LiveFile>, DeltaTable)>> {
+        let t = Instant::now();
+        let target = match loaded {
+            Some(t) => t,
+            None => self.load_or_create(table, batch, a.base_plan).await?,
+        };
+        let target = record_kinds(target, batch).await?;
+        report.phases_ms.load_table = ms_since(t);
+        let t = Instant::now();
+        let mut plan = a.base_plan.clone();
+        let tombs = tombstones.read(&plan).await?;
+        let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?;
+        report.phases_ms.tombstones_read = ms_since(t);
+        delta::align_to_table(table, &mut plan, &target)?;
+        #[cfg(test)]
+        if let Some(hook) = &self.before_merge {
+            (hook.0)().await;
+        }
+        let read_version = target.version();
+        let before = if table.manifests {
+            manifest::live_files(&target)?
+        } else {
+            Vec::new()
+        };
+        let t = Instant::now();
+        let (target, m) = delta::merge(table, target, &plan, a.files, a.extras).await?;
+        report.phases_ms.merge = ms_since(t);
+        report.blocked_by_tombstone = blocked;
+        report.inserted = m.num_target_rows_inserted;
+        report.updated = m.num_target_rows_updated;
+        report.deleted = m.num_target_rows_deleted;
+        report.files_added = m.num_target_files_added;
+        report.files_removed = m.num_target_files_removed;
+        let t = Instant::now();
+        let target =
+            recheck_tombstones(table, target, &mut plan, tombstones, a.files, report).await?;
+        report.phases_ms.recheck = ms_since(t);
+        let target = record_unrecorded_loads(target, &a.extras.txns, read_version).await?;
+        let applied = report.inserted + report.updated + report.deleted;
+        report.skipped_stale = plan.batch.num_rows().saturating_sub(applied);
+        report.version = target.version();
+        let committed = target.version() != read_version;
+        Ok((committed && table.manifests).then_some((before, target)))
+    }
+
+    async fn load_or_create(
+        &self,
+        table: &TableConfig,
+        batch: &Batch<'_>,
+        plan: &MergePlan,
+    ) -> Result<DeltaTable> {
+        let kinds: Vec<Option<SeqKind>> = match &batch.kinds {
+            Some(k) => k.iter().copied().map(Some).collect(),
+            None => vec![None; table.sequence_by.len()],
+        };
+        delta::create_or_open(
+            &table.target,
+            &self.options,
+            &table.name,
+            &plan.table_schema(),
+            &table.partition_by,
+            TableProps::for_new_table(&kinds),
+        )
+        .await
+    }
+
+    /// Rewrite the manifests of the partitions the commit touched. A failure here does not
+    /// fail the merge (it is committed); it is logged and reported.
+    async fn update_manifests(
+        &self,
+        table: &TableConfig,
+        before: &[manifest::LiveFile],
+        after: DeltaTable,
+        report: &mut TableReport,
+    ) {
+        let result = async {
+            let touched = manifest::touched_partitions(before, &manifest::live_files(&after)?);
+            if touched.is_empty() {
+                return Ok(manifest::ManifestReport::default());
+            }
+            manifest::sync(&self.storage, after, Some(&touched)).await
+        }
+        .await;
+        match result {
+            Ok(m) => {
+                report.manifests_written = m.written;
+                report.manifests_deleted = m.deleted;
+            }
+            Err(e) => {
+                tracing::error!(table = %table.name, error = %e, "manifests not updated; maintenance will regenerate them");
+                report.manifest_error = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// A table without recorded sequence kinds (created before they were recorded, or by
+/// another writer) gets the batch's, once, so that later files are checked against them.
+async fn record_kinds(target: DeltaTable, batch: &Batch<'_>) -> Result<DeltaTable> {
+    let Some(kinds) = &batch.kinds else {
+        return Ok(target);
+    };
+    if kinds.is_empty() || delta::props(&target).sequence_kinds.is_some() {
+        return Ok(target);
+    }
+    delta::set_properties(target, TableProps::for_kinds(kinds)).await
+}
+
+/// Full-load files whose rows changed nothing produce no MERGE commit; their versions are
+/// still recorded (reload detection needs them), in a commit of their own.
+async fn record_unrecorded_loads(
+    target: DeltaTable,
+    txns: &[Transaction],
+    read_version: Option<u64>,
+) -> Result<DeltaTable> {
+    if txns.is_empty() || target.version() != read_version {
+        return Ok(target);
+    }
+    let mut missing = Vec::new();
+    for t in txns {
+        if delta::txn_version(&target, &t.app_id).await? != Some(t.version) {
+            missing.push(t.clone());
+        }
+    }
+    if missing.is_empty() {
+        return Ok(target);
+    }
+    delta::commit_txns(target, missing).await
+}

@@ -1,0 +1,401 @@
+//! The merge pipeline: route files to tables, read them, screen and admit them, plan, and
+//! commit — one commit per table per call, retried on conflicts, with bad files isolated.
+//!
+//! ```text
+//! files ──route──▶ per table ──read──▶ ChangeSets ──screen (horizon, reloads)──▶
+//!   ──admit (types, sequence kinds)──▶ plan ──record tombstones──▶ MERGE (retry on conflict)
+//!   ──re-check tombstones──▶ manifests ──▶ report
+//! ```
+
+mod batch;
+mod recheck;
+mod report;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use deltalake::DeltaTable;
+use futures::stream::{self, StreamExt};
+use url::Url;
+
+use crate::config::{Config, TableConfig};
+use crate::delta;
+use crate::error::{Error, Result};
+use crate::plan;
+use crate::props::TableProps;
+use crate::source::{self, ChangeSet, FileClass};
+use crate::storage::{self, Storage};
+
+pub use batch::Batch;
+pub use report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport};
+
+/// The merge engine: configuration, storage and delta-rs options, built once.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    config: Arc<Config>,
+    storage: Arc<Storage>,
+    options: Arc<HashMap<String, String>>,
+    local_s3_root: Option<Arc<std::path::PathBuf>>,
+    #[cfg(test)]
+    before_merge: Option<tests::Hook>,
+}
+
+/// What the reader needs to know about the Delta table, read once per call.
+pub(crate) struct TableView {
+    pub(crate) table: DeltaTable,
+    pub(crate) schema: Option<arrow::datatypes::SchemaRef>,
+    pub(crate) props: TableProps,
+}
+
+impl TableView {
+    pub(crate) async fn open(cfg: &TableConfig, options: &HashMap<String, String>) -> Result<Self> {
+        let table = delta::open(&cfg.target, options).await?;
+        Ok(TableView {
+            schema: delta::arrow_schema(&table),
+            props: delta::props(&table),
+            table,
+        })
+    }
+}
+
+impl Engine {
+    pub fn new(config: Config) -> Self {
+        Self {
+            config: Arc::new(config),
+            storage: Arc::new(Storage::new()),
+            options: Arc::new(storage::delta_storage_options()),
+            local_s3_root: None,
+            #[cfg(test)]
+            before_merge: None,
+        }
+    }
+
+    /// Serve `s3://bucket/key` from `<root>/bucket/key` on the local disk — the announced
+    /// files and the configured tables alike: for running the Lambda locally
+    /// (`cargo lambda watch`) against the sample events without AWS.
+    pub fn with_local_s3_root(mut self, root: impl Into<std::path::PathBuf>) -> Self {
+        let root: std::path::PathBuf = root.into();
+        let root = std::fs::canonicalize(&root).unwrap_or(root);
+        self.local_s3_root = Some(Arc::new(root));
+        let mut config = (*self.config).clone();
+        for t in &mut config.tables {
+            t.source = self.resolve(&t.source);
+            t.target = self.resolve(&t.target);
+            t.tombstones = self.resolve(&t.tombstones);
+        }
+        self.config = Arc::new(config);
+        self
+    }
+
+    /// The URL a file is actually read from (see [`Engine::with_local_s3_root`]).
+    pub fn resolve(&self, url: &Url) -> Url {
+        match (&self.local_s3_root, url.scheme()) {
+            (Some(root), "s3") => {
+                let mut u =
+                    Url::from_directory_path(root.as_path()).unwrap_or_else(|_| url.clone());
+                let keep_slash = url.path().ends_with('/');
+                if let Ok(mut segments) = u.path_segments_mut() {
+                    segments.pop_if_empty().push(url.host_str().unwrap_or(""));
+                    for s in url.path().trim_start_matches('/').split('/') {
+                        segments.push(&storage::percent_decode(s));
+                    }
+                    if !keep_slash {
+                        segments.pop_if_empty();
+                    }
+                }
+                u
+            }
+            _ => url.clone(),
+        }
+    }
+
+    /// Load the configuration from a local path or `s3://` URI and build the engine.
+    pub async fn from_config_location(location: &str) -> Result<Self> {
+        let config = if location.starts_with("s3://") || location.starts_with("file://") {
+            let url = Url::parse(location)
+                .map_err(|e| Error::config(location, format!("not a valid URI: {e}")))?;
+            let storage = Storage::new();
+            let bytes = storage.get(&url).await.map_err(|e| {
+                Error::config(location, format!("cannot read the configuration: {e}"))
+            })?;
+            let text = String::from_utf8(bytes.to_vec())
+                .map_err(|_| Error::config(location, "the file is not UTF-8 text"))?;
+            Config::from_toml(&text, location, None)?
+        } else {
+            Config::from_path(std::path::Path::new(location))?
+        };
+        Ok(Self::new(config))
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Delta storage options (endpoint overrides) used for every table.
+    pub fn storage_options(&self) -> &HashMap<String, String> {
+        &self.options
+    }
+
+    /// Merge these files. Files of one table go into one commit; tables are independent;
+    /// a bad file fails alone. Never panics on input; every file gets an outcome.
+    pub async fn process(&self, files: &[Url]) -> ProcessReport {
+        let mut report = ProcessReport::default();
+        let by_table = self.route(files, &mut report.files);
+        let results = stream::iter(by_table)
+            .map(|(name, files)| async move {
+                match self.config.table(&name) {
+                    Some(table) => self.process_table(table, files).await,
+                    None => (vec![], vec![]),
+                }
+            })
+            .buffer_unordered(4)
+            .collect::<Vec<_>>()
+            .await;
+        for (outcomes, tables) in results {
+            report.files.extend(outcomes);
+            report.tables.extend(tables);
+        }
+        report
+    }
+
+    /// Files per table. Files outside every source and folder markers are ignored; any
+    /// other file under a source that is not a data file of the table's format fails.
+    fn route(&self, files: &[Url], outcomes: &mut Vec<FileOutcome>) -> BTreeMap<String, Vec<Url>> {
+        let mut by_table: BTreeMap<String, Vec<Url>> = BTreeMap::new();
+        for f in files.iter().map(|f| self.resolve(f)) {
+            let Some(t) = self.config.table_for(&f) else {
+                tracing::warn!(file = %storage::display(&f), "ignored: no configured table has this prefix (check the tables' `source`)");
+                outcomes.push(FileOutcome {
+                    file: f,
+                    status: FileStatus::Ignored {
+                        reason: "no configured table has this prefix".into(),
+                    },
+                });
+                continue;
+            };
+            match source::classify(&f, &t.format) {
+                Ok(FileClass::Data) => {
+                    let list = by_table.entry(t.name.clone()).or_default();
+                    if !list.contains(&f) {
+                        list.push(f);
+                    }
+                }
+                Ok(FileClass::NotData(what)) => {
+                    tracing::info!(table = %t.name, file = %storage::display(&f), "ignored: {what}");
+                    outcomes.push(FileOutcome {
+                        file: f,
+                        status: FileStatus::Ignored {
+                            reason: what.to_string(),
+                        },
+                    });
+                }
+                Err(message) => {
+                    let e = Error::bad_input(
+                        &storage::display(&f),
+                        crate::error::Location::File,
+                        message,
+                    );
+                    log_failure(&t.name, &f, &e);
+                    outcomes.push(FileOutcome::failed(f, &t.name, Arc::new(e)));
+                }
+            }
+        }
+        by_table
+    }
+
+    async fn process_table(
+        &self,
+        table: &TableConfig,
+        files: Vec<Url>,
+    ) -> (Vec<FileOutcome>, Vec<TableReport>) {
+        let mut outcomes = Vec::new();
+        let view = match TableView::open(table, &self.options).await {
+            Ok(v) => v,
+            Err(e) => {
+                let e = Arc::new(e);
+                let failed = files
+                    .into_iter()
+                    .map(|f| FileOutcome::failed(f, &table.name, e.clone()))
+                    .collect();
+                return (failed, vec![]);
+            }
+        };
+        let (sets, failures) = self.read_files(table, &files, &view).await;
+        for (f, e) in failures {
+            outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
+        }
+        let sets = self.screen(table, &view, sets, &mut outcomes).await;
+        let admission = plan::admit(
+            sets,
+            view.schema.as_deref(),
+            view.props.sequence_kinds.as_deref(),
+        );
+        for (f, e) in admission.rejected {
+            log_failure(&table.name, &f, &e);
+            outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
+        }
+        if admission.admitted.is_empty() {
+            return (outcomes, vec![]);
+        }
+        let batch = Batch {
+            changes: &admission.admitted,
+            kinds: admission.kinds.clone(),
+            delete_unmatched_below: None,
+        };
+        let loaded = delta::exists(&view.table).then_some(view.table);
+        let reports = self
+            .merge_or_isolate(table, batch, loaded, &mut outcomes)
+            .await;
+        (outcomes, reports)
+    }
+
+    /// Read and parse files (8 at a time): the change sets, and the files that failed.
+    pub(crate) async fn read_files(
+        &self,
+        table: &TableConfig,
+        files: &[Url],
+        view: &TableView,
+    ) -> (Vec<ChangeSet>, Vec<(Url, Error)>) {
+        let read = stream::iter(files.iter().cloned())
+            .map(|f| async move {
+                let r = async {
+                    let raw = self.storage.get_file(&f).await?;
+                    source::read_changes(&f, raw, table, view.schema.as_deref(), &view.props)
+                }
+                .await;
+                (f, r)
+            })
+            .buffered(8)
+            .collect::<Vec<_>>()
+            .await;
+        let mut good = Vec::new();
+        let mut failed = Vec::new();
+        for (f, r) in read {
+            match r {
+                Ok(cs) => good.push(cs),
+                Err(e) => {
+                    log_failure(&table.name, &f, &e);
+                    failed.push((f, e));
+                }
+            }
+        }
+        (good, failed)
+    }
+
+    /// Refuse files that cannot be applied safely: written before the tombstone horizon
+    /// (they could revive a deleted row), or full-load files of a reload not applied yet.
+    /// Files of a generation older than the table's are already reflected by the reload
+    /// that replaced it: they are done, with nothing to change.
+    async fn screen(
+        &self,
+        table: &TableConfig,
+        view: &TableView,
+        sets: Vec<ChangeSet>,
+        outcomes: &mut Vec<FileOutcome>,
+    ) -> Vec<ChangeSet> {
+        let mut kept = Vec::with_capacity(sets.len());
+        for cs in sets {
+            if crate::reload::superseded(view, &cs) {
+                tracing::info!(table = %table.name, file = %storage::display(&cs.file), generation = cs.generation, current = view.props.generation(), "older than the table's full load (a reload reflects it); nothing to change");
+                outcomes.extend(merged(table, std::slice::from_ref(&cs)));
+                continue;
+            }
+            let verdict = match crate::tombstones::check_horizon(table, &view.props, &cs) {
+                Ok(()) => crate::reload::check_load_file(table, view, &cs).await,
+                Err(e) => Err(e),
+            };
+            match verdict {
+                Ok(()) => kept.push(cs),
+                Err(e) => {
+                    log_failure(&table.name, &cs.file, &e);
+                    outcomes.push(FileOutcome::failed(cs.file, &table.name, Arc::new(e)));
+                }
+            }
+        }
+        kept
+    }
+
+    /// Merge the batch; if that fails for a reason a single file can cause, merge the
+    /// files one by one (canonical order) so only the culprit fails.
+    async fn merge_or_isolate(
+        &self,
+        table: &TableConfig,
+        batch: Batch<'_>,
+        loaded: Option<DeltaTable>,
+        outcomes: &mut Vec<FileOutcome>,
+    ) -> Vec<TableReport> {
+        match self.merge_batch(table, &batch, loaded).await {
+            Ok(r) => {
+                outcomes.extend(merged(table, batch.changes));
+                vec![r]
+            }
+            Err(e) if !e.is_retryable() && batch.changes.len() > 1 => {
+                tracing::warn!(table = %table.name, error = %e, "batch merge failed; merging file by file to isolate the bad file");
+                let mut reports = Vec::new();
+                for cs in batch.changes {
+                    let one = Batch {
+                        changes: std::slice::from_ref(cs),
+                        ..batch.clone()
+                    };
+                    match self.merge_batch(table, &one, None).await {
+                        Ok(r) => {
+                            reports.push(r);
+                            outcomes.extend(merged(table, one.changes));
+                        }
+                        Err(e) => {
+                            log_failure(&table.name, &cs.file, &e);
+                            outcomes.push(FileOutcome::failed(
+                                cs.file.clone(),
+                                &table.name,
+                                Arc::new(e),
+                            ));
+                        }
+                    }
+                }
+                reports
+            }
+            Err(e) => {
+                let e = Arc::new(e);
+                for cs in batch.changes {
+                    log_failure(&table.name, &cs.file, &e);
+                    outcomes.push(FileOutcome::failed(cs.file.clone(), &table.name, e.clone()));
+                }
+                vec![]
+            }
+        }
+    }
+}
+
+fn log_failure(table: &str, file: &Url, e: &Error) {
+    tracing::error!(table = %table, file = %storage::display(file), error = %e, kind = e.kind(), retryable = e.is_retryable(), "file not merged");
+}
+
+fn merged(table: &TableConfig, sets: &[ChangeSet]) -> Vec<FileOutcome> {
+    sets.iter()
+        .map(|c| {
+            tracing::info!(
+                table = %table.name,
+                file = %storage::display(&c.file),
+                rows = c.counts.rows,
+                inserts = c.counts.inserts,
+                updates = c.counts.updates,
+                deletes = c.counts.deletes,
+                "file merged"
+            );
+            FileOutcome {
+                file: c.file.clone(),
+                status: FileStatus::Merged {
+                    table: table.name.clone(),
+                    counts: c.counts,
+                },
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,127 @@
+//! What a merge call reports: an outcome per input file, and per table commit the counts a
+//! user can alarm on.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use url::Url;
+
+use crate::error::Error;
+use crate::source::FileCounts;
+
+/// What happened to one input file.
+#[derive(Debug)]
+pub enum FileStatus {
+    /// Merged (or found already applied) in the commit described by the table report.
+    Merged { table: String, counts: FileCounts },
+    /// Not a file for us: outside every configured source, or a folder marker. Not an error.
+    Ignored { reason: String },
+    /// Could not be merged; the file stays where it is and the event must fail.
+    Failed {
+        table: Option<String>,
+        error: Arc<Error>,
+    },
+}
+
+/// Outcome per input file.
+#[derive(Debug)]
+pub struct FileOutcome {
+    pub file: Url,
+    pub status: FileStatus,
+}
+
+impl FileOutcome {
+    pub fn is_failure(&self) -> bool {
+        matches!(self.status, FileStatus::Failed { .. })
+    }
+
+    pub(crate) fn failed(file: Url, table: &str, error: Arc<Error>) -> Self {
+        FileOutcome {
+            file,
+            status: FileStatus::Failed {
+                table: Some(table.to_string()),
+                error,
+            },
+        }
+    }
+}
+
+/// One table's commit(s) in a call.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TableReport {
+    pub table: String,
+    pub files: usize,
+    /// Delta version after the merge (None when nothing needed committing).
+    pub version: Option<u64>,
+    pub source_rows: usize,
+    pub inserted: usize,
+    pub updated: usize,
+    pub deleted: usize,
+    /// Changes not applied because the table already had the same or a newer change of
+    /// that key (re-delivery, late files), including deletes of absent keys.
+    pub skipped_stale: usize,
+    /// Rows dropped because a later change of the same key was in the same batch.
+    pub superseded_in_batch: usize,
+    /// Upserts turned into deletes by a newer tombstone (late insert of a deleted row).
+    pub blocked_by_tombstone: usize,
+    pub tombstones_recorded: usize,
+    pub files_added: usize,
+    pub files_removed: usize,
+    pub commit_attempts: u32,
+    pub duration_ms: u64,
+    /// Where the time went (last attempt): loading the table, reading tombstones, the
+    /// MERGE, the post-commit tombstone re-check, manifests.
+    pub phases_ms: Phases,
+    /// Manifests written / deleted after the commit (when enabled).
+    pub manifests_written: usize,
+    pub manifests_deleted: usize,
+    /// Why the manifests could not be updated (the merge itself succeeded; the next merge
+    /// of the partition or the maintenance run rewrites them).
+    pub manifest_error: Option<String>,
+}
+
+/// Milliseconds per phase of a table merge.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    pub tombstones_recorded: u64,
+    pub load_table: u64,
+    pub tombstones_read: u64,
+    pub merge: u64,
+    pub recheck: u64,
+    pub manifests: u64,
+}
+
+/// Result of one [`crate::Engine::process`] call.
+#[derive(Debug, Default)]
+pub struct ProcessReport {
+    pub files: Vec<FileOutcome>,
+    pub tables: Vec<TableReport>,
+}
+
+impl ProcessReport {
+    pub fn failures(&self) -> impl Iterator<Item = &FileOutcome> {
+        self.files.iter().filter(|f| f.is_failure())
+    }
+}
+
+impl TableReport {
+    pub(crate) fn log(&self) {
+        tracing::info!(
+            table = %self.table,
+            version = self.version,
+            files = self.files,
+            source_rows = self.source_rows,
+            inserted = self.inserted,
+            updated = self.updated,
+            deleted = self.deleted,
+            skipped_stale = self.skipped_stale,
+            superseded_in_batch = self.superseded_in_batch,
+            blocked_by_tombstone = self.blocked_by_tombstone,
+            commit_attempts = self.commit_attempts,
+            duration_ms = self.duration_ms,
+            manifests_written = self.manifests_written,
+            phases_ms = ?self.phases_ms,
+            "merged"
+        );
+    }
+}

@@ -1,0 +1,120 @@
+//! Engine tests that need its internals: forced interleavings of concurrent writers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+
+use super::*;
+
+type HookFn = dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+
+/// Runs inside `try_merge` between planning and the MERGE, to force interleavings.
+#[derive(Clone)]
+pub(crate) struct Hook(pub Arc<HookFn>);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
+}
+
+fn cdc(op: &str, ts: &str, id: i64) -> bytes::Bytes {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("Op", DataType::Utf8, true),
+        Field::new("ts", DataType::Utf8, true),
+        Field::new("id", DataType::Int64, true),
+    ]));
+    let b = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(StringArray::from(vec![op])),
+            Arc::new(StringArray::from(vec![ts])),
+            Arc::new(Int64Array::from(vec![id])),
+        ],
+    )
+    .unwrap();
+    crate::demo::to_parquet(&b).unwrap()
+}
+
+/// The race the post-commit tombstone re-check exists for: a late, older insert reads
+/// the tombstones (none yet), then a newer delete of the same key records its tombstone
+/// and merges (finding no row), then the insert commits. The insert's re-check must
+/// remove the row again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_insert_racing_a_delete_does_not_revive_the_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = r#"
+[[table]]
+name = "t"
+source = "raw/t/"
+target = "curated/t"
+primary_key = ["id"]
+sequence_by = ["ts"]
+"#;
+    let config = Config::from_toml(text, "test", Some(dir.path())).unwrap();
+    let deleter = Engine::new(config.clone());
+    let src = config.tables[0].source.clone();
+    let insert = src.join("20240101-0000000001.parquet").unwrap();
+    let delete = src.join("20240101-0000000002.parquet").unwrap();
+    let storage = Storage::new();
+    storage
+        .put(&insert, cdc("I", "2024-01-01 00:00:01", 1))
+        .await
+        .unwrap();
+    storage
+        .put(&delete, cdc("D", "2024-01-01 00:00:02", 1))
+        .await
+        .unwrap();
+    // create the table first with an unrelated row
+    let other = src.join("20240101-0000000000.parquet").unwrap();
+    storage
+        .put(&other, cdc("I", "2024-01-01 00:00:00", 2))
+        .await
+        .unwrap();
+    let r = deleter.process(&[other]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+
+    let fired = Arc::new(AtomicBool::new(false));
+    let mut inserter = Engine::new(config.clone());
+    let (d, f, del) = (deleter.clone(), fired.clone(), delete.clone());
+    inserter.before_merge = Some(Hook(Arc::new(move || {
+        let (d, f, del) = (d.clone(), f.clone(), del.clone());
+        Box::pin(async move {
+            if !f.swap(true, Ordering::SeqCst) {
+                let r = d.process(&[del]).await;
+                assert_eq!(r.failures().count(), 0);
+                assert_eq!(r.tables[0].deleted, 0, "the row is not there yet");
+            }
+        })
+    })));
+    let r = inserter.process(&[insert]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    assert!(fired.load(Ordering::SeqCst));
+    assert_eq!(
+        r.tables[0].inserted, 1,
+        "the insert did commit before the re-check"
+    );
+    assert_eq!(r.tables[0].deleted, 1, "the re-check removed it again");
+    let table = delta::open(&config.tables[0].target, &Default::default())
+        .await
+        .unwrap();
+    let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
+        .await
+        .unwrap();
+    let ids: Vec<i64> = rows
+        .iter()
+        .flat_map(|b| {
+            arrow::compute::cast(b.column(0), &DataType::Int64)
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(ids, vec![2]);
+}

@@ -1,0 +1,146 @@
+//! What tributary records in a Delta table's properties (`metaData.configuration`, read with
+//! the snapshot at no extra cost): the kind of each sequence column, and the full-load
+//! generations (DMS table reloads) with the time each one started.
+//!
+//! | property | meaning |
+//! |---|---|
+//! | `tributary.sequenceKinds` | `timestamp`, `integer` or `text` per `sequence_by` column |
+//! | `tributary.loadTracking` | `true`: every full-load file applied is recorded (see `reload`) |
+//! | `tributary.generation` | the newest full-load generation (absent: 1) |
+//! | `tributary.generation.<g>.start` | RFC 3339: files written from then on belong to `g` |
+//! | `tributary.tombstoneHorizon` | RFC 3339: tombstones recorded up to then may have expired |
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+
+use crate::source::SeqKind;
+
+pub const SEQUENCE_KINDS: &str = "tributary.sequenceKinds";
+pub const LOAD_TRACKING: &str = "tributary.loadTracking";
+pub const GENERATION: &str = "tributary.generation";
+pub const TOMBSTONE_HORIZON: &str = "tributary.tombstoneHorizon";
+
+fn generation_start_key(g: u32) -> String {
+    format!("tributary.generation.{g}.start")
+}
+
+/// tributary's properties of one table version.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableProps {
+    /// `None` for tables created before the kinds were recorded (or by other writers).
+    pub sequence_kinds: Option<Vec<SeqKind>>,
+    /// Whether full-load files are recorded (tables created by this version on).
+    pub load_tracking: bool,
+    /// Generations after the first: (g, start), ascending.
+    pub generations: Vec<(u32, DateTime<Utc>)>,
+    /// Tombstones recorded up to this time may have been expired by maintenance: a file
+    /// written before it could revive a deleted row and is refused.
+    pub tombstone_horizon: Option<DateTime<Utc>>,
+}
+
+impl TableProps {
+    /// Read from a table's configuration map.
+    pub fn from_configuration(conf: &HashMap<String, String>) -> TableProps {
+        let sequence_kinds = conf.get(SEQUENCE_KINDS).and_then(|v| {
+            v.split(',')
+                .filter(|s| !s.is_empty())
+                .map(SeqKind::parse)
+                .collect::<Option<Vec<_>>>()
+        });
+        let current: u32 = conf
+            .get(GENERATION)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let generations = (2..=current)
+            .filter_map(|g| Some((g, rfc3339(conf.get(&generation_start_key(g))?)?)))
+            .collect();
+        TableProps {
+            sequence_kinds,
+            load_tracking: conf.get(LOAD_TRACKING).is_some_and(|v| v == "true"),
+            generations,
+            tombstone_horizon: conf.get(TOMBSTONE_HORIZON).and_then(|v| rfc3339(v)),
+        }
+    }
+
+    /// The newest generation.
+    pub fn generation(&self) -> u32 {
+        self.generations.last().map_or(1, |(g, _)| *g)
+    }
+
+    /// The generation a file written at `t` belongs to.
+    pub fn generation_at(&self, t: DateTime<Utc>) -> u32 {
+        self.generations
+            .iter()
+            .rev()
+            .find(|(_, start)| *start <= t)
+            .map_or(1, |(g, _)| *g)
+    }
+
+    /// Properties of a new table: the sequence kinds seen in its first files, load tracking.
+    pub fn for_new_table(kinds: &[Option<SeqKind>]) -> HashMap<String, String> {
+        let mut m = HashMap::new();
+        m.insert(LOAD_TRACKING.to_string(), "true".to_string());
+        if !kinds.is_empty() && kinds.iter().all(Option::is_some) {
+            let s: Vec<&str> = kinds.iter().flatten().map(|k| k.as_str()).collect();
+            m.insert(SEQUENCE_KINDS.to_string(), s.join(","));
+        }
+        m
+    }
+
+    /// The properties that register generation `g` starting at `start`.
+    pub fn for_generation(g: u32, start: DateTime<Utc>) -> HashMap<String, String> {
+        HashMap::from([
+            (GENERATION.to_string(), g.to_string()),
+            (generation_start_key(g), format_time(start)),
+        ])
+    }
+
+    /// The property that moves the tombstone horizon to `t`.
+    pub fn for_horizon(t: DateTime<Utc>) -> HashMap<String, String> {
+        HashMap::from([(TOMBSTONE_HORIZON.to_string(), format_time(t))])
+    }
+
+    /// The properties that record sequence kinds on a table that has none yet.
+    pub fn for_kinds(kinds: &[SeqKind]) -> HashMap<String, String> {
+        let s: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        HashMap::from([(SEQUENCE_KINDS.to_string(), s.join(","))])
+    }
+}
+
+fn rfc3339(v: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(v)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+fn format_time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generations_round_trip_and_classify_times() {
+        let t2 = DateTime::parse_from_rfc3339("2024-02-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let t3 = DateTime::parse_from_rfc3339("2024-03-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let mut conf = TableProps::for_generation(2, t2);
+        conf.extend(TableProps::for_generation(3, t3));
+        conf.extend(TableProps::for_new_table(&[Some(SeqKind::Timestamp)]));
+        let p = TableProps::from_configuration(&conf);
+        assert_eq!(p.generation(), 3);
+        assert!(p.load_tracking);
+        assert_eq!(p.sequence_kinds, Some(vec![SeqKind::Timestamp]));
+        let before = t2 - chrono::Duration::seconds(1);
+        assert_eq!(p.generation_at(before), 1);
+        assert_eq!(p.generation_at(t2), 2);
+        assert_eq!(p.generation_at(t3 + chrono::Duration::days(1)), 3);
+        assert_eq!(TableProps::default().generation(), 1);
+    }
+}

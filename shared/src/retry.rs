@@ -1,0 +1,56 @@
+//! One retry policy for commit conflicts: jittered exponential backoff (~50 ms doubling to
+//! ~3 s, ±50 %), a bounded number of attempts, then a retryable [`Error::Contention`].
+//! Every optimistic-concurrency loop (merges, tombstone appends, maintenance) uses it.
+
+use crate::delta::is_conflict;
+use crate::error::{Error, Result};
+
+/// Attempts of one operation on one table.
+#[derive(Debug)]
+pub(crate) struct Retry {
+    table: String,
+    max_attempts: u32,
+    attempt: u32,
+}
+
+impl Retry {
+    pub(crate) fn new(table: &str, max_attempts: u32) -> Self {
+        Retry {
+            table: table.to_string(),
+            max_attempts: max_attempts.max(1),
+            attempt: 1,
+        }
+    }
+
+    /// The attempt being made (1-based).
+    pub(crate) fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// After a failed attempt: a commit conflict with attempts left sleeps and returns
+    /// `Ok(())` (try again); the last conflict becomes [`Error::Contention`]; any other error
+    /// is returned as it is.
+    pub(crate) async fn on_error(&mut self, e: Error, what: &str) -> Result<()> {
+        if !is_conflict(&e) {
+            return Err(e);
+        }
+        if self.attempt >= self.max_attempts {
+            tracing::warn!(table = %self.table, attempts = self.attempt, operation = what, "giving up after commit conflicts");
+            return Err(Error::Contention {
+                table: self.table.clone(),
+                attempts: self.attempt,
+            });
+        }
+        tracing::info!(table = %self.table, attempt = self.attempt, of = self.max_attempts, operation = what, "commit conflict with a concurrent writer; retrying");
+        backoff(self.attempt).await;
+        self.attempt += 1;
+        Ok(())
+    }
+}
+
+async fn backoff(attempt: u32) {
+    use rand::Rng;
+    let base = 50u64 << attempt.min(6);
+    let ms = rand::rng().random_range(base / 2..=base + base / 2);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}

@@ -1,0 +1,574 @@
+//! CDC readers: turn one DMS file (Parquet, CSV or gzip-compressed CSV; full load or CDC)
+//! into a [`ChangeSet`]: the rows with only the curated columns, each row's operation, and
+//! each row's order key.
+//!
+//! Every problem names the file and, where it applies, the row and column.
+
+mod csv;
+pub mod order;
+mod parquet;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, Float32Array, Float64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use url::Url;
+
+use crate::coerce;
+use crate::config::{Format, TableConfig};
+use crate::error::{Error, Location, Result};
+use crate::props::TableProps;
+use crate::storage;
+
+pub use order::SeqKind;
+
+/// Prefix reserved for tributary's own columns; source columns may not use it.
+pub const RESERVED_PREFIX: &str = "_tributary_";
+
+/// Whether a file is part of a full load (`LOAD*`) or a CDC file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FileKind {
+    FullLoad,
+    Cdc,
+}
+
+impl FileKind {
+    /// DMS names full-load files `LOAD00000001.*`; everything else is CDC.
+    pub fn of(file_name: &str) -> FileKind {
+        if file_name.starts_with("LOAD") {
+            FileKind::FullLoad
+        } else {
+            FileKind::Cdc
+        }
+    }
+}
+
+/// What a row does to its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeOp {
+    Insert,
+    Update,
+    Delete,
+}
+
+/// Counts of one file's rows by operation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FileCounts {
+    pub rows: usize,
+    pub inserts: usize,
+    pub updates: usize,
+    pub deletes: usize,
+}
+
+/// A raw object as fetched: its bytes and when it was last written.
+#[derive(Debug, Clone)]
+pub struct RawFile {
+    pub bytes: Bytes,
+    pub last_modified: Option<DateTime<Utc>>,
+}
+
+/// One file's changes, ready for merge planning.
+#[derive(Debug, Clone)]
+pub struct ChangeSet {
+    pub file: Url,
+    pub kind: FileKind,
+    /// Curated columns only (op and dropped columns removed), in the table's types where the
+    /// table has the column, else in their Delta types.
+    pub data: RecordBatch,
+    pub ops: Vec<ChangeOp>,
+    /// Order key per row: larger means later. See [`order`].
+    pub order: Vec<String>,
+    /// Kind of each `sequence_by` column (CDC files with rows; `None` otherwise).
+    pub seq_kinds: Vec<Option<SeqKind>>,
+    /// The full-load generation the file belongs to (1 unless the table was reloaded).
+    pub generation: u32,
+    /// When the file was written: the time in a DMS CDC file name, else the object's
+    /// last-modified time.
+    pub written: Option<DateTime<Utc>>,
+    /// The object's last-modified time (identifies a full-load file's version).
+    pub last_modified: Option<DateTime<Utc>>,
+    pub counts: FileCounts,
+}
+
+impl ChangeSet {
+    /// Canonical processing order of a batch: full loads first, then by file name (DMS
+    /// names files in write order), then by location.
+    pub fn canonical_key(&self) -> (u32, FileKind, String, String) {
+        (
+            self.generation,
+            self.kind,
+            storage::file_name(&self.file),
+            self.file.to_string(),
+        )
+    }
+}
+
+/// What to do with an object found under a table's source prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileClass {
+    /// A data file to merge.
+    Data,
+    /// Not data (a folder marker); ignoring it loses nothing.
+    NotData(&'static str),
+}
+
+/// Classify an object under a table's source. Anything that is neither a data file of the
+/// table's format nor a folder marker is an error: a file tributary cannot read must fail
+/// (and reach the dead-letter queue), never be skipped.
+pub fn classify(url: &Url, format: &Format) -> std::result::Result<FileClass, String> {
+    let path = url.path();
+    let name = storage::file_name(url);
+    if path.ends_with('/') || name.is_empty() || name.ends_with("_$folder$") {
+        return Ok(FileClass::NotData("folder marker"));
+    }
+    let lower = name.to_ascii_lowercase();
+    let is_parquet = lower.ends_with(".parquet");
+    let is_csv = lower.ends_with(".csv") || lower.ends_with(".csv.gz");
+    match (format, is_parquet, is_csv) {
+        (Format::Parquet, true, _) | (Format::Csv(_), _, true) => Ok(FileClass::Data),
+        (Format::Parquet, false, true) => Err(
+            "a CSV file under a table configured with format = \"parquet\"; set the table's `format` (and [table.csv]) to match the DMS endpoint's DataFormat".into(),
+        ),
+        (Format::Csv(_), true, false) => Err(
+            "a Parquet file under a table configured with format = \"csv\"; set `format = \"parquet\"` to match the DMS endpoint's DataFormat".into(),
+        ),
+        _ => Err(format!(
+            "not a DMS data file: tributary reads {} under a table's source; move other files out of the DMS folder",
+            match format {
+                Format::Parquet => "`.parquet` files",
+                Format::Csv(_) => "`.csv` and `.csv.gz` files",
+            }
+        )),
+    }
+}
+
+/// Parse one file. `table` is what the Delta table says (schema, generations), when it exists:
+/// columns it has are converted to its types.
+pub fn read_changes(
+    file: &Url,
+    raw: RawFile,
+    cfg: &TableConfig,
+    table_schema: Option<&Schema>,
+    props: &TableProps,
+) -> Result<ChangeSet> {
+    let name = storage::display(file);
+    let file_name = storage::file_name(file);
+    let kind = FileKind::of(&file_name);
+    let batch = match &cfg.format {
+        Format::Parquet => parquet::read(&name, raw.bytes)?,
+        Format::Csv(opts) => {
+            let bytes = csv::decompress(&name, &file_name, raw.bytes)?;
+            csv::read(&name, bytes, opts, kind, cfg, table_schema)?
+        }
+    };
+    let written = match kind {
+        FileKind::Cdc => order::dms_file_time(&file_name).or(raw.last_modified),
+        FileKind::FullLoad => raw.last_modified,
+    };
+    let file_info = FileInfo {
+        url: file,
+        name: &name,
+        file_name: &file_name,
+        kind,
+        generation: written.map_or(1, |t| props.generation_at(t)),
+    };
+    let mut cs = to_change_set(&file_info, batch, cfg, table_schema)?;
+    cs.written = written;
+    cs.last_modified = raw.last_modified;
+    Ok(cs)
+}
+
+/// What the change-set builder needs to know about the file.
+struct FileInfo<'a> {
+    url: &'a Url,
+    /// For messages.
+    name: &'a str,
+    /// The last path segment (part of the order key).
+    file_name: &'a str,
+    kind: FileKind,
+    generation: u32,
+}
+
+fn to_change_set(
+    f: &FileInfo<'_>,
+    raw: RecordBatch,
+    cfg: &TableConfig,
+    table_schema: Option<&Schema>,
+) -> Result<ChangeSet> {
+    check_column_names(f.name, &raw.schema(), cfg)?;
+    let ops = parse_ops(f, &raw, cfg)?;
+    check_keys(f.name, &raw, cfg)?;
+    let (order, seq_kinds) = order_keys(f, &raw, cfg)?;
+    let data = curated_columns(f.name, &raw, cfg, table_schema)?;
+    let mut counts = FileCounts {
+        rows: raw.num_rows(),
+        ..Default::default()
+    };
+    for op in &ops {
+        match op {
+            ChangeOp::Insert => counts.inserts += 1,
+            ChangeOp::Update => counts.updates += 1,
+            ChangeOp::Delete => counts.deletes += 1,
+        }
+    }
+    Ok(ChangeSet {
+        file: f.url.clone(),
+        kind: f.kind,
+        data,
+        ops,
+        order,
+        seq_kinds,
+        generation: f.generation,
+        written: None,
+        last_modified: None,
+        counts,
+    })
+}
+
+/// Column names must be unique (also ignoring case: Delta and its readers match names
+/// case-insensitively) and must not collide with tributary's own columns.
+fn check_column_names(file: &str, schema: &SchemaRef, cfg: &TableConfig) -> Result<()> {
+    let mut seen = HashSet::new();
+    for f in schema.fields() {
+        let n = f.name();
+        if !seen.insert(n.to_lowercase()) {
+            return Err(Error::bad_input(
+                file,
+                Location::Column(n.clone()),
+                "the file has two columns with this name (names are compared ignoring case); a file must have one column per name",
+            ));
+        }
+        if *n == cfg.sequence_column {
+            return Err(Error::bad_input(
+                file,
+                Location::Column(n.clone()),
+                "the file has a column with the name of tributary's internal sequence column; set `sequence_column` in the table config to another name",
+            ));
+        }
+        if n.starts_with(RESERVED_PREFIX) && cfg.keeps_column(n) {
+            return Err(Error::bad_input(
+                file,
+                Location::Column(n.clone()),
+                format!("column names starting with `{RESERVED_PREFIX}` are reserved for tributary's own columns; rename the column at the source or list it in `drop_columns`"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn column(raw: &RecordBatch, name: &str) -> Option<ArrayRef> {
+    raw.schema()
+        .index_of(name)
+        .ok()
+        .map(|i| raw.column(i).clone())
+}
+
+fn column_list(schema: &SchemaRef) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn parse_ops(f: &FileInfo<'_>, raw: &RecordBatch, cfg: &TableConfig) -> Result<Vec<ChangeOp>> {
+    let rows = raw.num_rows();
+    let Some(a) = column(raw, &cfg.op_column) else {
+        if f.kind == FileKind::FullLoad {
+            return Ok(vec![ChangeOp::Insert; rows]);
+        }
+        return Err(Error::bad_input(
+            f.name,
+            Location::Column(cfg.op_column.clone()),
+            format!(
+                "CDC file has no `{}` column (columns: {}); DMS CDC files carry the operation (I/U/D) first — check `op_column`, or name full-load files LOAD*",
+                cfg.op_column,
+                column_list(&raw.schema())
+            ),
+        ));
+    };
+    let a = crate::coerce::exact_cast(&a, &DataType::Utf8).map_err(|e| {
+        Error::bad_input(
+            f.name,
+            Location::Column(cfg.op_column.clone()),
+            e.describe(a.data_type(), &DataType::Utf8),
+        )
+    })?;
+    let a = a.as_string::<i32>();
+    let at = |i: usize| Location::Row {
+        row: i + 1,
+        column: Some(cfg.op_column.clone()),
+    };
+    (0..rows)
+        .map(|i| {
+            if a.is_null(i) {
+                return Err(Error::bad_input(
+                    f.name,
+                    at(i),
+                    "operation is null (expected I, U or D)",
+                ));
+            }
+            match a.value(i).trim() {
+                "I" | "i" => Ok(ChangeOp::Insert),
+                "U" | "u" => Ok(ChangeOp::Update),
+                "D" | "d" => Ok(ChangeOp::Delete),
+                other => Err(Error::bad_input(
+                    f.name,
+                    at(i),
+                    format!("unknown operation {other:?} (expected I, U or D)"),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Keys must be present and non-null; a floating-point key must not be NaN (NaN equals
+/// nothing, so the row could never be updated or deleted).
+fn check_keys(file: &str, raw: &RecordBatch, cfg: &TableConfig) -> Result<()> {
+    for k in &cfg.primary_key {
+        let a = column(raw, k).ok_or_else(|| {
+            Error::bad_input(
+                file,
+                Location::Column(k.clone()),
+                format!(
+                    "primary key column is missing (columns: {})",
+                    column_list(&raw.schema())
+                ),
+            )
+        })?;
+        let at = |r: usize| Location::Row {
+            row: r + 1,
+            column: Some(k.clone()),
+        };
+        if let Some(r) = (0..a.len()).find(|&i| a.is_null(i)) {
+            return Err(Error::bad_input(file, at(r), "primary key is null"));
+        }
+        if let Some(r) = first_nan(&a) {
+            return Err(Error::bad_input(
+                file,
+                at(r),
+                "primary key is NaN; NaN equals no value, so the row could never be matched again",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn first_nan(a: &ArrayRef) -> Option<usize> {
+    use arrow::datatypes::{Float16Type, Float32Type, Float64Type};
+    match a.data_type() {
+        DataType::Float16 => a
+            .as_primitive::<Float16Type>()
+            .values()
+            .iter()
+            .position(|v| v.is_nan()),
+        DataType::Float32 => a
+            .as_primitive::<Float32Type>()
+            .values()
+            .iter()
+            .position(|v| v.is_nan()),
+        DataType::Float64 => a
+            .as_primitive::<Float64Type>()
+            .values()
+            .iter()
+            .position(|v| v.is_nan()),
+        _ => None,
+    }
+}
+
+/// `-0.0` and `0.0` are the same key (SQL equality); store one of them.
+fn normalize_zero(a: ArrayRef) -> ArrayRef {
+    match a.data_type() {
+        DataType::Float32 => {
+            let v: Float32Array = a
+                .as_primitive::<arrow::datatypes::Float32Type>()
+                .unary(|x| if x == 0.0 { 0.0 } else { x });
+            Arc::new(v)
+        }
+        DataType::Float64 => {
+            let v: Float64Array = a
+                .as_primitive::<arrow::datatypes::Float64Type>()
+                .unary(|x| if x == 0.0 { 0.0 } else { x });
+            Arc::new(v)
+        }
+        _ => a,
+    }
+}
+
+fn order_keys(
+    f: &FileInfo<'_>,
+    raw: &RecordBatch,
+    cfg: &TableConfig,
+) -> Result<(Vec<String>, Vec<Option<SeqKind>>)> {
+    let mut sequences = Vec::new();
+    if f.kind == FileKind::Cdc {
+        for s in &cfg.sequence_by {
+            let a = column(raw, s).ok_or_else(|| {
+                Error::bad_input(
+                    f.name,
+                    Location::Column(s.clone()),
+                    format!(
+                        "sequence column (from `sequence_by`) is missing (columns: {})",
+                        column_list(&raw.schema())
+                    ),
+                )
+            })?;
+            let col = order::sequence_column(&a).map_err(|e| {
+                let location = match e.row {
+                    Some(r) => Location::Row {
+                        row: r + 1,
+                        column: Some(s.clone()),
+                    },
+                    None => Location::Column(s.clone()),
+                };
+                Error::bad_input(f.name, location, e.message)
+            })?;
+            sequences.push(col);
+        }
+    }
+    let kinds = match f.kind {
+        FileKind::Cdc => sequences.iter().map(|s| s.kind).collect(),
+        FileKind::FullLoad => vec![None; cfg.sequence_by.len()],
+    };
+    let keys = order::order_keys(
+        f.generation,
+        f.kind,
+        f.file_name,
+        &sequences,
+        raw.num_rows(),
+    );
+    Ok((keys, kinds))
+}
+
+/// Curated columns, converted exactly to the table's types (or to Delta types for columns
+/// the table does not have).
+fn curated_columns(
+    file: &str,
+    raw: &RecordBatch,
+    cfg: &TableConfig,
+    table_schema: Option<&Schema>,
+) -> Result<RecordBatch> {
+    let schema = raw.schema();
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (i, f) in schema.fields().iter().enumerate() {
+        if !cfg.keeps_column(f.name()) {
+            continue;
+        }
+        let target = match table_schema.and_then(|s| s.field_with_name(f.name()).ok()) {
+            Some(tf) => tf.data_type().clone(),
+            None => coerce::delta_type(f.data_type()).ok_or_else(|| {
+                Error::bad_input(
+                    file,
+                    Location::Column(f.name().clone()),
+                    format!(
+                        "type {} has no Delta Lake equivalent; drop the column with `drop_columns`",
+                        f.data_type()
+                    ),
+                )
+            })?,
+        };
+        let mut c = convert(file, f.name(), raw.column(i), &target)?;
+        if cfg.primary_key.contains(f.name()) {
+            c = normalize_zero(c);
+        }
+        fields.push(Field::new(f.name(), target, true));
+        columns.push(c);
+    }
+    for p in &cfg.partition_by {
+        if !fields.iter().any(|f| f.name() == p) {
+            return Err(Error::bad_input(
+                file,
+                Location::Column(p.clone()),
+                format!(
+                    "partition column is missing (columns: {})",
+                    column_list(&schema)
+                ),
+            ));
+        }
+    }
+    RecordBatch::try_new_with_options(
+        Arc::new(Schema::new(fields)),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(raw.num_rows())),
+    )
+    .map_err(|e| {
+        Error::bad_input(
+            file,
+            Location::File,
+            format!("cannot assemble columns: {e}"),
+        )
+    })
+}
+
+/// Convert a file's column exactly; the error names the file, row, column and value.
+pub(crate) fn convert(file: &str, column: &str, a: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
+    coerce::exact_cast(a, to).map_err(|e| {
+        let location = match e.row {
+            Some(r) => Location::Row {
+                row: r + 1,
+                column: Some(column.to_string()),
+            },
+            None => Location::Column(column.to_string()),
+        };
+        Error::bad_input(file, location, e.describe(a.data_type(), to))
+    })
+}
+
+/// Build a Utf8 array from strings (helper for planning).
+pub(crate) fn string_array<'a>(values: impl Iterator<Item = &'a str>) -> ArrayRef {
+    Arc::new(arrow::array::StringArray::from_iter_values(values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CsvOptions;
+
+    fn url(s: &str) -> Url {
+        Url::parse(s).unwrap()
+    }
+
+    #[test]
+    fn classification_fails_unknown_files_and_ignores_only_folder_markers() {
+        let p = Format::Parquet;
+        let csv = Format::Csv(CsvOptions {
+            header: true,
+            delimiter: b',',
+            quote: b'"',
+            null_value: "NULL".into(),
+            include_op_for_full_load: false,
+            columns: vec![],
+        });
+        assert_eq!(
+            classify(&url("s3://b/t/x.parquet"), &p),
+            Ok(FileClass::Data)
+        );
+        assert_eq!(
+            classify(&url("s3://b/t/20240101-1.csv.gz"), &csv),
+            Ok(FileClass::Data)
+        );
+        assert_eq!(
+            classify(&url("s3://b/t/LOAD00000001.CSV"), &csv),
+            Ok(FileClass::Data)
+        );
+        assert!(matches!(
+            classify(&url("s3://b/t/2024/"), &p),
+            Ok(FileClass::NotData(_))
+        ));
+        assert!(matches!(
+            classify(&url("s3://b/t/x_$folder$"), &p),
+            Ok(FileClass::NotData(_))
+        ));
+        assert!(classify(&url("s3://b/t/x.csv.gz"), &p)
+            .unwrap_err()
+            .contains("format"));
+        assert!(classify(&url("s3://b/t/x.parquet"), &csv).is_err());
+        assert!(classify(&url("s3://b/t/notes.txt"), &p).is_err());
+        assert!(classify(&url("s3://b/t/x.json.gz"), &csv).is_err());
+    }
+}
