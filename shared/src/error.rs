@@ -91,6 +91,10 @@ pub enum Error {
         horizon: String,
     },
 
+    /// Maintenance could not rewrite a data file of the table.
+    #[error("compaction: {file}: {message}")]
+    Compaction { file: String, message: String },
+
     /// A local file-system operation failed.
     #[error("{path}: {source}")]
     Io {
@@ -130,6 +134,7 @@ impl Error {
             | Error::Reload { .. }
             | Error::TooLate { .. }
             | Error::Io { .. }
+            | Error::Compaction { .. }
             | Error::Arrow { .. }
             | Error::Internal(_) => false,
             Error::Storage { source, .. } => object_store_is_retryable(source),
@@ -151,6 +156,7 @@ impl Error {
             Error::Reload { .. } => "reload",
             Error::TooLate { .. } => "too_late",
             Error::Io { .. } => "io",
+            Error::Compaction { .. } => "compaction",
             Error::Arrow { .. } => "arrow",
             Error::DataFusion { .. } => "datafusion",
             Error::Internal(_) => "internal",

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tributary::deltalake::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use tributary::deltalake::arrow::array::{
+    Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray,
+};
 use tributary::deltalake::arrow::compute::cast;
 use tributary::deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use tributary::{delta, demo, Config, Engine};
@@ -277,4 +279,72 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("runtime")
+}
+
+/// A table `t` keyed by `id`, ordered by `ts` (dropped), unpartitioned, under `raw/t/`.
+pub const T_TABLE: &str = r#"
+[[table]]
+name = "t"
+source = "raw/t/"
+target = "curated/t"
+primary_key = ["id"]
+sequence_by = ["ts"]
+drop_columns = ["ts"]
+"#;
+
+/// A record batch from named columns (all nullable).
+pub fn batch(cols: Vec<(&str, ArrayRef)>) -> RecordBatch {
+    let fields: Vec<Field> = cols
+        .iter()
+        .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+        .collect();
+    RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        cols.into_iter().map(|(_, a)| a).collect(),
+    )
+    .expect("batch")
+}
+
+/// A Utf8 column.
+pub fn strings(v: &[&str]) -> ArrayRef {
+    Arc::new(StringArray::from(v.to_vec()))
+}
+
+impl Fixture {
+    /// Write a batch as Parquet to `raw/<table_prefix>/<name>`.
+    pub fn put_batch(&self, table_prefix: &str, name: &str, b: &RecordBatch) -> Url {
+        self.put_raw(table_prefix, name, &demo::to_parquet(b).expect("parquet"))
+    }
+
+    /// Run SQL against a curated table (`rel` under the fixture dir), table registered as `t`.
+    pub async fn query(&self, rel: &str, sql: &str) -> Vec<RecordBatch> {
+        let t = delta::open(&self.url(rel), &Default::default())
+            .await
+            .expect("open");
+        delta::query(&t, sql).await.expect("query")
+    }
+
+    /// The error of a file that must have failed.
+    pub fn failure<'a>(r: &'a tributary::ProcessReport, file: &Url) -> &'a tributary::Error {
+        match r.files.iter().find(|f| &f.file == file).map(|f| &f.status) {
+            Some(tributary::FileStatus::Failed { error, .. }) => error,
+            other => panic!("{file} should have failed, got {other:?}"),
+        }
+    }
+}
+
+/// Every value of the query's first column as text (NULL for nulls), in order.
+pub fn column_text(batches: &[RecordBatch]) -> Vec<String> {
+    use tributary::deltalake::arrow::util::display::array_value_to_string;
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            out.push(if b.column(0).is_null(i) {
+                "NULL".to_string()
+            } else {
+                array_value_to_string(b.column(0), i).expect("display")
+            });
+        }
+    }
+    out
 }

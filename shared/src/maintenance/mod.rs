@@ -13,8 +13,9 @@
 //! run if it keeps losing; a merge that loses against a compaction retries by itself. No
 //! merge commit is ever lost.
 
+mod compact;
+
 use std::collections::BTreeSet;
-use std::num::NonZeroU64;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -255,27 +256,43 @@ async fn compact(
     Ok(())
 }
 
-/// OPTIMIZE one partition (selected null-safely by its values). Returns files removed.
+/// Compact one partition. Returns files removed.
 async fn compact_partition(
     table_cfg: &TableConfig,
     options: &std::collections::HashMap<String, String>,
     partition: &Partition,
     target_size: u64,
 ) -> Result<u64> {
-    let label = table_cfg.name.as_str();
-    let mut retry = Retry::new(label, COMPACTION_ATTEMPTS);
+    compact_table(
+        &table_cfg.target,
+        &table_cfg.name,
+        table_cfg,
+        options,
+        partition,
+        target_size,
+    )
+    .await
+}
+
+/// Compact one partition of a table (the main table or its tombstone table), re-planned on
+/// the newest version after a conflict.
+async fn compact_table(
+    url: &url::Url,
+    label: &str,
+    table_cfg: &TableConfig,
+    options: &std::collections::HashMap<String, String>,
+    partition: &Partition,
+    target_size: u64,
+) -> Result<u64> {
+    let mut retry = Retry::new(
+        label,
+        COMPACTION_ATTEMPTS.min(table_cfg.max_commit_attempts),
+    );
     loop {
-        let t = delta::open(&table_cfg.target, options).await?;
-        let filters = partition.filters();
-        let res = t
-            .optimize()
-            .with_filters(&filters)
-            .with_target_size(NonZeroU64::new(target_size).unwrap_or(NonZeroU64::MIN))
-            .with_commit_properties(guarded_commit())
-            .await
-            .map_err(|e| Error::delta(label, e));
-        match res {
-            Ok((_, m)) => return Ok(m.num_files_removed),
+        let t = delta::open(url, options).await?;
+        let plan = compact::plan(&t, partition, target_size)?;
+        match compact::execute(&t, plan, target_size, guarded_commit()).await {
+            Ok(removed) => return Ok(removed),
             Err(e) => retry.on_error(e, "compaction").await?,
         }
     }
@@ -313,7 +330,8 @@ async fn newest_expiring(t: &DeltaTable, cutoff: DateTime<Utc>) -> Result<Option
         let c = c.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
         c.is_valid(0).then(|| c.value(0))
     });
-    Ok(v.and_then(DateTime::from_timestamp_micros))
+    // CAST(… AS TIMESTAMP) is nanoseconds in DataFusion.
+    Ok(v.map(DateTime::from_timestamp_nanos))
 }
 
 /// Expire tombstones recorded before the retention cutoff. The cutoff is rounded down (to
@@ -336,13 +354,22 @@ async fn expire_tombstones(
         expired = delete_tombstones_up_to(table_cfg, options, newest).await?;
     }
     // The tombstone table gets one small file per delete batch: compact and vacuum it too.
-    let t = delta::open(&table_cfg.tombstones, options).await?;
-    match t.optimize().with_commit_properties(guarded_commit()).await {
+    let target = table_cfg.maintenance.target_file_size.max(1);
+    match compact_table(
+        &table_cfg.tombstones,
+        &label,
+        table_cfg,
+        options,
+        &Partition::default(),
+        target,
+    )
+    .await
+    {
         Ok(_) => {}
-        Err(e) if crate::error::is_commit_conflict(&e) => {
-            tracing::info!(table = %label, "tombstone compaction conflicted with another writer; next run")
+        Err(Error::Contention { .. }) => {
+            tracing::info!(table = %label, "tombstone compaction kept conflicting with other writers; next run")
         }
-        Err(e) => return Err(Error::delta(&label, e)),
+        Err(e) => return Err(e),
     }
     let t = delta::open(&table_cfg.tombstones, options).await?;
     deltalake::checkpoints::create_checkpoint(&t, None)

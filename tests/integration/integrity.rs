@@ -1,0 +1,758 @@
+//! Regressions of the data-integrity edges (issue #10): types, batching, skipped files,
+//! partition values, names and the tombstone horizon. Each one ended in wrong data (or a
+//! silently skipped file) with success before its fix.
+
+use std::sync::Arc;
+
+use tributary::deltalake::arrow::array::{
+    ArrayRef, Decimal128Array, Float64Array, Int32Array, Int64Array, TimestampMicrosecondArray,
+};
+use tributary::maintenance::{self, MaintenanceOptions};
+use tributary::{delta, manifest, FileStatus};
+use tributary_tests::*;
+
+fn ints(v: &[i64]) -> ArrayRef {
+    Arc::new(Int64Array::from(v.to_vec()))
+}
+
+fn ts(s: u32) -> String {
+    format!("2024-01-01 00:00:{s:02}.000000")
+}
+
+/// A CDC file of table `t`: Op, ts, id and extra columns.
+fn cdc(
+    fx: &Fixture,
+    name: &str,
+    op: &str,
+    t: u32,
+    id: i64,
+    extra: Vec<(&str, ArrayRef)>,
+) -> url::Url {
+    let mut cols = vec![
+        ("Op", strings(&[op])),
+        ("ts", strings(&[&ts(t)])),
+        ("id", ints(&[id])),
+    ];
+    cols.extend(extra);
+    fx.put_batch("t", name, &batch(cols))
+}
+
+async fn t_rows(fx: &Fixture, sql: &str) -> Vec<String> {
+    column_text(&fx.query("curated/t", sql).await)
+}
+
+async fn maintain(fx: &Fixture) -> tributary::Result<maintenance::MaintenanceReport> {
+    let engine = fx.another_engine();
+    let t = &engine.config().tables[0];
+    maintenance::maintain(
+        t,
+        engine.storage(),
+        engine.storage_options(),
+        MaintenanceOptions::default(),
+    )
+    .await
+}
+
+// ---- types ------------------------------------------------------------------------------
+
+/// Files of one batch that disagree on a new column's type: the first file (canonical order)
+/// sets it, a value that does not fit fails its file with row, column and value — never NULL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_types_in_one_batch_fail_the_file_instead_of_nulling() {
+    let fx = Fixture::new(T_TABLE);
+    let f1 = cdc(
+        &fx,
+        "20240101-0000000001.parquet",
+        "I",
+        1,
+        1,
+        vec![("n", Arc::new(Int32Array::from(vec![5])))],
+    );
+    let f2 = cdc(
+        &fx,
+        "20240101-0000000002.parquet",
+        "I",
+        2,
+        2,
+        vec![("n", ints(&[1 << 40]))],
+    );
+    let f3 = cdc(
+        &fx,
+        "20240101-0000000003.parquet",
+        "I",
+        3,
+        3,
+        vec![("n", strings(&["abc"]))],
+    );
+    let r = fx
+        .engine
+        .process(&[f3.clone(), f2.clone(), f1.clone()])
+        .await;
+    let e2 = Fixture::failure(&r, &f2).to_string();
+    assert!(
+        e2.contains("row 1, column `n`") && e2.contains("1099511627776"),
+        "{e2}"
+    );
+    let e3 = Fixture::failure(&r, &f3).to_string();
+    assert!(e3.contains("column `n`") && e3.contains("abc"), "{e3}");
+    assert_eq!(
+        t_rows(&fx, "SELECT CAST(n AS VARCHAR) FROM t ORDER BY id").await,
+        vec!["5"]
+    );
+
+    // The same files one per call (canonical order): the same table and the same failures.
+    let one = Fixture::new(T_TABLE);
+    for (name, id, n) in [
+        ("20240101-0000000001.parquet", 1, None),
+        ("20240101-0000000002.parquet", 2, Some(1i64 << 40)),
+    ] {
+        let n: ArrayRef = match n {
+            None => Arc::new(Int32Array::from(vec![5])),
+            Some(v) => ints(&[v]),
+        };
+        let f = cdc(&one, name, "I", id as u32, id, vec![("n", n)]);
+        let r = one.engine.process(&[f]).await;
+        assert_eq!(r.failures().count(), usize::from(id == 2));
+    }
+    assert_eq!(
+        t_rows(&one, "SELECT CAST(n AS VARCHAR) FROM t ORDER BY id").await,
+        vec!["5"]
+    );
+}
+
+/// The same for the key: a key that does not fit the key column's type is never written
+/// as NULL (a lost row and a NULL key before the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_a_conflicting_type_is_never_nulled() {
+    let fx = Fixture::new(T_TABLE);
+    let narrow = fx.put_batch(
+        "t",
+        "20240101-0000000001.parquet",
+        &batch(vec![
+            ("Op", strings(&["I"])),
+            ("ts", strings(&[&ts(1)])),
+            ("id", Arc::new(Int32Array::from(vec![1]))),
+        ]),
+    );
+    let wide = fx.put_batch(
+        "t",
+        "20240101-0000000002.parquet",
+        &batch(vec![
+            ("Op", strings(&["I"])),
+            ("ts", strings(&[&ts(2)])),
+            ("id", ints(&[1 << 40])),
+        ]),
+    );
+    let r = fx.engine.process(&[narrow, wide.clone()]).await;
+    let e = Fixture::failure(&r, &wide).to_string();
+    assert!(
+        e.contains("column `id`") && e.contains("1099511627776"),
+        "{e}"
+    );
+    assert_eq!(
+        t_rows(&fx, "SELECT CAST(id AS VARCHAR) FROM t").await,
+        vec!["1"]
+    );
+}
+
+/// Values that an existing column cannot hold exactly fail with file, row, column, value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lossy_conversions_into_existing_columns_fail() {
+    let fx = Fixture::new(T_TABLE);
+    let dec = |v: i128, s: i8| -> ArrayRef {
+        Arc::new(
+            Decimal128Array::from(vec![v])
+                .with_precision_and_scale(10, s)
+                .unwrap(),
+        )
+    };
+    let base = cdc(
+        &fx,
+        "20240101-0000000001.parquet",
+        "I",
+        1,
+        1,
+        vec![("v", ints(&[7])), ("d", dec(123, 2))],
+    );
+    fx.merge_ok(&[base]).await;
+    let double = cdc(
+        &fx,
+        "20240101-0000000002.parquet",
+        "U",
+        2,
+        1,
+        vec![
+            ("v", Arc::new(Float64Array::from(vec![1.75]))),
+            ("d", dec(123, 2)),
+        ],
+    );
+    let finer = cdc(
+        &fx,
+        "20240101-0000000003.parquet",
+        "U",
+        3,
+        1,
+        vec![("v", ints(&[8])), ("d", dec(1234, 3))],
+    );
+    let exact = cdc(
+        &fx,
+        "20240101-0000000004.parquet",
+        "U",
+        4,
+        1,
+        vec![
+            ("v", Arc::new(Float64Array::from(vec![2.0]))),
+            ("d", dec(1250, 3)),
+        ],
+    );
+    for (f, value) in [(&double, "1.75"), (&finer, "1.234")] {
+        let r = fx.engine.process(std::slice::from_ref(f)).await;
+        let e = Fixture::failure(&r, f).to_string();
+        assert!(
+            e.contains("row 1") && e.contains(value) && e.contains("exactly"),
+            "{e}"
+        );
+    }
+    fx.merge_ok(&[exact]).await;
+    assert_eq!(
+        t_rows(
+            &fx,
+            "SELECT CONCAT(CAST(v AS VARCHAR), ' ', CAST(d AS VARCHAR)) FROM t"
+        )
+        .await,
+        vec!["2 1.25"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csv_text_that_a_decimal_column_cannot_hold_fails() {
+    let fx = Fixture::new(
+        r#"
+[[table]]
+name = "t"
+source = "raw/t/"
+target = "curated/t"
+primary_key = ["id"]
+format = "csv"
+[table.csv]
+header = true
+columns = [{ name = "id", type = "int64" }, { name = "amount", type = "decimal(10,2)" }]
+"#,
+    );
+    let bad = fx.put_raw("t", "LOAD00000001.csv", b"id,amount\n1,1.10\n2,3.333\n");
+    let r = fx.engine.process(std::slice::from_ref(&bad)).await;
+    let e = Fixture::failure(&r, &bad).to_string();
+    assert!(
+        e.contains("row 2, column `amount`") && e.contains("3.333"),
+        "{e}"
+    );
+    let good = fx.put_raw("t", "LOAD00000002.csv", b"id,amount\n1,1.10\n2,3.330\n");
+    fx.merge_ok(&[good]).await;
+    assert_eq!(
+        t_rows(&fx, "SELECT CAST(amount AS VARCHAR) FROM t ORDER BY id").await,
+        vec!["1.10", "3.33"]
+    );
+}
+
+// ---- batching ---------------------------------------------------------------------------
+
+/// A file that lacks a column of the table leaves that column as it was, whether it is
+/// merged alone or with a file that has the column (before: NULL in the second case).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_column_means_unchanged_however_files_are_batched() {
+    let setup = |fx: &Fixture| {
+        cdc(
+            fx,
+            "20240101-0000000001.parquet",
+            "I",
+            1,
+            1,
+            vec![("v", ints(&[1])), ("c", strings(&["x"]))],
+        )
+    };
+    let lacks_c = |fx: &Fixture| {
+        cdc(
+            fx,
+            "20240101-0000000003.parquet",
+            "U",
+            3,
+            1,
+            vec![("v", ints(&[2]))],
+        )
+    };
+    let other_key = |fx: &Fixture| {
+        cdc(
+            fx,
+            "20240101-0000000004.parquet",
+            "I",
+            4,
+            2,
+            vec![("v", ints(&[9])), ("c", strings(&["y"]))],
+        )
+    };
+    let earlier_c = |fx: &Fixture| {
+        cdc(
+            fx,
+            "20240101-0000000002.parquet",
+            "U",
+            2,
+            1,
+            vec![("v", ints(&[5])), ("c", strings(&["z"]))],
+        )
+    };
+    let sql = "SELECT CONCAT(CAST(id AS VARCHAR), ':', CAST(v AS VARCHAR), ':', COALESCE(c, 'NULL')) FROM t ORDER BY id";
+    // alone, then with another file that has the column
+    let alone = Fixture::new(T_TABLE);
+    alone.merge_ok(&[setup(&alone)]).await;
+    alone.merge_ok(&[lacks_c(&alone)]).await;
+    alone.merge_ok(&[other_key(&alone)]).await;
+    let together = Fixture::new(T_TABLE);
+    together.merge_ok(&[setup(&together)]).await;
+    together
+        .merge_ok(&[lacks_c(&together), other_key(&together)])
+        .await;
+    let want = vec!["1:2:x".to_string(), "2:9:y".to_string()];
+    assert_eq!(t_rows(&alone, sql).await, want);
+    assert_eq!(t_rows(&together, sql).await, want);
+    // an earlier change in the same batch sets the column, the later one keeps it
+    let chain = Fixture::new(T_TABLE);
+    chain.merge_ok(&[setup(&chain)]).await;
+    chain.merge_ok(&[lacks_c(&chain), earlier_c(&chain)]).await;
+    assert_eq!(t_rows(&chain, sql).await, vec!["1:2:z"]);
+    // ... unless the table already has a newer change than that earlier one
+    let stale = Fixture::new(T_TABLE);
+    stale.merge_ok(&[setup(&stale)]).await;
+    stale.merge_ok(&[lacks_c(&stale)]).await;
+    stale.merge_ok(&[lacks_c(&stale), earlier_c(&stale)]).await;
+    assert_eq!(t_rows(&stale, sql).await, vec!["1:2:x"]);
+}
+
+/// A delete then a re-insert without the column, in one batch: the column starts empty
+/// (as merged one by one), instead of keeping the deleted row's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reinsert_after_a_delete_in_one_batch_starts_without_the_old_value() {
+    let fx = Fixture::new(T_TABLE);
+    fx.merge_ok(&[cdc(
+        &fx,
+        "20240101-0000000001.parquet",
+        "I",
+        1,
+        1,
+        vec![("v", ints(&[1])), ("c", strings(&["x"]))],
+    )])
+    .await;
+    let del = cdc(
+        &fx,
+        "20240101-0000000002.parquet",
+        "D",
+        2,
+        1,
+        vec![("v", ints(&[1])), ("c", strings(&["x"]))],
+    );
+    let ins = cdc(
+        &fx,
+        "20240101-0000000003.parquet",
+        "I",
+        3,
+        1,
+        vec![("v", ints(&[3]))],
+    );
+    fx.merge_ok(&[ins, del]).await;
+    assert_eq!(
+        t_rows(
+            &fx,
+            "SELECT CONCAT(CAST(v AS VARCHAR), ':', COALESCE(c, 'NULL')) FROM t"
+        )
+        .await,
+        vec!["3:NULL"]
+    );
+}
+
+/// Sequence values of different types name the same instants the same way (before: a
+/// timestamp compared with an ISO string by its text, and the older change won).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_values_of_different_types_order_by_their_instant() {
+    let fx = Fixture::new(T_TABLE);
+    let micros = |s: i64| 1_704_067_200_000_000 + s * 1_000_000; // 2024-01-01 00:00:00 UTC
+    let typed = fx.put_batch(
+        "t",
+        "20240101-0000000001.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            (
+                "ts",
+                Arc::new(TimestampMicrosecondArray::from(vec![micros(5)]).with_timezone("+02:00")),
+            ),
+            ("id", ints(&[1])),
+            ("v", ints(&[5])),
+        ]),
+    );
+    let iso_older = fx.put_batch(
+        "t",
+        "20240101-0000000002.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("ts", strings(&["2024-01-01T00:00:04Z"])),
+            ("id", ints(&[1])),
+            ("v", ints(&[4])),
+        ]),
+    );
+    let dms_newer = fx.put_batch(
+        "t",
+        "20240101-0000000003.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("ts", strings(&["2024-01-01 00:00:06.000000"])),
+            ("id", ints(&[2])),
+            ("v", ints(&[6])),
+        ]),
+    );
+    fx.merge_ok(&[typed]).await;
+    fx.merge_ok(&[iso_older]).await;
+    fx.merge_ok(&[dms_newer]).await;
+    assert_eq!(
+        t_rows(&fx, "SELECT CAST(v AS VARCHAR) FROM t ORDER BY id").await,
+        vec!["5", "6"]
+    );
+    // an integer sequence where the table orders by timestamps cannot be compared: refused
+    let int_seq = fx.put_batch(
+        "t",
+        "20240101-0000000004.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("ts", ints(&[99])),
+            ("id", ints(&[1])),
+            ("v", ints(&[7])),
+        ]),
+    );
+    let r = fx.engine.process(std::slice::from_ref(&int_seq)).await;
+    let e = Fixture::failure(&r, &int_seq).to_string();
+    assert!(e.contains("integer") && e.contains("timestamp"), "{e}");
+}
+
+// ---- files that used to be skipped -------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_compressed_csv_is_read_and_a_corrupt_one_fails() {
+    use std::io::Write;
+    let fx = Fixture::new(
+        r#"
+[[table]]
+name = "t"
+source = "raw/t/"
+target = "curated/t"
+primary_key = ["id"]
+format = "csv"
+[table.csv]
+header = false
+columns = [{ name = "id", type = "int64" }, { name = "v", type = "string" }]
+"#,
+    );
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(b"1,one\n2,two\n").unwrap();
+    let load = fx.put_raw("t", "LOAD00000001.csv.gz", &gz.finish().unwrap());
+    let r = fx.merge_ok(std::slice::from_ref(&load)).await;
+    assert!(matches!(r.files[0].status, FileStatus::Merged { .. }));
+    assert_eq!(
+        t_rows(&fx, "SELECT v FROM t ORDER BY id").await,
+        vec!["one", "two"]
+    );
+    let broken = fx.put_raw("t", "20240101-0000000001.csv.gz", b"\x1f\x8b\x08 not gzip");
+    let r = fx.engine.process(std::slice::from_ref(&broken)).await;
+    let e = Fixture::failure(&r, &broken).to_string();
+    assert!(e.contains("gzip"), "{e}");
+}
+
+/// Keys with `%` (a literal percent sign in an S3 key) are read, listed and merged; so are
+/// files under a source folder with `%` in its name (before: "not found" / "ignored").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn percent_signs_in_keys_and_source_folders_are_not_decoded_twice() {
+    let fx = Fixture::new(&T_TABLE.replace("raw/t/", "raw/100%25 t/"));
+    let file = batch(vec![
+        ("Op", strings(&["I"])),
+        ("ts", strings(&[&ts(1)])),
+        ("id", ints(&[1])),
+    ]);
+    let a = fx.put_batch("100%25 t", "2024%2001.parquet", &file);
+    assert!(fx.path("raw/100%25 t/2024%2001.parquet").is_file());
+    let mut prefix = fx.url("raw/100%25 t");
+    prefix.set_path(&format!("{}/", prefix.path()));
+    let listed = fx.engine.storage().list(&prefix).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    let r = fx.merge_ok(&listed).await;
+    assert!(
+        matches!(r.files[0].status, FileStatus::Merged { .. }),
+        "{:?}",
+        r.files
+    );
+    let r = fx.merge_ok(&[a]).await;
+    assert!(matches!(r.files[0].status, FileStatus::Merged { .. }));
+    assert_eq!(
+        t_rows(&fx, "SELECT CAST(id AS VARCHAR) FROM t").await,
+        vec!["1"]
+    );
+}
+
+// ---- names and keys ---------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_names_duplicate_columns_and_nan_keys_are_refused() {
+    let fx = Fixture::new(T_TABLE);
+    let internal = cdc(
+        &fx,
+        "20240101-0000000001.parquet",
+        "I",
+        1,
+        1,
+        vec![("_tributary_op", strings(&["x"]))],
+    );
+    let dup = cdc(
+        &fx,
+        "20240101-0000000002.parquet",
+        "I",
+        2,
+        2,
+        vec![("v", ints(&[1])), ("V", ints(&[2]))],
+    );
+    let r = fx.engine.process(&[internal.clone(), dup.clone()]).await;
+    let e = Fixture::failure(&r, &internal);
+    assert!(
+        e.to_string().contains("`_tributary_op`") && e.kind() == "bad_input",
+        "{e}"
+    );
+    let e = Fixture::failure(&r, &dup).to_string();
+    assert!(e.contains("two columns"), "{e}");
+
+    let fx = Fixture::new(&T_TABLE.replace("[\"id\"]", "[\"k\"]"));
+    let f = |name: &str, k: f64, v: i64, t: u32| {
+        fx.put_batch(
+            "t",
+            name,
+            &batch(vec![
+                ("Op", strings(&["U"])),
+                ("ts", strings(&[&ts(t)])),
+                ("k", Arc::new(Float64Array::from(vec![k]))),
+                ("v", ints(&[v])),
+            ]),
+        )
+    };
+    let nan = f("20240101-0000000001.parquet", f64::NAN, 1, 1);
+    let r = fx.engine.process(std::slice::from_ref(&nan)).await;
+    assert!(Fixture::failure(&r, &nan).to_string().contains("NaN"));
+    fx.merge_ok(&[f("20240101-0000000002.parquet", 0.0, 1, 2)])
+        .await;
+    fx.merge_ok(&[f("20240101-0000000003.parquet", -0.0, 2, 3)])
+        .await;
+    assert_eq!(
+        t_rows(&fx, "SELECT CAST(v AS VARCHAR) FROM t").await,
+        vec!["2"],
+        "0.0 and -0.0 are one key"
+    );
+}
+
+// ---- partitions -------------------------------------------------------------------------
+
+const PARTITIONED: &str = r#"
+[[table]]
+name = "t"
+source = "raw/t/"
+target = "curated/t"
+primary_key = ["id"]
+partition_by = ["p"]
+sequence_by = ["ts"]
+drop_columns = ["ts"]
+"#;
+
+/// NULL partitions (integer and string) are compacted and maintained; values with
+/// characters Hive escapes keep exact manifests through merges and maintenance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_values_with_nulls_and_special_characters_are_maintained() {
+    let int_part = Fixture::new(PARTITIONED);
+    for i in 1..=3 {
+        let p: ArrayRef = Arc::new(Int32Array::from(vec![if i < 3 { None } else { Some(7) }]));
+        int_part
+            .merge_ok(&[cdc(
+                &int_part,
+                &format!("20240101-000000000{i}.parquet"),
+                "I",
+                i,
+                i as i64,
+                vec![("p", p)],
+            )])
+            .await;
+    }
+    let r = maintain(&int_part)
+        .await
+        .expect("maintenance with a NULL integer partition");
+    assert_eq!(r.files_compacted, 2, "{r:?}");
+    assert_exact_manifests(&int_part).await;
+
+    let str_part = Fixture::new(PARTITIONED);
+    let values = [
+        None,
+        None,
+        Some("a/b"),
+        Some("x=y"),
+        Some("50%"),
+        Some("what?#1"),
+        Some("a/b"),
+    ];
+    for (i, v) in values.iter().enumerate() {
+        let p: ArrayRef = Arc::new(tributary::deltalake::arrow::array::StringArray::from(vec![
+            *v,
+        ]));
+        str_part
+            .merge_ok(&[cdc(
+                &str_part,
+                &format!("20240101-00000000{i:02}.parquet"),
+                "I",
+                i as u32,
+                i as i64,
+                vec![("p", p)],
+            )])
+            .await;
+    }
+    assert_exact_manifests(&str_part).await;
+    let r = maintain(&str_part).await.unwrap();
+    assert_eq!(
+        r.files_compacted, 4,
+        "the NULL and the a/b partitions: {r:?}"
+    );
+    assert_eq!(r.manifests_deleted, 0, "{r:?}");
+    assert_exact_manifests(&str_part).await;
+    let t = delta::open(&str_part.url("curated/t"), &Default::default())
+        .await
+        .unwrap();
+    let folders: Vec<String> = manifest::read_manifests(str_part.engine.storage(), &t)
+        .await
+        .unwrap()
+        .into_keys()
+        .collect();
+    assert_eq!(
+        folders,
+        vec![
+            "p=50%25",
+            "p=__HIVE_DEFAULT_PARTITION__",
+            "p=a%2Fb",
+            "p=what%3F%231",
+            "p=x%3Dy"
+        ]
+    );
+    assert_eq!(
+        t_rows(&str_part, "SELECT COALESCE(p, 'NULL') FROM t ORDER BY id").await,
+        vec!["NULL", "NULL", "a/b", "x=y", "50%", "what?#1", "a/b"]
+    );
+}
+
+/// An empty-string partition value is NULL for Delta: the protocol serialises both as an
+/// empty partition value (Spark, Athena and Trino read NULL; delta-rs's own reader shows "").
+/// tributary follows the protocol: the manifest folder is Hive's NULL folder. Documented in
+/// docs/configuration.md; this pins it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_string_partition_value_is_stored_as_null() {
+    let fx = Fixture::new(PARTITIONED);
+    fx.merge_ok(&[cdc(
+        &fx,
+        "20240101-0000000001.parquet",
+        "I",
+        1,
+        1,
+        vec![("p", strings(&[""]))],
+    )])
+    .await;
+    let log = std::fs::read_dir(fx.path("curated/t/_delta_log"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
+        .collect::<String>();
+    assert!(
+        log.contains(r#""partitionValues":{"p":null}"#)
+            || log.contains(r#""partitionValues":{"p":""}"#),
+        "{log}"
+    );
+    let t = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .unwrap();
+    let folders: Vec<String> = manifest::read_manifests(fx.engine.storage(), &t)
+        .await
+        .unwrap()
+        .into_keys()
+        .collect();
+    assert_eq!(folders, vec!["p=__HIVE_DEFAULT_PARTITION__"]);
+}
+
+async fn assert_exact_manifests(fx: &Fixture) {
+    let t = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .unwrap();
+    let got = manifest::read_manifests(fx.engine.storage(), &t)
+        .await
+        .unwrap();
+    let want = manifest::expected_manifests(&t).unwrap();
+    assert_eq!(got, want);
+    for uris in got.values() {
+        for u in uris {
+            let path = url::Url::parse(u).unwrap().to_file_path().unwrap();
+            assert!(path.is_file(), "manifest lists {u}, which does not exist");
+        }
+    }
+}
+
+// ---- tombstone horizon --------------------------------------------------------------------
+
+/// Once maintenance has expired tombstones, a file written before the horizon is refused
+/// (it could revive a row whose delete was forgotten); newer files still merge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_older_than_the_tombstone_horizon_are_refused() {
+    let fx = Fixture::new(&T_TABLE.replace(
+        "drop_columns",
+        "tombstone_retention_days = 0.00001\ndrop_columns",
+    ));
+    fx.merge_ok(&[cdc(&fx, "20240101-0000000001.parquet", "I", 1, 1, vec![])])
+        .await;
+    fx.merge_ok(&[cdc(&fx, "20240101-0000000002.parquet", "D", 2, 1, vec![])])
+        .await;
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let r = maintain(&fx).await.unwrap();
+    assert_eq!(r.tombstones_expired, 1, "{r:?}");
+    let t = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .unwrap();
+    let horizon = delta::props(&t)
+        .tombstone_horizon
+        .expect("horizon recorded");
+    let age = chrono::Utc::now() - horizon;
+    assert!(
+        age > chrono::Duration::zero() && age < chrono::Duration::seconds(60),
+        "{horizon}"
+    );
+    // the insert again (a late re-delivery): its tombstone is gone, so it is refused
+    let late = cdc(&fx, "20240101-0000000001.parquet", "I", 1, 1, vec![]);
+    let r = fx.engine.process(std::slice::from_ref(&late)).await;
+    let e = Fixture::failure(&r, &late);
+    assert_eq!(e.kind(), "too_late", "{e}");
+    assert!(t_rows(&fx, "SELECT CAST(id AS VARCHAR) FROM t")
+        .await
+        .is_empty());
+    fx.merge_ok(&[cdc(&fx, "20990101-0000000001.parquet", "I", 9, 2, vec![])])
+        .await;
+}
+
+/// The default tombstone retention outlasts everything the template lets a message wait.
+#[test]
+fn default_tombstone_retention_outlasts_the_templates_queues() {
+    let template =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).unwrap();
+    let waits: Vec<u64> = template
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("MessageRetentionPeriod:"))
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    assert_eq!(waits.len(), 2, "queue and dead-letter queue");
+    let config = tributary::Config::from_toml(T_TABLE, "t", None).unwrap();
+    let retention = config.tables[0].tombstone_retention.as_secs();
+    // a message waits at most its queue's retention, and again as long after a DLQ redrive
+    assert!(
+        retention > waits.iter().sum::<u64>(),
+        "{retention} vs {waits:?}"
+    );
+}

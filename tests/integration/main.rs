@@ -1,0 +1,16 @@
+//! The integration tests of tributary on a local store, as one test binary (each binary
+//! links deltalake and DataFusion: one link instead of several saves minutes per build).
+//!
+//! - `merge`: the merge engine on hand-written DMS files;
+//! - `convergence`: random histories delivered shuffled, duplicated and concurrently;
+//! - `integrity`: regressions of the data-integrity edges (types, batching, skipped files…);
+//! - `types`: property test of the readers and type coercion;
+//! - `reload`: DMS table reloads;
+//! - `maintenance`: compaction, vacuum, tombstones, manifests, maintenance racing merges.
+
+mod convergence;
+mod integrity;
+mod maintenance;
+mod merge;
+mod reload;
+mod types;

@@ -1,0 +1,1 @@
+//! Property test of the readers and type coercion.
