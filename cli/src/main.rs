@@ -1,6 +1,40 @@
 //! `tributary`: run the seed demo on a local folder, or replay/backfill DMS files.
 
 use std::path::{Path, PathBuf};
+
+/// Lines on stdout / stderr that a closed pipe (`tributary ... | head`) does not abort:
+/// the output stops, the work goes on, and the exit code still says how the work went.
+mod output {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+    static STDERR_CLOSED: AtomicBool = AtomicBool::new(false);
+
+    pub fn out(args: std::fmt::Arguments<'_>) {
+        if !STDOUT_CLOSED.load(Ordering::Relaxed)
+            && writeln!(std::io::stdout().lock(), "{args}").is_err()
+        {
+            STDOUT_CLOSED.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub fn err(args: std::fmt::Arguments<'_>) {
+        if !STDERR_CLOSED.load(Ordering::Relaxed)
+            && writeln!(std::io::stderr().lock(), "{args}").is_err()
+        {
+            STDERR_CLOSED.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+macro_rules! out {
+    ($($t:tt)*) => { output::out(format_args!($($t)*)) };
+}
+
+macro_rules! err {
+    ($($t:tt)*) => { output::err(format_args!($($t)*)) };
+}
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -20,7 +54,7 @@ struct Cli {
     #[arg(
         long,
         global = true,
-        default_value = "warn,tributary=off,deltalake_core::operations::merge=error,buoyant_kernel::snapshot::builder=off"
+        default_value = tributary::CLI_LOG_FILTER
     )]
     log: String,
     #[command(subcommand)]
@@ -68,6 +102,17 @@ enum Command {
         #[arg(long, default_value_t = 20_000)]
         rows: i32,
     },
+    /// Apply a DMS table reload (a new full load written over the LOAD files) as a whole: the
+    /// new full load plus the changes since it started, deleting rows it no longer has, in
+    /// one commit. Run it once DMS reports the table's reload complete; then redrive the
+    /// dead-letter queue (the merge function refuses the reload's files until then).
+    Reload {
+        /// Table configuration (path or s3:// URI).
+        #[arg(long)]
+        config: String,
+        /// The table to reload.
+        table: String,
+    },
     /// Maintain tables: compact small files, checkpoint, vacuum, expire tombstones and
     /// regenerate the symlink manifests (what the maintenance function does on schedule).
     Maintain {
@@ -87,7 +132,7 @@ async fn main() -> std::process::ExitCode {
     match run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            err!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
@@ -98,6 +143,7 @@ async fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
         Command::Demo {
@@ -116,6 +162,7 @@ async fn run() -> Result<()> {
             force,
             tables,
         } => run_maintain(&config, force, &tables).await,
+        Command::Reload { config, table } => run_reload(&config, &table).await,
     }
 }
 
@@ -168,11 +215,11 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
                 FileStatus::Merged { .. } => merged += 1,
                 FileStatus::Ignored { reason } => {
                     ignored += 1;
-                    eprintln!("ignored {}: {reason}", storage::display(&f.file));
+                    err!("ignored {}: {reason}", storage::display(&f.file));
                 }
                 FileStatus::Failed { error, .. } => {
                     failed += 1;
-                    eprintln!(
+                    err!(
                         "FAILED {} ({}, {}): {error}",
                         storage::display(&f.file),
                         error.kind(),
@@ -186,7 +233,7 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
             }
         }
         for t in &report.tables {
-            println!(
+            out!(
                 "{}: v{} files={} inserted={} updated={} deleted={} skipped_stale={} ({} ms)",
                 t.table,
                 t.version
@@ -201,7 +248,7 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
             );
         }
     }
-    println!("{merged} merged, {ignored} ignored, {failed} failed");
+    out!("{merged} merged, {ignored} ignored, {failed} failed");
     if failed > 0 {
         bail!("{failed} file(s) could not be merged (they are unchanged; fix and replay them)");
     }
@@ -219,7 +266,7 @@ async fn run_seed(dir: &Path, rows: i32) -> Result<()> {
         std::fs::create_dir_all(path.parent().context("file path has a parent")?)?;
         std::fs::write(&path, demo::to_parquet(&f.batch)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
-        println!(
+        out!(
             "{:<60} {}",
             format!(
                 "s3://{}/{}{}",
@@ -233,11 +280,33 @@ async fn run_seed(dir: &Path, rows: i32) -> Result<()> {
     std::fs::create_dir_all(dir.join("tributary-curated"))?;
     let config = dir.join("tributary.toml");
     std::fs::write(&config, demo::S3_CONFIG)?;
-    println!(
+    out!(
         "config: {} (s3:// locations; run the functions with TRIBUTARY_LOCAL_S3_ROOT={})",
         config.display(),
         dir.display()
     );
+    Ok(())
+}
+
+async fn run_reload(config: &str, table: &str) -> Result<()> {
+    let engine = Engine::from_config_location(config).await?;
+    let r = tributary::reload::reload(&engine, table).await?;
+    out!(
+        "{}: generation {} (full load written from {}): {} full-load files, {} CDC files since; v{} inserted={} updated={} deleted={} ({} ms)",
+        r.table,
+        r.generation,
+        r.started.to_rfc3339(),
+        r.load_files,
+        r.cdc_files,
+        r.merge.version.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+        r.merge.inserted,
+        r.merge.updated,
+        r.merge.deleted,
+        r.merge.duration_ms
+    );
+    for f in &r.earlier_load_files {
+        err!("not part of the reload (an earlier load's file, not rewritten): {f}");
+    }
     Ok(())
 }
 
@@ -246,6 +315,7 @@ async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()
     let request = tributary::maintenance::Request {
         tables: tables.to_vec(),
         force,
+        reload: None,
     };
     let summary = tributary::maintenance::handle(&engine, &request)
         .await
@@ -254,7 +324,7 @@ async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()
         print_maintenance(m, "");
     }
     for (t, e) in &summary.failed {
-        eprintln!("FAILED {t}: {e}");
+        err!("FAILED {t}: {e}");
     }
     if !summary.failed.is_empty() {
         bail!("maintenance failed for {} table(s)", summary.failed.len());
@@ -264,10 +334,10 @@ async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()
 
 fn print_maintenance(m: &tributary::maintenance::MaintenanceReport, indent: &str) {
     if let Some(why) = &m.skipped {
-        println!("{indent}{}: skipped ({why})", m.table);
+        out!("{indent}{}: skipped ({why})", m.table);
         return;
     }
-    println!(
+    out!(
         "{indent}{}: files {} → {} ({} → {} bytes); {} partitions compacted, {} skipped; checkpoint at v{}; {} files vacuumed; {} tombstones expired; manifests: {} written, {} deleted ({} ms)",
         m.table,
         m.files_before,
@@ -303,11 +373,11 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
     let engine = Engine::new(config);
     let table_cfg = &engine.config().tables[0];
 
-    println!("tributary demo in {}", dir.display());
-    println!("  config: {}", config_path.display());
+    out!("tributary demo in {}", dir.display());
+    out!("  config: {}", config_path.display());
     let scenario = demo::seed_scenario(2022, rows, new_rows, 2)?;
     let raw_root = dir.join("raw").join(demo::SOURCE_PREFIX);
-    println!(
+    out!(
         "\n1. DMS lands {} files under {}:",
         scenario.files.len(),
         raw_root.display()
@@ -319,11 +389,11 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
             .storage()
             .put(&url, demo::to_parquet(&f.batch)?)
             .await?;
-        println!("   {:<42} {}", f.path, f.description);
+        out!("   {:<42} {}", f.path, f.description);
         urls.push(url);
     }
 
-    println!("\n2. Each file is merged as its S3 event would be (one invocation per file):");
+    out!("\n2. Each file is merged as its S3 event would be (one invocation per file):");
     for (f, url) in scenario.files.iter().zip(&urls) {
         let t0 = Instant::now();
         let report = engine.process(std::slice::from_ref(url)).await;
@@ -334,7 +404,7 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
             }
         }
         for t in &report.tables {
-            println!(
+            out!(
                 "   {:<42} v{:<2} +{} ~{} -{} ({} ms)",
                 f.path,
                 t.version.unwrap_or_default(),
@@ -346,11 +416,11 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
         }
     }
 
-    println!("\n3. Every event delivered again, all at once (at-least-once delivery):");
+    out!("\n3. Every event delivered again, all at once (at-least-once delivery):");
     let t0 = Instant::now();
     let report = engine.process(&urls).await;
     for t in &report.tables {
-        println!(
+        out!(
             "   {} files in one call: inserted={} updated={} deleted={} skipped_stale={}; table still at v{} ({} ms)",
             t.files,
             t.inserted,
@@ -363,15 +433,15 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
     }
 
     let table = delta::open(&table_cfg.target, engine.storage_options()).await?;
-    println!("\n4. SELECT destination, count(*) FROM travel_details GROUP BY destination:");
+    out!("\n4. SELECT destination, count(*) FROM travel_details GROUP BY destination:");
     let batches = delta::query(
         &table,
         "SELECT destination, count(*) AS count FROM t GROUP BY destination ORDER BY destination",
     )
     .await?;
-    println!("{}", indent(&pretty_format_batches(&batches)?.to_string()));
+    out!("{}", indent(&pretty_format_batches(&batches)?.to_string()));
     let total = delta::query(&table, "SELECT count(*) AS rows, count(DISTINCT trip_id) AS trips, max(trip_id) AS max_trip_id FROM t").await?;
-    println!("{}", indent(&pretty_format_batches(&total)?.to_string()));
+    out!("{}", indent(&pretty_format_batches(&total)?.to_string()));
 
     // Compare with the source database's true state, row by row.
     let rows_now = delta::query(
@@ -418,7 +488,7 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
         })
         .collect();
     if table_rows == source_rows {
-        println!(
+        out!(
             "   The Delta table equals the source table: {} rows, no Miami, no Los Angeles.",
             source_rows.len()
         );
@@ -430,11 +500,11 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
         );
     }
 
-    println!("\n5. Table history (DESCRIBE HISTORY):");
+    out!("\n5. Table history (DESCRIBE HISTORY):");
     let latest = table.version().unwrap_or(0);
     let history = table_history(&table).await?;
     for (i, (op, files, ts)) in history.iter().enumerate() {
-        println!(
+        out!(
             "   v{:<3} {:<24} {:<10} {}",
             latest.saturating_sub(i as u64),
             ts,
@@ -446,12 +516,12 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
     let mut v0 = v0;
     v0.load_version(0).await?;
     let c = delta::query(&v0, "SELECT count(*) AS rows FROM t").await?;
-    println!("\n   Time travel: version 0 (table creation) has {} rows; version 2 (full load) has {} rows.", count(&c), {
+    out!("\n   Time travel: version 0 (table creation) has {} rows; version 2 (full load) has {} rows.", count(&c), {
         let mut v2 = delta::open(&table_cfg.target, engine.storage_options()).await?;
         v2.load_version(2).await?;
         count(&delta::query(&v2, "SELECT count(*) AS rows FROM t").await?)
     });
-    println!("\n6. Maintenance (what the scheduled function does): compaction, checkpoint, vacuum, manifests");
+    out!("\n6. Maintenance (what the scheduled function does): compaction, checkpoint, vacuum, manifests");
     let summary = tributary::maintenance::handle(&engine, &Default::default())
         .await
         .map_err(anyhow::Error::msg)?;
@@ -464,7 +534,7 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
     let table = delta::open(&table_cfg.target, engine.storage_options()).await?;
     let manifests = tributary::manifest::read_manifests(engine.storage(), &table).await?;
     let expected = tributary::manifest::expected_manifests(&table)?;
-    println!(
+    out!(
         "   {} partition manifests under _symlink_format_manifest/ ({}), e.g. route_id=A/manifest:",
         manifests.len(),
         if manifests == expected {
@@ -474,11 +544,11 @@ async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
         }
     );
     if let Some(first) = manifests.get("route_id=A").and_then(|m| m.first()) {
-        println!("     {first}");
+        out!("     {first}");
     }
     let c = delta::query(&table, "SELECT count(*) FROM t").await?;
-    println!("   Rows after maintenance: {} (unchanged)", count(&c));
-    println!(
+    out!("   Rows after maintenance: {} (unchanged)", count(&c));
+    out!(
         "\nInspect: {}/curated/travel_details (Delta table), {}/raw (DMS files).",
         dir.display(),
         dir.display()

@@ -102,6 +102,13 @@ pub fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, Inexact> 
         })?;
         return exact_cast(&plain, to);
     }
+    if !same_kind(from, to) {
+        let row = (0..array.len()).find(|&i| array.is_valid(i));
+        return Err(match row {
+            Some(r) => Inexact::at(array.as_ref(), r, "a value of another kind (numbers, text, dates and times, booleans and bytes do not turn into each other, except into text)"),
+            None => return cast_with_options(array, to, &STRICT).map_err(|e| first_failure(array, to, e)),
+        });
+    }
     let out = cast_with_options(array, to, &STRICT).map_err(|e| first_failure(array, to, e))?;
     if let Some(row) = (0..array.len()).find(|&i| array.is_valid(i) && out.is_null(i)) {
         return Err(Inexact::at(
@@ -119,6 +126,45 @@ pub fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, Inexact> 
         Some((row, reason)) => Err(Inexact::at(array.as_ref(), row, reason)),
         None => Ok(out),
     }
+}
+
+/// What a value means, as far as conversions go.
+#[derive(PartialEq, Eq)]
+enum Kind {
+    Number,
+    Text,
+    Time,
+    Bool,
+    Bytes,
+    Other,
+}
+
+fn kind(dt: &DataType) -> Kind {
+    use DataType::*;
+    match dt {
+        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float16 | Float32
+        | Float64 | Decimal32(..) | Decimal64(..) | Decimal128(..) | Decimal256(..) => Kind::Number,
+        Utf8 | LargeUtf8 | Utf8View => Kind::Text,
+        Date32 | Date64 | Timestamp(..) | Time32(_) | Time64(_) => Kind::Time,
+        Boolean => Kind::Bool,
+        Binary | LargeBinary | BinaryView | FixedSizeBinary(_) => Kind::Bytes,
+        Dictionary(_, v) => kind(v),
+        _ => Kind::Other,
+    }
+}
+
+/// Conversions that keep a value's meaning: within a kind, anything to text and text to
+/// anything (parsing), text and bytes both ways. An integer never becomes a date.
+fn same_kind(from: &DataType, to: &DataType) -> bool {
+    let (f, t) = (kind(from), kind(to));
+    f == t
+        || t == Kind::Text
+        || f == Kind::Text
+        || matches!(
+            (&f, &t),
+            (Kind::Bytes, Kind::Text) | (Kind::Text, Kind::Bytes)
+        )
+        || (f == Kind::Other && t == Kind::Other)
 }
 
 fn is_text(dt: &DataType) -> bool {

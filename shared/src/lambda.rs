@@ -13,6 +13,7 @@ pub fn init_tracing() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(crate::LOG_FILTER)),
         )
         .with_current_span(false)
+        .with_ansi(false)
         .without_time()
         .with_target(false)
         .init();

@@ -39,5 +39,13 @@ pub use error::{Error, Result};
 /// Default log filter of the functions: tributary's own `info` lines; `warn` for libraries,
 /// minus delta-rs's per-merge metric warning and the kernel's error line when a table does
 /// not exist yet (tributary creates it; real failures come back as errors and are logged).
+/// delta-rs's transaction module logs handled commit conflicts at ERROR (with a "Help:"
+/// paragraph) and the retries at WARN: tributary logs its own decision instead (conflict,
+/// retry n of m at INFO; giving up at WARN; a failed file at ERROR).
 pub const LOG_FILTER: &str = "warn,tributary=info,tributary_merge=info,tributary_maintenance=info,\
-deltalake_core::operations::merge=error,buoyant_kernel::snapshot::builder=off";
+deltalake_core::operations::merge=error,deltalake_core::kernel::transaction=off,\
+buoyant_kernel::snapshot::builder=off";
+
+/// The CLI's default log filter (stderr): libraries' warnings only.
+pub const CLI_LOG_FILTER: &str = "warn,tributary=off,deltalake_core::operations::merge=error,\
+deltalake_core::kernel::transaction=off,buoyant_kernel::snapshot::builder=off";

@@ -24,7 +24,18 @@ ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
 REGION = "us-east-1"
 CREDS = dict(aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION)
 TIMINGS = []
-TABLES = ["seed", "twice", "reverse", "burst", "bad"]
+TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz"]
+# DMS CSV endpoint (DataFormat=csv, CompressionType=GZIP, no header): files are *.csv.gz.
+CSV_TABLE = """format = "csv"
+[table.csv]
+header = false
+columns = [
+  { name = "update_ts_dms", type = "string" }, { name = "schema_name", type = "string" },
+  { name = "table_name", type = "string" }, { name = "trip_id", type = "int32" },
+  { name = "tstamp", type = "timestamp_ntz" }, { name = "route_id", type = "string" },
+  { name = "destination", type = "string" }, { name = "source_location", type = "string" },
+]
+"""
 
 
 def record_timing(scenario, seconds, detail=""):
@@ -90,7 +101,7 @@ def stack(aws):
         "QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"],
                                  "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "dms/"}]}}}],
     })
-    config = "".join(table_config(raw, curated, t) for t in TABLES)
+    config = "".join(table_config(raw, curated, t, CSV_TABLE if t == "csvgz" else "") for t in TABLES)
     aws.s3.put_object(Bucket=curated, Key="config/tributary.toml", Body=config.encode())
     return SimpleNamespace(raw=raw, curated=curated, queue_url=queue_url, queue_arn=queue_arn,
                            dlq_url=dlq_url, config=f"s3://{curated}/config/tributary.toml")

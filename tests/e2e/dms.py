@@ -2,6 +2,8 @@
 (`travel_details` of the AWS walkthrough) whose statements produce the rows DMS would write,
 and Parquet encoding of full-load and CDC files."""
 
+import csv
+import gzip
 import io
 import random
 from dataclasses import dataclass, field
@@ -44,6 +46,22 @@ def parquet(rows, with_op):
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="snappy")
     return buf.getvalue()
+
+
+CSV_COLUMNS = [f.name for f in SCHEMA]
+
+
+def csv_gz(rows, with_op):
+    """The same rows as DMS writes them with DataFormat=csv, CompressionType=GZIP (no header,
+    `NULL` for nulls, Op first in CDC files): a `.csv.gz` object."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for op, ts, trip_id, row in rows:
+        line = [ts, "delta_emr_source", "travel_details", trip_id,
+                row["tstamp"].strftime("%Y-%m-%d %H:%M:%S"), row["route_id"],
+                row["destination"], row["source_location"]]
+        w.writerow(([op] if with_op else []) + line)
+    return gzip.compress(buf.getvalue().encode())
 
 
 @dataclass

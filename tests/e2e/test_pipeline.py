@@ -127,3 +127,25 @@ def test_scheduled_maintenance_after_merges(aws, stack, poller, functions):
     compacted = sum(r["files_compacted"] for r in reports.values())
     record_timing("maintenance (all tables)", elapsed,
                   f"{compacted} files compacted; " + ", ".join(f"{t}: {reports[t]['files_before']}→{reports[t]['files_after']} files" for t in before))
+
+
+def test_gzip_csv_through_sqs_and_unreadable_files_to_the_dlq(aws, stack, poller):
+    """DMS CSV with CompressionType=GZIP writes *.csv.gz: merged like any file (before: ignored
+    as "not a CSV data file", the SQS message deleted, the changes lost). A file under the
+    table's folder that tributary cannot read is never skipped: it reaches the DLQ."""
+    source = dms.Source(seed=7)
+    load = [(None, "2022-10-25 23:59:59.000000", *r[2:]) for r in source.insert_records(300)]
+    files = [("LOAD00000001.csv.gz", dms.csv_gz(load, False))]
+    files += [(f"2022/10/26/20221026-{i:010d}.csv.gz", dms.csv_gz(source.random_changes(12), True))
+              for i in range(3)]
+    start = time.time()
+    upload(aws, stack, "csvgz", files + [("2022/10/26/notes.txt", b"not a DMS file")])
+    converge(aws, stack, poller, "csvgz", source.state(), "gzip CSV through SQS", start)
+    dead = []
+
+    def notes_dead():
+        for m in aws.sqs.receive_message(QueueUrl=stack.dlq_url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get("Messages", []):
+            dead.append(json.loads(m["Body"])["Records"][0]["s3"]["object"]["key"])
+            aws.sqs.delete_message(QueueUrl=stack.dlq_url, ReceiptHandle=m["ReceiptHandle"])
+        return "dms/csvgz/travel_details/2022/10/26/notes.txt" in dead
+    assert poller.run_until(notes_dead, timeout=120), dead

@@ -227,6 +227,8 @@ fn maintenance_requests_from_events() {
     assert!(r.force);
     let r = maintenance::Request::from_event(&json!({"detail":{"tables":["a","b"]}}));
     assert_eq!(r.tables, vec!["a".to_string(), "b".to_string()]);
+    let r = maintenance::Request::from_event(&json!({"reload":"items"}));
+    assert_eq!(r.reload.as_deref(), Some("items"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,7 +238,7 @@ async fn unknown_table_and_failing_table_are_reported() {
         &fx.engine,
         &maintenance::Request {
             tables: vec!["nope".into()],
-            force: false,
+            ..Default::default()
         },
     )
     .await

@@ -440,11 +440,13 @@ pub struct Request {
     /// Tables to maintain; empty = all configured tables.
     pub tables: Vec<String>,
     pub force: bool,
+    /// Apply this table's DMS reload (`{"reload": "table"}`) instead of maintaining.
+    pub reload: Option<String>,
 }
 
 impl Request {
-    /// Read `table` / `tables` / `force` from the event or its `detail` (scheduled events,
-    /// EventBridge Scheduler input, or a manual invoke).
+    /// Read `table` / `tables` / `force` / `reload` from the event or its `detail`
+    /// (scheduled events, EventBridge Scheduler input, or a manual invoke).
     pub fn from_event(event: &serde_json::Value) -> Request {
         let mut r = Request::default();
         for v in [Some(event), event.get("detail")].into_iter().flatten() {
@@ -458,6 +460,9 @@ impl Request {
             if v.get("force").and_then(|f| f.as_bool()) == Some(true) {
                 r.force = true;
             }
+            if let Some(t) = v.get("reload").and_then(|t| t.as_str()) {
+                r.reload = Some(t.to_string());
+            }
         }
         r.tables.dedup();
         r
@@ -470,6 +475,9 @@ pub struct Summary {
     pub maintained: Vec<MaintenanceReport>,
     /// (table, error) of tables that failed.
     pub failed: Vec<(String, String)>,
+    /// What a `reload` request did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reloaded: Option<crate::reload::ReloadReport>,
 }
 
 impl Summary {
@@ -497,6 +505,17 @@ pub async fn handle(
     engine: &crate::Engine,
     request: &Request,
 ) -> std::result::Result<Summary, String> {
+    if let Some(table) = &request.reload {
+        let mut s = Summary::default();
+        match crate::reload::reload(engine, table).await {
+            Ok(r) => s.reloaded = Some(r),
+            Err(e) => {
+                tracing::error!(table = %table, error = %e, kind = e.kind(), "reload failed");
+                s.failed.push((table.clone(), e.to_string()));
+            }
+        }
+        return Ok(s);
+    }
     let run = run(
         engine.config(),
         engine.storage(),

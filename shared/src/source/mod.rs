@@ -444,8 +444,10 @@ fn order_keys(
     Ok((keys, kinds))
 }
 
-/// Curated columns, converted exactly to the table's types (or to Delta types for columns
-/// the table does not have).
+/// Curated columns, converted exactly to their Delta types, then to the table's types where
+/// the table has the column. Always by way of the Delta type, so that a value reaches the
+/// table the same way whether the table had the column when the file was read or a file of
+/// the same batch created it (`plan::admit`).
 fn curated_columns(
     file: &str,
     raw: &RecordBatch,
@@ -459,20 +461,22 @@ fn curated_columns(
         if !cfg.keeps_column(f.name()) {
             continue;
         }
+        let delta = coerce::delta_type(f.data_type()).ok_or_else(|| {
+            Error::bad_input(
+                file,
+                Location::Column(f.name().clone()),
+                format!(
+                    "type {} has no Delta Lake equivalent; drop the column with `drop_columns`",
+                    f.data_type()
+                ),
+            )
+        })?;
+        let mut c = convert(file, f.name(), raw.column(i), &delta)?;
         let target = match table_schema.and_then(|s| s.field_with_name(f.name()).ok()) {
             Some(tf) => tf.data_type().clone(),
-            None => coerce::delta_type(f.data_type()).ok_or_else(|| {
-                Error::bad_input(
-                    file,
-                    Location::Column(f.name().clone()),
-                    format!(
-                        "type {} has no Delta Lake equivalent; drop the column with `drop_columns`",
-                        f.data_type()
-                    ),
-                )
-            })?,
+            None => delta,
         };
-        let mut c = convert(file, f.name(), raw.column(i), &target)?;
+        c = convert(file, f.name(), &c, &target)?;
         if cfg.primary_key.contains(f.name()) {
             c = normalize_zero(c);
         }

@@ -1,0 +1,62 @@
+//! The `tributary` command as a user runs it.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn tributary(args: &[&str], dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tributary"));
+    c.args(args).current_dir(dir);
+    c
+}
+
+/// `tributary merge … | head` closes stdout early: the command must keep merging every
+/// batch and exit 0 (before: a panic on the broken pipe, exit 101, remaining batches
+/// skipped).
+#[test]
+fn a_closed_stdout_does_not_stop_the_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = tributary(
+        &["demo", "--dir", "d", "--rows", "40", "--new-rows", "5"],
+        dir.path(),
+    )
+    .stdout(Stdio::null())
+    .status()
+    .unwrap();
+    assert!(demo.success());
+    std::fs::remove_dir_all(dir.path().join("d/curated")).unwrap();
+    let mut child = tributary(
+        &[
+            "merge",
+            "--config",
+            "d/tributary.toml",
+            "--batch",
+            "1",
+            "d/raw/",
+        ],
+        dir.path(),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    drop(child.stdout.take()); // the reader goes away before the first line
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every file was applied: merging them again changes nothing.
+    let again = tributary(
+        &["merge", "--config", "d/tributary.toml", "d/raw/"],
+        dir.path(),
+    )
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success(), "{text}");
+    assert!(text.contains("inserted=0 updated=0 deleted=0"), "{text}");
+    assert!(!text.contains("inserted=1"), "{text}");
+    assert!(text.contains(" 0 failed"), "{text}");
+}
