@@ -756,3 +756,77 @@ fn default_tombstone_retention_outlasts_the_templates_queues() {
         "{retention} vs {waits:?}"
     );
 }
+
+// ---- logs ---------------------------------------------------------------------------------
+
+/// A buffer the log lines of a test go to.
+#[derive(Clone, Default)]
+struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Commit conflicts that the engine retries are INFO lines of tributary's, not delta-rs's
+/// ERROR "conflict detected … Help:" (which trips log-based alarms for events that succeed).
+#[test]
+fn handled_commit_conflicts_are_not_logged_as_errors() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(tributary::LOG_FILTER))
+        .with_writer(move || writer.clone())
+        .finish();
+    let fx =
+        Fixture::new(&T_TABLE.replace("drop_columns", "max_commit_attempts = 100\ndrop_columns"));
+    let files: Vec<url::Url> = (0..8)
+        .map(|i| {
+            cdc(
+                &fx,
+                &format!("20240101-{i:010}.parquet"),
+                "U",
+                i as u32,
+                1,
+                vec![("v", ints(&[i]))],
+            )
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        rt.block_on(async {
+            fx.merge_ok(&files[..1]).await;
+            let tasks: Vec<_> = files[1..]
+                .iter()
+                .map(|f| {
+                    let engine = fx.another_engine();
+                    let f = f.clone();
+                    async move { engine.process(&[f]).await }
+                })
+                .collect();
+            for r in futures::future::join_all(tasks).await {
+                assert_eq!(r.failures().count(), 0);
+            }
+        })
+    });
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.contains("commit conflict with a concurrent writer"),
+        "no conflict happened: {text}"
+    );
+    assert!(!text.contains("\"level\":\"ERROR\""), "{text}");
+    assert!(!text.contains("Help:"), "{text}");
+    assert_eq!(
+        rt.block_on(t_rows(&fx, "SELECT CAST(v AS VARCHAR) FROM t")),
+        vec!["7"]
+    );
+}
