@@ -297,6 +297,49 @@ mod tests {
     }
 
     #[test]
+    fn retryability_follows_the_source_error() {
+        use deltalake::datafusion::error::DataFusionError;
+        use deltalake::ObjectStoreError;
+        let transient = || ObjectStoreError::Generic {
+            store: "S3",
+            source: "connection reset".into(),
+        };
+        let missing = || ObjectStoreError::NotFound {
+            path: "k".into(),
+            source: "no such key".into(),
+        };
+        assert!(Error::storage("s3://b/k", transient()).is_retryable());
+        assert!(!Error::storage("s3://b/k", missing()).is_retryable());
+        let df = |e| Error::datafusion("scan", e);
+        assert!(df(DataFusionError::ObjectStore(Box::new(transient()))).is_retryable());
+        assert!(!df(DataFusionError::ObjectStore(Box::new(missing()))).is_retryable());
+        assert!(df(DataFusionError::Context(
+            "reading".into(),
+            Box::new(DataFusionError::ObjectStore(Box::new(transient())))
+        ))
+        .is_retryable());
+        assert!(!df(DataFusionError::Plan("bad".into())).is_retryable());
+        assert!(Error::delta(
+            "t",
+            deltalake::DeltaTableError::ObjectStore {
+                source: transient()
+            }
+        )
+        .is_retryable());
+        assert!(
+            !Error::arrow(deltalake::arrow::error::ArrowError::ComputeError(
+                "x".into()
+            ))
+            .is_retryable()
+        );
+        use std::error::Error as _;
+        assert!(
+            df(DataFusionError::Plan("bad".into())).source().is_some(),
+            "the source is kept"
+        );
+    }
+
+    #[test]
     fn contention_is_retryable() {
         let e = Error::Contention {
             table: "t".into(),
