@@ -432,7 +432,14 @@ fn order_keys(
     }
     let kinds = match f.kind {
         FileKind::Cdc => sequences.iter().map(|s| s.kind).collect(),
-        FileKind::FullLoad => vec![None; cfg.sequence_by.len()],
+        // Full-load rows are not ordered by the sequence columns, but when DMS writes them
+        // (TimestampColumnName: the transfer time) their kind is the CDC files' kind: it is
+        // recorded when the full load creates the table.
+        FileKind::FullLoad => cfg
+            .sequence_by
+            .iter()
+            .map(|s| column(raw, s).and_then(|a| order::sequence_column(&a).ok()?.kind))
+            .collect(),
     };
     let keys = order::order_keys(
         f.generation,
