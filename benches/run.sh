@@ -5,7 +5,8 @@
 #   --smoke  tiny sizes, debug build: checks that the harness works (CI)
 # BENCH_BIN=path skips the build and uses that harness binary; BENCH_CASES overrides the
 # matrix ("rows:changes:mix:files ...").
-# Output: one JSON line per case in DIR/results.jsonl, and a Markdown table on stdout.
+# Output: one JSON line per case in DIR/results.jsonl (kept in benches/results/ for a full
+# run), and a Markdown table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-/tmp/tributary-bench}"
@@ -42,6 +43,10 @@ for c in $CASES; do
   echo "== $rows rows, $changes changes, $mix: python deltalake" >&2
   "$PY" benches/python_merge.py --dir "$DIR" --rows "$rows" --changes "$changes" --mix "$mix" --count "$count" | tee -a "$DIR/results.jsonl" >&2
 done
+if [ -z "$SMOKE" ]; then
+  mkdir -p benches/results
+  cp "$DIR/results.jsonl" "benches/results/$(date -u +%Y-%m-%d-%H%M).jsonl"
+fi
 "$PY" - "$DIR/results.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

@@ -29,18 +29,19 @@ mod output {
 }
 
 macro_rules! out {
-    ($($t:tt)*) => { output::out(format_args!($($t)*)) };
+    ($($t:tt)*) => { $crate::output::out(format_args!($($t)*)) };
 }
 
 macro_rules! err {
-    ($($t:tt)*) => { output::err(format_args!($($t)*)) };
+    ($($t:tt)*) => { $crate::output::err(format_args!($($t)*)) };
 }
+
+mod demo_cmd;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use tributary::deltalake::arrow::util::pretty::pretty_format_batches;
-use tributary::{delta, demo, storage, Config, Engine, FileStatus};
+use tributary::{demo, storage, Engine, FileStatus};
 use url::Url;
 
 #[derive(Parser)]
@@ -150,7 +151,7 @@ async fn run() -> Result<()> {
             dir,
             rows,
             new_rows,
-        } => run_demo(&dir, rows, new_rows).await,
+        } => demo_cmd::run(&dir, rows, new_rows).await,
         Command::Merge {
             config,
             batch,
@@ -317,9 +318,7 @@ async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()
         force,
         reload: None,
     };
-    let summary = tributary::maintenance::handle(&engine, &request)
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let summary = tributary::maintenance::handle(&engine, &request).await?;
     for m in &summary.maintained {
         print_maintenance(m, "");
     }
@@ -332,7 +331,7 @@ async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()
     Ok(())
 }
 
-fn print_maintenance(m: &tributary::maintenance::MaintenanceReport, indent: &str) {
+pub(crate) fn print_maintenance(m: &tributary::maintenance::MaintenanceReport, indent: &str) {
     if let Some(why) = &m.skipped {
         out!("{indent}{}: skipped ({why})", m.table);
         return;
@@ -353,251 +352,4 @@ fn print_maintenance(m: &tributary::maintenance::MaintenanceReport, indent: &str
         m.manifests_deleted,
         m.duration_ms
     );
-}
-
-async fn run_demo(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
-    if rows < 1 || new_rows < 0 {
-        bail!("--rows must be at least 1 and --new-rows at least 0");
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let dir = std::fs::canonicalize(dir)?;
-    for sub in ["raw", "curated"] {
-        let p = dir.join(sub);
-        if p.exists() {
-            std::fs::remove_dir_all(&p).with_context(|| format!("cannot clear {}", p.display()))?;
-        }
-    }
-    let config_path = dir.join("tributary.toml");
-    std::fs::write(&config_path, demo::CONFIG)?;
-    let config = Config::from_path(&config_path)?;
-    let engine = Engine::new(config);
-    let table_cfg = &engine.config().tables[0];
-
-    out!("tributary demo in {}", dir.display());
-    out!("  config: {}", config_path.display());
-    let scenario = demo::seed_scenario(2022, rows, new_rows, 2)?;
-    let raw_root = dir.join("raw").join(demo::SOURCE_PREFIX);
-    out!(
-        "\n1. DMS lands {} files under {}:",
-        scenario.files.len(),
-        raw_root.display()
-    );
-    let mut urls = Vec::new();
-    for f in &scenario.files {
-        let url = table_cfg.source.join(&f.path)?;
-        engine
-            .storage()
-            .put(&url, demo::to_parquet(&f.batch)?)
-            .await?;
-        out!("   {:<42} {}", f.path, f.description);
-        urls.push(url);
-    }
-
-    out!("\n2. Each file is merged as its S3 event would be (one invocation per file):");
-    for (f, url) in scenario.files.iter().zip(&urls) {
-        let t0 = Instant::now();
-        let report = engine.process(std::slice::from_ref(url)).await;
-        let ms = t0.elapsed().as_millis();
-        if let Some(failure) = report.failures().next() {
-            if let FileStatus::Failed { error, .. } = &failure.status {
-                bail!("merging {} failed: {error}", f.path);
-            }
-        }
-        for t in &report.tables {
-            out!(
-                "   {:<42} v{:<2} +{} ~{} -{} ({} ms)",
-                f.path,
-                t.version.unwrap_or_default(),
-                t.inserted,
-                t.updated,
-                t.deleted,
-                ms
-            );
-        }
-    }
-
-    out!("\n3. Every event delivered again, all at once (at-least-once delivery):");
-    let t0 = Instant::now();
-    let report = engine.process(&urls).await;
-    for t in &report.tables {
-        out!(
-            "   {} files in one call: inserted={} updated={} deleted={} skipped_stale={}; table still at v{} ({} ms)",
-            t.files,
-            t.inserted,
-            t.updated,
-            t.deleted,
-            t.skipped_stale,
-            t.version.unwrap_or_default(),
-            t0.elapsed().as_millis()
-        );
-    }
-
-    let table = delta::open(&table_cfg.target, engine.storage_options()).await?;
-    out!("\n4. SELECT destination, count(*) FROM travel_details GROUP BY destination:");
-    let batches = delta::query(
-        &table,
-        "SELECT destination, count(*) AS count FROM t GROUP BY destination ORDER BY destination",
-    )
-    .await?;
-    out!("{}", indent(&pretty_format_batches(&batches)?.to_string()));
-    let total = delta::query(&table, "SELECT count(*) AS rows, count(DISTINCT trip_id) AS trips, max(trip_id) AS max_trip_id FROM t").await?;
-    out!("{}", indent(&pretty_format_batches(&total)?.to_string()));
-
-    // Compare with the source database's true state, row by row.
-    let rows_now = delta::query(
-        &table,
-        "SELECT CAST(trip_id AS INT) AS trip_id, CAST(destination AS VARCHAR) AS d, CAST(source_location AS VARCHAR) AS s, CAST(route_id AS VARCHAR) AS r FROM t ORDER BY trip_id",
-    )
-    .await?;
-    let mut table_rows = Vec::new();
-    for b in &rows_now {
-        use tributary::deltalake::arrow::array::AsArray;
-        use tributary::deltalake::arrow::compute::cast;
-        use tributary::deltalake::arrow::datatypes::{DataType, Int32Type};
-        let id = cast(b.column(0), &DataType::Int32)?;
-        let id = id.as_primitive::<Int32Type>();
-        let (dest, src, route) = (
-            cast(b.column(1), &DataType::Utf8)?,
-            cast(b.column(2), &DataType::Utf8)?,
-            cast(b.column(3), &DataType::Utf8)?,
-        );
-        let (dest, src, route) = (
-            dest.as_string::<i32>(),
-            src.as_string::<i32>(),
-            route.as_string::<i32>(),
-        );
-        for i in 0..b.num_rows() {
-            table_rows.push((
-                id.value(i),
-                dest.value(i).to_string(),
-                src.value(i).to_string(),
-                route.value(i).to_string(),
-            ));
-        }
-    }
-    let source_rows: Vec<_> = scenario
-        .source
-        .iter()
-        .map(|(id, t)| {
-            (
-                *id,
-                t.destination.clone(),
-                t.source_location.clone(),
-                t.route_id.clone(),
-            )
-        })
-        .collect();
-    if table_rows == source_rows {
-        out!(
-            "   The Delta table equals the source table: {} rows, no Miami, no Los Angeles.",
-            source_rows.len()
-        );
-    } else {
-        bail!(
-            "the Delta table ({} rows) differs from the source ({} rows)",
-            table_rows.len(),
-            source_rows.len()
-        );
-    }
-
-    out!("\n5. Table history (DESCRIBE HISTORY):");
-    let latest = table.version().unwrap_or(0);
-    let history = table_history(&table).await?;
-    for (i, (op, files, ts)) in history.iter().enumerate() {
-        out!(
-            "   v{:<3} {:<24} {:<10} {}",
-            latest.saturating_sub(i as u64),
-            ts,
-            op,
-            files
-        );
-    }
-    let v0 = delta::open(&table_cfg.target, engine.storage_options()).await?;
-    let mut v0 = v0;
-    v0.load_version(0).await?;
-    let c = delta::query(&v0, "SELECT count(*) AS rows FROM t").await?;
-    out!("\n   Time travel: version 0 (table creation) has {} rows; version 2 (full load) has {} rows.", count(&c), {
-        let mut v2 = delta::open(&table_cfg.target, engine.storage_options()).await?;
-        v2.load_version(2).await?;
-        count(&delta::query(&v2, "SELECT count(*) AS rows FROM t").await?)
-    });
-    out!("\n6. Maintenance (what the scheduled function does): compaction, checkpoint, vacuum, manifests");
-    let summary = tributary::maintenance::handle(&engine, &Default::default())
-        .await
-        .map_err(anyhow::Error::msg)?;
-    if let Some((t, e)) = summary.failed.first() {
-        bail!("maintenance of {t} failed: {e}");
-    }
-    for m in &summary.maintained {
-        print_maintenance(m, "   ");
-    }
-    let table = delta::open(&table_cfg.target, engine.storage_options()).await?;
-    let manifests = tributary::manifest::read_manifests(engine.storage(), &table).await?;
-    let expected = tributary::manifest::expected_manifests(&table)?;
-    out!(
-        "   {} partition manifests under _symlink_format_manifest/ ({}), e.g. route_id=A/manifest:",
-        manifests.len(),
-        if manifests == expected {
-            "exactly the live files"
-        } else {
-            "OUT OF DATE"
-        }
-    );
-    if let Some(first) = manifests.get("route_id=A").and_then(|m| m.first()) {
-        out!("     {first}");
-    }
-    let c = delta::query(&table, "SELECT count(*) FROM t").await?;
-    out!("   Rows after maintenance: {} (unchanged)", count(&c));
-    out!(
-        "\nInspect: {}/curated/travel_details (Delta table), {}/raw (DMS files).",
-        dir.display(),
-        dir.display()
-    );
-    Ok(())
-}
-
-async fn table_history(
-    table: &tributary::deltalake::DeltaTable,
-) -> Result<Vec<(String, String, String)>> {
-    use futures::TryStreamExt;
-    let commits: Vec<_> = table.history(None).try_collect().await?;
-    Ok(commits
-        .into_iter()
-        .map(|c| {
-            let files = c
-                .info
-                .get("tributary.files")
-                .and_then(|v| v.as_array())
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|s| s.as_str())
-                        .map(|s| s.rsplit('/').next().unwrap_or(s).to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
-                .unwrap_or_default();
-            let ts = c
-                .timestamp
-                .and_then(chrono::DateTime::from_timestamp_millis)
-                .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
-                .unwrap_or_default();
-            (c.operation.unwrap_or_default(), files, ts)
-        })
-        .collect())
-}
-
-fn count(b: &[tributary::deltalake::arrow::array::RecordBatch]) -> i64 {
-    use tributary::deltalake::arrow::array::AsArray;
-    use tributary::deltalake::arrow::datatypes::Int64Type;
-    b.iter()
-        .filter(|b| b.num_rows() > 0)
-        .map(|b| b.column(0).as_primitive::<Int64Type>().value(0))
-        .sum()
-}
-
-fn indent(s: &str) -> String {
-    s.lines()
-        .map(|l| format!("   {l}"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }

@@ -20,7 +20,7 @@ use arrow::util::display::{array_value_to_string, FormatOptions};
 /// The type a new column gets in the Delta table (Delta has no unsigned, time-of-day or
 /// nanosecond types; timestamps become `timestamp` (UTC), as Spark writes them). `None` when
 /// Delta has no equivalent.
-pub fn delta_type(dt: &DataType) -> Option<DataType> {
+pub(crate) fn delta_type(dt: &DataType) -> Option<DataType> {
     Some(match dt {
         DataType::Null | DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
         DataType::Time32(_) | DataType::Time64(_) => DataType::Utf8,
@@ -53,7 +53,7 @@ pub fn delta_type(dt: &DataType) -> Option<DataType> {
 /// Why a column could not be converted: the first row (0-based) that does not fit, its value
 /// as text, and the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Inexact {
+pub(crate) struct Inexact {
     pub row: Option<usize>,
     pub value: Option<String>,
     pub reason: String,
@@ -69,7 +69,7 @@ impl Inexact {
     }
 
     /// `value "1.75" cannot be represented exactly as Int64 (from Float64): …`
-    pub fn describe(&self, from: &DataType, to: &DataType) -> String {
+    pub(crate) fn describe(&self, from: &DataType, to: &DataType) -> String {
         let value = self
             .value
             .as_ref()
@@ -88,7 +88,7 @@ const STRICT: CastOptions<'static> = CastOptions {
 };
 
 /// Convert `array` to `to`, refusing any value that would change.
-pub fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, Inexact> {
+pub(crate) fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, Inexact> {
     let from = array.data_type();
     if from == to {
         return Ok(array.clone());

@@ -56,7 +56,7 @@ pub fn exists(table: &DeltaTable) -> bool {
 }
 
 /// The table's Arrow schema, when it exists.
-pub fn arrow_schema(table: &DeltaTable) -> Option<SchemaRef> {
+pub(crate) fn arrow_schema(table: &DeltaTable) -> Option<SchemaRef> {
     table.snapshot().ok().map(|s| s.snapshot().arrow_schema())
 }
 
@@ -70,7 +70,7 @@ pub fn props(table: &DeltaTable) -> TableProps {
 }
 
 /// The partition columns of the loaded version.
-pub fn partition_columns(table: &DeltaTable) -> Result<Vec<String>> {
+pub(crate) fn partition_columns(table: &DeltaTable) -> Result<Vec<String>> {
     let label = table.table_url().to_string();
     Ok(table
         .snapshot()
@@ -82,7 +82,7 @@ pub fn partition_columns(table: &DeltaTable) -> Result<Vec<String>> {
 
 /// Create the table with this schema, partitioning and properties, unless it exists. A
 /// concurrent creator winning the race is not an error: the caller's retry reloads the table.
-pub async fn create(
+pub(crate) async fn create(
     table: DeltaTable,
     name: &str,
     schema: &Schema,
@@ -116,7 +116,7 @@ pub async fn create(
 
 /// Create the table unless it exists; if a concurrent writer created it first (whatever
 /// error delta-rs reports for that), use theirs.
-pub async fn create_or_open(
+pub(crate) async fn create_or_open(
     url: &Url,
     options: &HashMap<String, String>,
     name: &str,
@@ -142,7 +142,7 @@ pub async fn create_or_open(
 }
 
 /// Set table properties (a metadata commit: concurrent writers retry once).
-pub async fn set_properties(
+pub(crate) async fn set_properties(
     table: DeltaTable,
     properties: HashMap<String, String>,
 ) -> Result<DeltaTable> {
@@ -157,7 +157,7 @@ pub async fn set_properties(
 }
 
 /// The version an application transaction id was last committed with, if any.
-pub async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
+pub(crate) async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
     let label = table.table_url().to_string();
     let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
     snapshot
@@ -168,7 +168,10 @@ pub async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>
 
 /// Commit only application transaction ids (no data change), e.g. to record that files were
 /// applied when their rows changed nothing.
-pub async fn commit_txns(mut table: DeltaTable, txns: Vec<Transaction>) -> Result<DeltaTable> {
+pub(crate) async fn commit_txns(
+    mut table: DeltaTable,
+    txns: Vec<Transaction>,
+) -> Result<DeltaTable> {
     let label = table.table_url().to_string();
     let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
     CommitBuilder::from(tributary_commit(&[]).with_application_transactions(txns))
@@ -227,7 +230,7 @@ fn ucol(name: &str) -> Column {
 /// Check the plan against an existing table: keys, partitioning, types. New columns are
 /// fine (added by the MERGE); a column whose type differs is converted when every value
 /// fits exactly, else the plan is refused.
-pub fn align_to_table(
+pub(crate) fn align_to_table(
     table_cfg: &TableConfig,
     plan: &mut MergePlan,
     table: &DeltaTable,
@@ -285,17 +288,86 @@ pub fn align_to_table(
 
 /// What a MERGE commits besides the plan.
 #[derive(Debug, Clone, Default)]
-pub struct MergeExtras {
+pub(crate) struct MergeExtras {
     /// Application transaction ids to record in the same commit (full-load files applied).
-    pub txns: Vec<Transaction>,
+    pub(crate) txns: Vec<Transaction>,
     /// A reload: delete the table's rows that no change of the plan matches and whose order
     /// key is below this (rows absent from the new full load).
-    pub delete_unmatched_below: Option<String>,
+    pub(crate) delete_unmatched_below: Option<String>,
+}
+
+/// The expressions of tributary's MERGE (docs/design.md, "One MERGE per call").
+struct MergeSql {
+    on: Expr,
+    /// Target column → value when a newer upsert matches.
+    updates: Vec<(String, Expr)>,
+    /// Columns inserted from the source.
+    inserts: Vec<String>,
+    upsert_when: Expr,
+    delete_when: Expr,
+    /// Whether the plan brings columns the table lacks (schema evolution only then: it
+    /// costs extra planning in every MERGE otherwise).
+    new_columns: bool,
+}
+
+impl MergeSql {
+    fn new(table_cfg: &TableConfig, plan: &MergePlan, table: &DeltaTable) -> Result<Self> {
+        let on = conjunction(
+            table_cfg
+                .primary_key
+                .iter()
+                .map(|k| qcol("t", k).eq(qcol("s", k))),
+        )
+        .ok_or_else(|| Error::internal("empty primary key"))?;
+        let seq = table_cfg.sequence_column.as_str();
+        let newer = |s: Expr| qcol("t", seq).is_null().or(s.gt(qcol("t", seq)));
+        let is_op = |op: PlanOp| qcol("s", OP_COLUMN).eq(lit(op.marker()));
+        let inserts: Vec<String> = plan
+            .batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| !is_internal(n))
+            .collect();
+        let new_columns = match arrow_schema(table) {
+            Some(ts) => inserts.iter().any(|c| ts.field_with_name(c).is_err()),
+            None => true,
+        };
+        // A sparse column takes the plan's value only when the change that set it is newer
+        // than the row (plan.rs explains why).
+        let update_value = |c: &str| -> Result<Expr> {
+            match plan.sparse.iter().find(|s| s.column == c) {
+                None => Ok(qcol("s", c)),
+                Some(s) => when(
+                    qcol("s", &s.seq_column)
+                        .is_not_null()
+                        .and(newer(qcol("s", &s.seq_column))),
+                    qcol("s", c),
+                )
+                .otherwise(qcol("t", c))
+                .map_err(|e| {
+                    Error::datafusion(format!("table {}: MERGE update", table_cfg.name), e)
+                }),
+            }
+        };
+        Ok(MergeSql {
+            on,
+            updates: inserts
+                .iter()
+                .map(|c| Ok((c.clone(), update_value(c)?)))
+                .collect::<Result<_>>()?,
+            upsert_when: is_op(PlanOp::Upsert).and(newer(qcol("s", seq))),
+            delete_when: is_op(PlanOp::Delete).and(newer(qcol("s", seq))),
+            inserts,
+            new_columns,
+        })
+    }
 }
 
 /// MERGE the plan into the table. Applies a change only when its order key is greater than
 /// the row's (or the row has none). Returns the new table state and the metrics.
-pub async fn merge(
+pub(crate) async fn merge(
     table_cfg: &TableConfig,
     table: DeltaTable,
     plan: &MergePlan,
@@ -303,94 +375,49 @@ pub async fn merge(
     extras: &MergeExtras,
 ) -> Result<(DeltaTable, MergeMetrics)> {
     let label = table_cfg.name.as_str();
-    let ctx = SessionContext::new();
-    let source = ctx
+    let delta_err = |e| Error::delta(label, e);
+    let source = SessionContext::new()
         .read_batch(plan.batch.clone())
         .map_err(|e| Error::datafusion(format!("table {label}: MERGE source"), e))?;
-    let on = conjunction(
-        table_cfg
-            .primary_key
-            .iter()
-            .map(|k| qcol("t", k).eq(qcol("s", k))),
-    )
-    .ok_or_else(|| Error::internal("empty primary key"))?;
-    let seq = table_cfg.sequence_column.as_str();
-    let newer = |s: Expr| qcol("t", seq).is_null().or(s.gt(qcol("t", seq)));
-    let is_op = |op: PlanOp| qcol("s", OP_COLUMN).eq(lit(op.marker()));
-    let data_cols: Vec<String> = plan
-        .batch
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .filter(|n| !is_internal(n))
-        .collect();
-    // Schema evolution only when the plan brings columns the table lacks (it costs extra
-    // planning in every MERGE otherwise).
-    let new_columns = match arrow_schema(&table) {
-        Some(ts) => data_cols.iter().any(|c| ts.field_with_name(c).is_err()),
-        None => true,
-    };
-    // A sparse column takes the plan's value only when the change that set it is newer
-    // than the row (plan.rs explains why).
-    let update_value = |c: &str| -> Result<Expr> {
-        match plan.sparse.iter().find(|s| s.column == c) {
-            None => Ok(qcol("s", c)),
-            Some(s) => when(
-                qcol("s", &s.seq_column)
-                    .is_not_null()
-                    .and(newer(qcol("s", &s.seq_column))),
-                qcol("s", c),
-            )
-            .otherwise(qcol("t", c))
-            .map_err(|e| Error::datafusion(format!("table {label}: MERGE update"), e)),
-        }
-    };
-    let updates: Vec<(String, Expr)> = data_cols
-        .iter()
-        .map(|c| Ok((c.clone(), update_value(c)?)))
-        .collect::<Result<_>>()?;
+    let sql = MergeSql::new(table_cfg, plan, &table)?;
     let mut commit = tributary_commit(files);
     if !extras.txns.is_empty() {
         commit = commit.with_application_transactions(extras.txns.clone());
     }
     let mut builder = table
-        .merge(source, on)
+        .merge(source, sql.on)
         .with_source_alias("s")
         .with_target_alias("t")
-        .with_merge_schema(new_columns)
+        .with_merge_schema(sql.new_columns)
         .with_writer_properties(writer_properties(table_cfg))
         .with_commit_properties(commit)
         .when_matched_update(|u| {
-            let mut u = u.predicate(is_op(PlanOp::Upsert).and(newer(qcol("s", seq))));
-            for (c, e) in &updates {
-                u = u.update(ucol(c), e.clone());
-            }
-            u
+            sql.updates
+                .iter()
+                .fold(u.predicate(sql.upsert_when), |u, (c, e)| {
+                    u.update(ucol(c), e.clone())
+                })
         })
-        .map_err(|e| Error::delta(label, e))?
-        .when_matched_delete(|d| d.predicate(is_op(PlanOp::Delete).and(newer(qcol("s", seq)))))
-        .map_err(|e| Error::delta(label, e))?
+        .map_err(delta_err)?
+        .when_matched_delete(|d| d.predicate(sql.delete_when))
+        .map_err(delta_err)?
         .when_not_matched_insert(|i| {
-            let mut i = i.predicate(is_op(PlanOp::Upsert));
-            for c in &data_cols {
-                i = i.set(ucol(c), qcol("s", c));
-            }
-            i
+            sql.inserts.iter().fold(
+                i.predicate(qcol("s", OP_COLUMN).eq(lit(PlanOp::Upsert.marker()))),
+                |i, c| i.set(ucol(c), qcol("s", c)),
+            )
         })
-        .map_err(|e| Error::delta(label, e))?;
+        .map_err(delta_err)?;
     if let Some(floor) = &extras.delete_unmatched_below {
+        let seq = table_cfg.sequence_column.as_str();
+        let below = qcol("t", seq)
+            .is_null()
+            .or(qcol("t", seq).lt(lit(floor.clone())));
         builder = builder
-            .when_not_matched_by_source_delete(|d| {
-                d.predicate(
-                    qcol("t", seq)
-                        .is_null()
-                        .or(qcol("t", seq).lt(lit(floor.clone()))),
-                )
-            })
-            .map_err(|e| Error::delta(label, e))?;
+            .when_not_matched_by_source_delete(|d| d.predicate(below))
+            .map_err(delta_err)?;
     }
-    builder.await.map_err(|e| Error::delta(label, e))
+    builder.await.map_err(delta_err)
 }
 
 pub(crate) fn is_conflict(e: &Error) -> bool {

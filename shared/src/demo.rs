@@ -111,7 +111,11 @@ fn schema(with_op: bool) -> Arc<Schema> {
 }
 
 /// Build a DMS-shaped batch from (op, commit time, id, row).
-pub fn dms_batch(rows: &[(Option<&str>, String, i32, Trip)]) -> Result<RecordBatch> {
+/// One row as DMS writes it: operation (none in full-load files), `update_ts_dms`, trip id,
+/// the trip.
+pub type DmsRow = (Option<&'static str>, String, i32, Trip);
+
+pub fn dms_batch(rows: &[DmsRow]) -> Result<RecordBatch> {
     let with_op = rows.first().is_some_and(|r| r.0.is_some());
     let mut cols: Vec<ArrayRef> = Vec::new();
     if with_op {
@@ -175,93 +179,113 @@ pub fn seed_scenario(
     new_rows: i32,
     load_files: usize,
 ) -> Result<SeedScenario> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut source: BTreeMap<i32, Trip> = BTreeMap::new();
-    let insert = |rng: &mut StdRng, source: &mut BTreeMap<i32, Trip>, n: i32, now: &str| {
-        let start = source.keys().next_back().copied().unwrap_or(0);
-        let mut ids = Vec::new();
-        for id in start + 1..=start + n {
+    let mut w = Walkthrough {
+        rng: StdRng::seed_from_u64(seed),
+        source: BTreeMap::new(),
+        files: Vec::new(),
+    };
+    w.full_load(full_load_rows, load_files)?;
+    w.insert_records(new_rows)?;
+    w.miami_to_tucson()?;
+    w.delete_los_angeles()?;
+    Ok(SeedScenario {
+        files: w.files,
+        source: w.source,
+    })
+}
+
+/// The source table as the walkthrough's statements change it, and the files DMS writes.
+struct Walkthrough {
+    rng: StdRng,
+    source: BTreeMap<i32, Trip>,
+    files: Vec<DemoFile>,
+}
+
+impl Walkthrough {
+    /// `n` new trips (ids after the largest), created at `now`.
+    fn insert(&mut self, n: i32, now: &str) -> Vec<i32> {
+        let start = self.source.keys().next_back().copied().unwrap_or(0);
+        let ids: Vec<i32> = (start + 1..=start + n).collect();
+        for &id in &ids {
             let t = Trip {
                 tstamp_micros: ts(now),
                 route_id: ((b'A' + (id % 10) as u8) as char).to_string(),
-                destination: CITIES[rng.random_range(0..CITIES.len())].to_string(),
-                source_location: CITIES[rng.random_range(0..CITIES.len())].to_string(),
+                destination: CITIES[self.rng.random_range(0..CITIES.len())].to_string(),
+                source_location: CITIES[self.rng.random_range(0..CITIES.len())].to_string(),
             };
-            source.insert(id, t);
-            ids.push(id);
+            self.source.insert(id, t);
         }
         ids
-    };
-    let mut files = Vec::new();
+    }
 
-    // 1. Full load. DMS stamps full-load rows with the transfer time.
-    let ids = insert(
-        &mut rng,
-        &mut source,
-        full_load_rows,
-        "2022-10-25 20:55:01.000000",
-    );
-    let transfer = "2022-10-25 21:00:03.112233".to_string();
-    let per_file = ids.len().div_ceil(load_files.max(1));
-    for (n, chunk) in ids.chunks(per_file.max(1)).enumerate() {
-        let rows: Vec<_> = chunk
-            .iter()
-            .map(|id| (None, transfer.clone(), *id, source[id].clone()))
-            .collect();
-        files.push(DemoFile {
-            path: format!("LOAD{:08X}.parquet", n + 1),
-            description: format!("full load part {} ({} rows)", n + 1, rows.len()),
-            batch: dms_batch(&rows)?,
+    fn file(&mut self, path: &str, description: String, rows: &[DmsRow]) -> Result<()> {
+        self.files.push(DemoFile {
+            path: path.to_string(),
+            description,
+            batch: dms_batch(rows)?,
         });
+        Ok(())
     }
 
-    // 2a. call insert_records(200);
-    let now = "2022-10-25 21:05:00.000001";
-    let ids = insert(&mut rng, &mut source, new_rows, now);
-    let rows: Vec<_> = ids
-        .iter()
-        .map(|id| (Some("I"), now.to_string(), *id, source[id].clone()))
-        .collect();
-    files.push(DemoFile {
-        path: "2022/10/25/20221025-2105000000.parquet".into(),
-        description: format!("CDC: insert_records({new_rows}) ({} inserts)", rows.len()),
-        batch: dms_batch(&rows)?,
-    });
-
-    // 2b. update travel_details set destination='Tucson' where destination='Miami';
-    let commit = "2022-10-25 21:10:00.000001".to_string();
-    let mut rows = Vec::new();
-    for (id, t) in source.iter_mut() {
-        if t.destination == "Miami" {
-            t.destination = "Tucson".into();
-            rows.push((Some("U"), commit.clone(), *id, t.clone()));
+    /// 1. The full load, in `load_files` files. DMS stamps full-load rows with the transfer
+    ///    time.
+    fn full_load(&mut self, rows: i32, load_files: usize) -> Result<()> {
+        let ids = self.insert(rows, "2022-10-25 20:55:01.000000");
+        let transfer = "2022-10-25 21:00:03.112233".to_string();
+        let per_file = ids.len().div_ceil(load_files.max(1)).max(1);
+        for (n, chunk) in ids.chunks(per_file).enumerate() {
+            let rows: Vec<DmsRow> = chunk
+                .iter()
+                .map(|id| (None, transfer.clone(), *id, self.source[id].clone()))
+                .collect();
+            let description = format!("full load part {} ({} rows)", n + 1, rows.len());
+            self.file(&format!("LOAD{:08X}.parquet", n + 1), description, &rows)?;
         }
+        Ok(())
     }
-    files.push(DemoFile {
-        path: "2022/10/25/20221025-2110000000.parquet".into(),
-        description: format!("CDC: Miami → Tucson ({} updates)", rows.len()),
-        batch: dms_batch(&rows)?,
-    });
 
-    // 2c. delete from travel_details where destination='Los Angeles';
-    let commit = "2022-10-25 21:15:00.000001".to_string();
-    let doomed: Vec<i32> = source
-        .iter()
-        .filter(|(_, t)| t.destination == "Los Angeles")
-        .map(|(id, _)| *id)
-        .collect();
-    let mut rows = Vec::new();
-    for id in doomed {
-        if let Some(t) = source.remove(&id) {
-            rows.push((Some("D"), commit.clone(), id, t));
-        }
+    /// 2a. `call insert_records(n);`
+    fn insert_records(&mut self, n: i32) -> Result<()> {
+        let now = "2022-10-25 21:05:00.000001";
+        let rows: Vec<DmsRow> = self
+            .insert(n, now)
+            .iter()
+            .map(|id| (Some("I"), now.to_string(), *id, self.source[id].clone()))
+            .collect();
+        let description = format!("CDC: insert_records({n}) ({} inserts)", rows.len());
+        self.file("2022/10/25/20221025-2105000000.parquet", description, &rows)
     }
-    files.push(DemoFile {
-        path: "2022/10/25/20221025-2115000000.parquet".into(),
-        description: format!("CDC: delete Los Angeles ({} deletes)", rows.len()),
-        batch: dms_batch(&rows)?,
-    });
-    Ok(SeedScenario { files, source })
+
+    /// 2b. `update travel_details set destination='Tucson' where destination='Miami';`
+    fn miami_to_tucson(&mut self) -> Result<()> {
+        let commit = "2022-10-25 21:10:00.000001".to_string();
+        let mut rows = Vec::new();
+        for (id, t) in self.source.iter_mut() {
+            if t.destination == "Miami" {
+                t.destination = "Tucson".into();
+                rows.push((Some("U"), commit.clone(), *id, t.clone()));
+            }
+        }
+        let description = format!("CDC: Miami → Tucson ({} updates)", rows.len());
+        self.file("2022/10/25/20221025-2110000000.parquet", description, &rows)
+    }
+
+    /// 2c. `delete from travel_details where destination='Los Angeles';`
+    fn delete_los_angeles(&mut self) -> Result<()> {
+        let commit = "2022-10-25 21:15:00.000001".to_string();
+        let doomed: Vec<i32> = self
+            .source
+            .iter()
+            .filter(|(_, t)| t.destination == "Los Angeles")
+            .map(|(id, _)| *id)
+            .collect();
+        let rows: Vec<DmsRow> = doomed
+            .into_iter()
+            .filter_map(|id| Some((Some("D"), commit.clone(), id, self.source.remove(&id)?)))
+            .collect();
+        let description = format!("CDC: delete Los Angeles ({} deletes)", rows.len());
+        self.file("2022/10/25/20221025-2115000000.parquet", description, &rows)
+    }
 }
 
 /// `destination → count` of a source state.

@@ -1,40 +1,49 @@
+#![warn(unreachable_pub)]
 //! tributary: keep Delta Lake tables exactly in sync with operational databases by merging
 //! the change-data-capture files AWS DMS lands in S3.
 //!
-//! Modules, one per concept:
-//! - [`config`]: the table configuration file;
-//! - [`source`]: DMS Parquet/CSV readers (full load and CDC);
-//! - [`plan`]: latest change per key, MERGE source;
-//! - [`delta`]: Delta table creation and MERGE;
-//! - [`tombstones`]: the delete tombstones that stop late upserts reviving rows;
-//! - [`engine`]: routing, batching, retries, bad-file isolation;
-//! - [`events`]: Lambda event payloads (S3, SQS, EventBridge) → object URIs;
-//! - [`storage`]: `file://` and `s3://` access;
-//! - [`demo`]: the seed scenario generator.
+//! The modules, in the order a file flows through them (docs/design.md, "Pipeline"):
+//!
+//! 1. [`config`]: the table configuration — which DMS folder feeds which Delta table;
+//! 2. [`lambda`]: the Lambda plumbing — event payloads to object URIs, metrics, cold start;
+//! 3. `engine`: routing files to tables, screening, batching, retries, bad-file isolation
+//!    ([`Engine`]);
+//! 4. [`storage`]: `file://` and `s3://` objects;
+//! 5. `source`: DMS readers (Parquet, CSV, CSV.gz) and order keys;
+//! 6. `coerce`: Delta types and exact value conversion;
+//! 7. `plan`: admission of a batch, latest change per key, the MERGE source;
+//! 8. `tombstones`: the delete tombstones that stop late upserts reviving rows;
+//! 9. [`delta`]: Delta tables — open, create, MERGE, query;
+//! 10. [`manifest`]: symlink manifests for Athena and Redshift Spectrum;
+//! 11. [`reload`]: DMS table reloads (full-load generations);
+//! 12. [`maintenance`]: compaction, checkpoints, vacuum, tombstone expiry, manifests.
+//!
+//! Beside the flow: `props` (what tributary records in a table's properties), `retry` (the
+//! one commit-conflict retry policy), `error` ([`Error`]), [`demo`] (the seed scenario).
 
-pub mod coerce;
+mod coerce;
 pub mod config;
 pub mod delta;
 pub mod demo;
-pub mod engine;
-pub mod error;
-pub mod events;
+mod engine;
+mod error;
 pub mod lambda;
 pub mod maintenance;
 pub mod manifest;
-pub mod metrics;
-pub mod plan;
-pub mod props;
+mod plan;
+mod props;
 pub mod reload;
 mod retry;
-pub mod source;
+mod source;
 pub mod storage;
-pub mod tombstones;
+mod tombstones;
 
 pub use config::{Config, TableConfig};
 pub use deltalake;
-pub use engine::{Engine, FileOutcome, FileStatus, ProcessReport, TableReport};
-pub use error::{Error, Result};
+pub use engine::{Engine, FileOutcome, FileStatus, Phases, ProcessReport, TableReport};
+pub use error::{Error, Location, Result};
+pub use props::TableProps;
+pub use source::{FileCounts, SeqKind};
 
 /// Default log filter of the functions: tributary's own `info` lines; `warn` for libraries,
 /// minus delta-rs's per-merge metric warning and the kernel's error line when a table does

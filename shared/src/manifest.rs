@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use deltalake::{DeltaTable, FilterOp, FilterValue};
+use deltalake::DeltaTable;
 use url::Url;
 
 use crate::error::{Error, Result};
@@ -45,20 +45,6 @@ impl Partition {
             .collect::<Vec<_>>()
             .join("/")
     }
-
-    /// Partition filters selecting exactly this partition (a null value as `IS NULL`).
-    pub fn filters(&self) -> Vec<(&str, FilterOp, FilterValue<'_>)> {
-        self.0
-            .iter()
-            .map(|(c, v)| {
-                (
-                    c.as_str(),
-                    FilterOp::Eq,
-                    FilterValue::Scalar(v.as_deref().unwrap_or("")),
-                )
-            })
-            .collect()
-    }
 }
 
 /// A live data file of a table version.
@@ -72,11 +58,11 @@ pub struct LiveFile {
 
 /// Outcome of a manifest sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ManifestReport {
+pub(crate) struct ManifestReport {
     /// Version the manifests reflect.
-    pub version: u64,
-    pub written: usize,
-    pub deleted: usize,
+    pub(crate) version: u64,
+    pub(crate) written: usize,
+    pub(crate) deleted: usize,
 }
 
 /// Hive-style escaping of a partition value in a folder name.
@@ -121,7 +107,7 @@ pub fn live_files(table: &DeltaTable) -> Result<Vec<LiveFile>> {
 }
 
 /// Partitions whose file sets differ between two versions.
-pub fn touched_partitions(before: &[LiveFile], after: &[LiveFile]) -> BTreeSet<Partition> {
+pub(crate) fn touched_partitions(before: &[LiveFile], after: &[LiveFile]) -> BTreeSet<Partition> {
     let a: BTreeSet<&LiveFile> = before.iter().collect();
     let b: BTreeSet<&LiveFile> = after.iter().collect();
     a.symmetric_difference(&b)
@@ -139,7 +125,7 @@ fn under_table<'a>(table: &DeltaTable, segments: impl IntoIterator<Item = &'a st
 }
 
 /// Absolute URI of a data file.
-pub fn file_uri(table: &DeltaTable, path: &str) -> String {
+pub(crate) fn file_uri(table: &DeltaTable, path: &str) -> String {
     if path.contains("://") {
         return path.to_string();
     }
@@ -216,7 +202,7 @@ async fn list_manifests(storage: &Storage, table: &DeltaTable) -> Result<Vec<(St
 
 /// Bring manifests up to date for `partitions` (`None` = all, with stale deletion), then
 /// re-check: while the table has moved past the version written, rewrite from the newest.
-pub async fn sync(
+pub(crate) async fn sync(
     storage: &Storage,
     mut table: DeltaTable,
     partitions: Option<&BTreeSet<Partition>>,
@@ -293,8 +279,6 @@ mod tests {
         assert_eq!(part(Some("a/b")).folder(), "r=a%2Fb");
         assert_eq!(part(None).folder(), "r=__HIVE_DEFAULT_PARTITION__");
         assert_eq!(Partition::default().folder(), "");
-        let f = part(None);
-        assert!(matches!(f.filters()[0].2, FilterValue::Scalar("")));
     }
 
     #[test]

@@ -24,20 +24,20 @@ use crate::source::{self, string_array, ChangeOp, ChangeSet, FileKind, SeqKind};
 use crate::storage;
 
 /// Column of the MERGE source that says what to do with the key.
-pub const OP_COLUMN: &str = "_tributary_op";
+pub(crate) const OP_COLUMN: &str = "_tributary_op";
 /// Prefix of the per-column order keys of sparse columns.
 const SPARSE_SEQ_PREFIX: &str = "_tributary_cseq_";
 
 /// What the MERGE does with a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlanOp {
+pub(crate) enum PlanOp {
     /// Insert or update the row (DMS `I` and `U` are full after-images).
     Upsert,
     Delete,
 }
 
 impl PlanOp {
-    pub const fn marker(self) -> &'static str {
+    pub(crate) const fn marker(self) -> &'static str {
         match self {
             PlanOp::Upsert => "U",
             PlanOp::Delete => "D",
@@ -56,14 +56,14 @@ impl PlanOp {
 /// A column some files of the batch lack, and the plan column holding, per key, the order
 /// key of the change that set it (null: no change of the batch set it).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SparseColumn {
+pub(crate) struct SparseColumn {
     pub column: String,
     pub seq_column: String,
 }
 
 /// The MERGE source for one table: at most one row per primary key.
 #[derive(Debug, Clone)]
-pub struct MergePlan {
+pub(crate) struct MergePlan {
     /// Curated columns, then the sequence column, the sparse columns' order keys, and
     /// [`OP_COLUMN`].
     pub batch: RecordBatch,
@@ -76,7 +76,7 @@ pub struct MergePlan {
 
 impl MergePlan {
     /// The columns the table stores (curated columns plus the sequence column).
-    pub fn table_schema(&self) -> SchemaRef {
+    pub(crate) fn table_schema(&self) -> SchemaRef {
         let s = self.batch.schema();
         Arc::new(Schema::new(
             s.fields()
@@ -88,7 +88,7 @@ impl MergePlan {
     }
 
     /// The operation of each row.
-    pub fn ops(&self) -> Result<Vec<PlanOp>> {
+    pub(crate) fn ops(&self) -> Result<Vec<PlanOp>> {
         let a = self.column(OP_COLUMN)?;
         Ok(a.as_string::<i32>()
             .iter()
@@ -104,7 +104,7 @@ impl MergePlan {
 }
 
 /// Whether a plan column is tributary's own (not stored in the table).
-pub fn is_internal(name: &str) -> bool {
+pub(crate) fn is_internal(name: &str) -> bool {
     name == OP_COLUMN || name.starts_with(SPARSE_SEQ_PREFIX)
 }
 
@@ -157,7 +157,7 @@ impl KeyEncoder {
 /// Change sets admitted to one plan (in canonical order, converted to one type per column),
 /// and the files refused, each with its error.
 #[derive(Debug, Default)]
-pub struct Admission {
+pub(crate) struct Admission {
     pub admitted: Vec<ChangeSet>,
     pub rejected: Vec<(Url, Error)>,
     /// Sequence kinds the batch establishes (the table's, or the first CDC file's).
@@ -166,7 +166,7 @@ pub struct Admission {
 
 /// Admit change sets in canonical order. `table_schema`/`table_kinds` describe the Delta
 /// table when it exists.
-pub fn admit(
+pub(crate) fn admit(
     mut changes: Vec<ChangeSet>,
     table_schema: Option<&Schema>,
     table_kinds: Option<&[SeqKind]>,
@@ -259,7 +259,7 @@ struct Rows<'a> {
 }
 
 /// Build the plan from admitted change sets (same type per column, see [`admit`]).
-pub fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePlan> {
+pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePlan> {
     let rows = combine(changes)?;
     let enc = KeyEncoder::new(&rows.all.schema(), &table.primary_key)?;
     let keys = enc.encode(&rows.all)?;
@@ -429,7 +429,7 @@ fn fold_sparse(
 /// key's tombstone stay, but the tombstone's delete comes before them in the key's history:
 /// sparse columns no later change of the batch set are cleared as of the tombstone.
 /// Returns how many upserts became deletes.
-pub fn apply_tombstones(
+pub(crate) fn apply_tombstones(
     plan: &mut MergePlan,
     table: &TableConfig,
     tombstones: &HashMap<OwnedRow, String>,

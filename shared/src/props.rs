@@ -16,10 +16,10 @@ use chrono::{DateTime, Utc};
 
 use crate::source::SeqKind;
 
-pub const SEQUENCE_KINDS: &str = "tributary.sequenceKinds";
-pub const LOAD_TRACKING: &str = "tributary.loadTracking";
-pub const GENERATION: &str = "tributary.generation";
-pub const TOMBSTONE_HORIZON: &str = "tributary.tombstoneHorizon";
+pub(crate) const SEQUENCE_KINDS: &str = "tributary.sequenceKinds";
+pub(crate) const LOAD_TRACKING: &str = "tributary.loadTracking";
+pub(crate) const GENERATION: &str = "tributary.generation";
+pub(crate) const TOMBSTONE_HORIZON: &str = "tributary.tombstoneHorizon";
 
 fn generation_start_key(g: u32) -> String {
     format!("tributary.generation.{g}.start")

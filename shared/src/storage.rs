@@ -28,7 +28,7 @@ pub struct Storage {
 }
 
 /// The endpoint override from the environment, if any.
-pub fn endpoint_override() -> Option<String> {
+pub(crate) fn endpoint_override() -> Option<String> {
     std::env::var("AWS_ENDPOINT_URL_S3")
         .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
         .ok()
@@ -45,7 +45,7 @@ fn region_unset() -> bool {
 /// Storage options for delta-rs tables, derived from the environment so that an emulator
 /// endpoint and plain-HTTP access work without further setup. The raw-file stores are built
 /// from the same options (one endpoint/region rule for both).
-pub fn delta_storage_options() -> HashMap<String, String> {
+pub(crate) fn delta_storage_options() -> HashMap<String, String> {
     let mut opts = HashMap::new();
     if let Some(ep) = endpoint_override() {
         if ep.starts_with("http://") {
@@ -65,18 +65,18 @@ pub fn delta_storage_options() -> HashMap<String, String> {
 }
 
 /// Decode a URL path component once.
-pub fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
 /// Object path (within its store) of a `file://` or `s3://` URL: the key, decoded once.
-pub fn object_path(url: &Url) -> Result<Path> {
+pub(crate) fn object_path(url: &Url) -> Result<Path> {
     let decoded = percent_decode(url.path().trim_start_matches('/'));
     Path::parse(decoded).map_err(|e| Error::storage(url.as_str(), e.into()))
 }
 
 /// Build an `s3://bucket/key` URL from a decoded object key (any characters).
-pub fn s3_url(bucket: &str, key: &str) -> Result<Url> {
+pub(crate) fn s3_url(bucket: &str, key: &str) -> Result<Url> {
     let mut u = Url::parse(&format!("s3://{bucket}/"))
         .map_err(|e| Error::config("event", format!("invalid bucket name {bucket:?}: {e}")))?;
     set_key(&mut u, key);
@@ -111,7 +111,7 @@ pub fn display(url: &Url) -> String {
 }
 
 /// `base` + `/name` for a URL without a trailing slash (`name` is a decoded key segment).
-pub fn join(base: &Url, name: &str) -> Url {
+pub(crate) fn join(base: &Url, name: &str) -> Url {
     let mut u = base.clone();
     if let Ok(mut segments) = u.path_segments_mut() {
         segments.pop_if_empty().push(name);
@@ -121,10 +121,9 @@ pub fn join(base: &Url, name: &str) -> Url {
 
 /// An object under a listed prefix.
 #[derive(Debug, Clone)]
-pub struct Listed {
-    pub url: Url,
-    pub last_modified: chrono::DateTime<chrono::Utc>,
-    pub size: u64,
+pub(crate) struct Listed {
+    pub(crate) url: Url,
+    pub(crate) last_modified: chrono::DateTime<chrono::Utc>,
 }
 
 impl Storage {
@@ -133,7 +132,7 @@ impl Storage {
     }
 
     /// The object store that serves `url`.
-    pub fn store(&self, url: &Url) -> Result<Arc<dyn ObjectStore>> {
+    pub(crate) fn store(&self, url: &Url) -> Result<Arc<dyn ObjectStore>> {
         let key = match url.scheme() {
             "file" => "file://".to_string(),
             "s3" | "s3a" => format!("s3://{}", url.host_str().unwrap_or("")),
@@ -172,7 +171,7 @@ impl Storage {
     }
 
     /// Read a whole object with its last-modified time.
-    pub async fn get_file(&self, url: &Url) -> Result<RawFile> {
+    pub(crate) async fn get_file(&self, url: &Url) -> Result<RawFile> {
         let store = self.store(url)?;
         let path = object_path(url)?;
         let res = store
@@ -202,7 +201,7 @@ impl Storage {
     }
 
     /// Delete an object; `false` when it was not there.
-    pub async fn delete_if_exists(&self, url: &Url) -> Result<bool> {
+    pub(crate) async fn delete_if_exists(&self, url: &Url) -> Result<bool> {
         let store = self.store(url)?;
         let path = object_path(url)?;
         match store.delete(&path).await {
@@ -224,7 +223,7 @@ impl Storage {
 
     /// All objects under a prefix (recursively) with their metadata, sorted by key. A
     /// prefix that does not exist lists nothing.
-    pub async fn list_meta(&self, prefix: &Url) -> Result<Vec<Listed>> {
+    pub(crate) async fn list_meta(&self, prefix: &Url) -> Result<Vec<Listed>> {
         let store = self.store(prefix)?;
         let path = object_path(prefix)?;
         let metas: Vec<ObjectMeta> = match store.list(Some(&path)).try_collect().await {
@@ -240,7 +239,6 @@ impl Storage {
                 Listed {
                     url: u,
                     last_modified: m.last_modified,
-                    size: m.size,
                 }
             })
             .collect();

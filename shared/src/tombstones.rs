@@ -34,13 +34,13 @@ use crate::retry::Retry;
 use crate::source::ChangeSet;
 
 /// Column of the tombstone table holding the wall-clock time a delete was recorded.
-pub const DELETED_AT_COLUMN: &str = "deleted_at";
+pub(crate) const DELETED_AT_COLUMN: &str = "deleted_at";
 
 /// Newest tombstone order key per primary key (row-encoded with the plan's key types).
-pub type TombstoneMap = HashMap<OwnedRow, String>;
+pub(crate) type TombstoneMap = HashMap<OwnedRow, String>;
 
 /// The tombstone table of one Delta table, opened once per merge.
-pub struct Tombstones<'a> {
+pub(crate) struct Tombstones<'a> {
     cfg: &'a TableConfig,
     table: DeltaTable,
     label: String,
@@ -51,7 +51,7 @@ pub struct Tombstones<'a> {
 impl<'a> Tombstones<'a> {
     /// Open the tombstone table, creating it (empty) when missing, so that later opens
     /// never hit a missing table. A concurrent creator winning the race is fine.
-    pub async fn open(
+    pub(crate) async fn open(
         cfg: &'a TableConfig,
         options: &HashMap<String, String>,
         plan_schema: &Schema,
@@ -76,7 +76,7 @@ impl<'a> Tombstones<'a> {
     }
 
     /// Append the plan's deletes. Returns how many tombstones the plan carried.
-    pub async fn record(&mut self, plan: &MergePlan, files: &[String]) -> Result<usize> {
+    pub(crate) async fn record(&mut self, plan: &MergePlan, files: &[String]) -> Result<usize> {
         let deletes = deletes_of(plan)?;
         if deletes.num_rows() == 0 {
             return Ok(0);
@@ -150,7 +150,7 @@ impl<'a> Tombstones<'a> {
     }
 
     /// Tombstones for the plan's upsert keys, from the newest tombstone table version.
-    pub async fn read(&mut self, plan: &MergePlan) -> Result<TombstoneMap> {
+    pub(crate) async fn read(&mut self, plan: &MergePlan) -> Result<TombstoneMap> {
         self.refresh().await?;
         self.read_version = self.table.version();
         self.scan(plan).await
@@ -159,7 +159,10 @@ impl<'a> Tombstones<'a> {
     /// After a commit: the tombstones for the plan's upsert keys if the tombstone table
     /// moved since the last [`Tombstones::read`] (a concurrent delete may have been
     /// recorded), `None` when it has not (nothing new can be there).
-    pub async fn read_if_changed(&mut self, plan: &MergePlan) -> Result<Option<TombstoneMap>> {
+    pub(crate) async fn read_if_changed(
+        &mut self,
+        plan: &MergePlan,
+    ) -> Result<Option<TombstoneMap>> {
         self.refresh().await?;
         if self.read_version.is_some() && self.table.version() == self.read_version {
             return Ok(None);
@@ -303,7 +306,7 @@ fn deletes_of(plan: &MergePlan) -> Result<RecordBatch> {
 
 /// Refuse a file written before the table's tombstone horizon: a delete of one of its keys
 /// may have been recorded and forgotten since, and applying the file could revive the row.
-pub fn check_horizon(cfg: &TableConfig, props: &TableProps, cs: &ChangeSet) -> Result<()> {
+pub(crate) fn check_horizon(cfg: &TableConfig, props: &TableProps, cs: &ChangeSet) -> Result<()> {
     match (props.tombstone_horizon, cs.written) {
         (Some(h), Some(w)) if w <= h => Err(Error::TooLate {
             table: cfg.name.clone(),
@@ -317,7 +320,7 @@ pub fn check_horizon(cfg: &TableConfig, props: &TableProps, cs: &ChangeSet) -> R
 
 /// A plan of deletes for the upserts of `plan` that tombstones written since have
 /// superseded (found after our commit). `None` when there are none.
-pub fn superseded_upserts(
+pub(crate) fn superseded_upserts(
     cfg: &TableConfig,
     plan: &MergePlan,
     tombstones: &TombstoneMap,
@@ -385,8 +388,8 @@ mod tests {
     #[tokio::test]
     async fn appends_keep_the_newest_and_recheck_scans_only_after_a_change() {
         let dir = tempfile::tempdir().unwrap();
-        let text = "[[table]]\nname = \"t\"\nsource = \"raw/t/\"\ntarget = \"curated/t\"\nprimary_key = [\"id\"]\nsequence_by = [\"ts\"]\n";
-        let config = Config::from_toml(text, "test", Some(dir.path())).unwrap();
+        let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+        let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
         let cfg = &config.tables[0];
         let opts = HashMap::new();
         let deletes = plan(cfg, &[(1, "1 b", "D"), (2, "1 a", "D")]);

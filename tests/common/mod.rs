@@ -38,6 +38,11 @@ impl Change {
     }
 }
 
+/// Shorthand for [`Change::new`].
+pub fn c(op: char, ts: &str, id: i64, part: &str, val: i64) -> Change {
+    Change::new(op, ts, id, part, val)
+}
+
 /// A curated row: (id, part, val).
 pub type Row = (i64, String, i64);
 

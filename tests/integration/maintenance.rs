@@ -11,10 +11,6 @@ use tributary::maintenance::{self, MaintenanceOptions};
 use tributary::{delta, manifest};
 use tributary_tests::*;
 
-fn c(op: char, ts: &str, id: i64, part: &str, val: i64) -> Change {
-    Change::new(op, ts, id, part, val)
-}
-
 fn ts(i: usize) -> String {
     format!("2024-01-01 00:00:00.{i:06}")
 }
@@ -243,7 +239,11 @@ async fn unknown_table_and_failing_table_are_reported() {
     )
     .await
     .unwrap_err();
-    assert!(e.contains("`nope`, which is not configured"), "{e}");
+    assert!(
+        e.to_string().contains("`nope`, which is not configured"),
+        "{e}"
+    );
+    assert_eq!(e.kind(), "config");
     // a table that does not exist yet is skipped, not failed
     let s = maintenance::handle(&fx.engine, &Default::default())
         .await

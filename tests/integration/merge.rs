@@ -3,10 +3,6 @@
 use tributary::{delta, demo, FileStatus};
 use tributary_tests::*;
 
-fn c(op: char, ts: &str, id: i64, part: &str, val: i64) -> Change {
-    Change::new(op, ts, id, part, val)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_load_then_cdc_insert_update_delete() {
     let fx = Fixture::items();
@@ -574,7 +570,9 @@ async fn sqs_batch_reports_only_the_bad_message_as_failed() {
         {"messageId":"bad","eventSource":"aws:sqs","body": s3("dms/shop/items/20240101+2.parquet")},
         {"messageId":"test","eventSource":"aws:sqs","body": "{\"Event\":\"s3:TestEvent\"}"}
     ]});
-    let handled = tributary::events::handle(&engine, &event).await.unwrap();
+    let handled = tributary::lambda::events::handle(&engine, &event)
+        .await
+        .unwrap();
     assert_eq!(
         handled.response().unwrap(),
         serde_json::json!({"batchItemFailures":[{"itemIdentifier":"bad"}]})

@@ -9,10 +9,6 @@ use tributary::reload;
 use tributary::{delta, FileStatus};
 use tributary_tests::*;
 
-fn c(op: char, ts: &str, id: i64, part: &str, val: i64) -> Change {
-    Change::new(op, ts, id, part, val)
-}
-
 fn set_mtime(u: &url::Url, t: SystemTime) {
     let f = std::fs::File::options()
         .write(true)

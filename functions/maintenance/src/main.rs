@@ -1,31 +1,28 @@
 //! Lambda: on a schedule, maintain the configured tables (compaction, checkpoint, vacuum,
-//! tombstone expiry, symlink manifests).
+//! tombstone expiry, symlink manifests), or apply a DMS table reload.
 //!
 //! Event: any scheduled event. `{"table": "name"}`, `{"tables": ["a", "b"]}` (also inside
 //! `detail`, as EventBridge rules with input transformers deliver it) limit the run;
-//! `"force": true` allows a VACUUM retention below the configured minimum.
+//! `"force": true` allows a VACUUM retention below the configured minimum;
+//! `{"reload": "name"}` applies that table's DMS reload instead.
 //! Environment: as the merge function.
 
 use std::sync::Arc;
 
-use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
-use tributary::{lambda, maintenance, metrics};
+use tributary::lambda::{self, metrics, FunctionError};
+use tributary::{maintenance, Engine};
 
 #[tokio::main(flavor = "multi_thread")]
-async fn main() -> Result<(), Error> {
-    lambda::init_tracing();
-    let engine = Arc::new(lambda::engine_from_env().await?);
-    lambda_runtime::run(service_fn(move |ev: LambdaEvent<Value>| {
-        let engine = engine.clone();
-        async move {
-            let request = maintenance::Request::from_event(&ev.payload);
-            let summary = maintenance::handle(&engine, &request).await?;
-            for line in metrics::maintenance_emf(&summary, lambda::now_ms()) {
-                println!("{line}");
-            }
-            summary.response().map_err(Error::from)
-        }
-    }))
-    .await
+async fn main() -> Result<(), lambda_runtime::Error> {
+    lambda::run(handle).await
+}
+
+async fn handle(engine: Arc<Engine>, event: Value) -> Result<Value, FunctionError> {
+    let request = maintenance::Request::from_event(&event);
+    let summary = maintenance::handle(&engine, &request).await?;
+    for line in metrics::maintenance_emf(&summary, lambda::now_ms()) {
+        println!("{line}");
+    }
+    summary.response()
 }

@@ -7,29 +7,22 @@
 
 use std::sync::Arc;
 
-use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
-use tributary::{lambda, Engine};
+use tributary::lambda::{self, events, metrics, FunctionError};
+use tributary::Engine;
 
 #[tokio::main(flavor = "multi_thread")]
-async fn main() -> Result<(), Error> {
-    lambda::init_tracing();
-    // Built once per cold start; a bad configuration fails the init with a clear message.
-    let engine = Arc::new(lambda::engine_from_env().await?);
-    lambda_runtime::run(service_fn(move |ev: LambdaEvent<Value>| {
-        let engine = engine.clone();
-        async move { handle(&engine, ev).await }
-    }))
-    .await
+async fn main() -> Result<(), lambda_runtime::Error> {
+    lambda::run(handle).await
 }
 
-async fn handle(engine: &Engine, ev: LambdaEvent<Value>) -> Result<Value, Error> {
-    let handled = tributary::events::handle(engine, &ev.payload).await?;
-    for line in tributary::metrics::emf(&handled.report, lambda::now_ms()) {
+async fn handle(engine: Arc<Engine>, event: Value) -> Result<Value, FunctionError> {
+    let handled = events::handle(&engine, &event).await?;
+    for line in metrics::emf(&handled.report, lambda::now_ms()) {
         println!("{line}");
     }
     for (id, reason) in &handled.failed_messages {
         tracing::error!(message_id = ?id, error = %reason, "message failed; it will be retried (then dead-lettered)");
     }
-    Ok(handled.response()?)
+    handled.response()
 }

@@ -152,36 +152,37 @@ impl Config {
     }
 }
 
+/// A table section for tests: `[[table]]` named `name`, keyed by `id`, with extra lines.
+#[cfg(test)]
+pub(crate) fn test_table(name: &str, source: &str, target: &str, extra: &str) -> String {
+    format!(
+        "[[table]]\nname = \"{name}\"\nsource = \"{source}\"\ntarget = \"{target}\"\nprimary_key = [\"id\"]\n{extra}\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const SEED: &str = r#"
-[defaults]
-tombstone_retention_days = 7
-
-[[table]]
-name = "travel_details"
-source = "s3://raw-bucket/dms/delta_emr_source/travel_details"
-target = "s3://curated-bucket/travel_details/"
-primary_key = ["trip_id"]
-partition_by = ["route_id"]
-sequence_by = ["update_ts_dms"]
-drop_columns = ["schema_name", "table_name", "update_ts_dms"]
-"#;
-
     #[test]
-    fn parses_seed_config_with_defaults() {
-        let c = Config::from_toml(SEED, "test", None).unwrap();
+    fn parses_the_sample_events_config_with_defaults() {
+        let text = format!(
+            "[defaults]\ntombstone_retention_days = 7\n{}",
+            crate::demo::S3_CONFIG
+        );
+        let c = Config::from_toml(&text, "test", None).unwrap();
         let t = &c.tables[0];
         assert_eq!(
             t.source.as_str(),
-            "s3://raw-bucket/dms/delta_emr_source/travel_details/"
+            "s3://tributary-raw/dms/delta_emr_source/travel_details/"
         );
-        assert_eq!(t.target.as_str(), "s3://curated-bucket/travel_details");
+        assert_eq!(
+            t.target.as_str(),
+            "s3://tributary-curated/delta/travel_details"
+        );
         assert_eq!(
             t.tombstones.as_str(),
-            "s3://curated-bucket/travel_details/_tributary_tombstones"
+            "s3://tributary-curated/delta/travel_details/_tributary_tombstones"
         );
         assert_eq!(t.op_column, "Op");
         assert_eq!(t.format, Format::Parquet);
@@ -189,25 +190,21 @@ drop_columns = ["schema_name", "table_name", "update_ts_dms"]
         assert!(!t.keeps_column("Op"));
         assert!(!t.keeps_column("update_ts_dms"));
         assert!(t.keeps_column("destination"));
-        let f =
-            Url::parse("s3://raw-bucket/dms/delta_emr_source/travel_details/2022/10/25/x.parquet")
-                .unwrap();
+        let f = Url::parse(
+            "s3://tributary-raw/dms/delta_emr_source/travel_details/2022/10/25/x.parquet",
+        )
+        .unwrap();
         assert_eq!(c.table_for(&f).unwrap().name, "travel_details");
         let other =
-            Url::parse("s3://raw-bucket/dms/delta_emr_source/travel_details_v2/x.parquet").unwrap();
+            Url::parse("s3://tributary-raw/dms/delta_emr_source/travel_details_v2/x.parquet")
+                .unwrap();
         assert!(c.table_for(&other).is_none());
     }
 
     #[test]
     fn relative_paths_resolve_against_base_dir() {
-        let text = r#"
-[[table]]
-name = "t"
-source = "raw/s/t"
-target = "curated/t"
-primary_key = ["id"]
-"#;
-        let c = Config::from_toml(text, "x", Some(Path::new("/data/demo"))).unwrap();
+        let text = test_table("t", "raw/s/t", "curated/t", "");
+        let c = Config::from_toml(&text, "x", Some(Path::new("/data/demo"))).unwrap();
         assert_eq!(c.tables[0].source.as_str(), "file:///data/demo/raw/s/t/");
         assert_eq!(c.tables[0].target.as_str(), "file:///data/demo/curated/t");
     }
@@ -218,96 +215,40 @@ primary_key = ["id"]
             .to_string()
     }
 
+    /// The error for table `t` (source `s3://b/raw/`, target `s3://c/t`) with extra lines.
+    fn err_with(extra: &str) -> String {
+        err_of(&test_table("t", "s3://b/raw/", "s3://c/t", extra))
+    }
+
     #[test]
     fn errors_say_how_to_fix() {
         assert!(err_of("").contains("add at least one [[table]]"));
-        let e = err_of(
-            r#"[[table]]
-name = "t"
-source = "s3://b/raw/"
-target = "s3://b/raw/curated"
-primary_key = ["id"]"#,
-        );
+        let e = err_of(&test_table("t", "s3://b/raw/", "s3://b/raw/curated", ""));
         assert!(e.contains("overlap"), "{e}");
-        let e = err_of(
-            r#"[[table]]
-name = "t"
-source = "s3://b/raw/"
-target = "s3://c/t"
-primary_key = []"#,
-        );
+        let e = err_of(&test_table("t", "s3://b/raw/", "s3://c/t", "").replace("[\"id\"]", "[]"));
         assert!(e.contains("`primary_key` is empty"), "{e}");
-        let e = err_of(
-            r#"[[table]]
-name = "t"
-source = "s3://b/raw/"
-target = "s3://c/t"
-primary_key = ["id"]
-format = "csv"
-[table.csv]
-header = false"#,
-        );
+        let e = err_with("format = \"csv\"\n[table.csv]\nheader = false");
         assert!(e.contains("needs csv.columns"), "{e}");
-        let e = err_of(
-            r#"[[table]]
-name = "t"
-source = "s3://b/raw/"
-target = "s3://c/t"
-primary_key = ["id"]
-drop_columns = ["id"]"#,
-        );
+        let e = err_with("drop_columns = [\"id\"]");
         assert!(e.contains("cannot also be dropped"), "{e}");
-        let e = err_of(
-            r#"[[table]]
-name = "t"
-source = "s3://b/raw/"
-target = "s3://c/t"
-primary_key = ["id"]
-primary_kee = ["x"]"#,
-        );
+        let e = err_with("primary_kee = [\"x\"]");
         assert!(e.contains("unknown field"), "{e}");
-        let two = r#"[[table]]
-name = "a"
-source = "s3://b/raw/"
-target = "s3://c/a"
-primary_key = ["id"]
-[[table]]
-name = "b"
-source = "s3://b/raw/x/"
-target = "s3://c/b"
-primary_key = ["id"]"#;
-        assert!(err_of(two).contains("each file must belong to exactly one table"));
+        let two = test_table("a", "s3://b/raw/", "s3://c/a", "")
+            + &test_table("b", "s3://b/raw/x/", "s3://c/b", "");
+        assert!(err_of(&two).contains("each file must belong to exactly one table"));
         assert!(
             err_of(&two.replace("raw/x/", "raw2/").replace("\"b\"", "\"a\""))
                 .contains("used twice")
         );
-        let e = err_of(
-            r#"[[table]]
-name = "t"
-source = "gs://b/raw/"
-target = "s3://c/t"
-primary_key = ["id"]"#,
-        );
+        let e = err_of(&test_table("t", "gs://b/raw/", "s3://c/t", ""));
         assert!(e.contains("not supported"), "{e}");
     }
 
     #[test]
     fn overlapping_locations_are_refused() {
         let two = |a_extra: &str, b_extra: &str, b_target: &str| {
-            format!(
-                r#"[[table]]
-name = "a"
-source = "s3://raw/a/"
-target = "s3://cur/a"
-primary_key = ["id"]
-{a_extra}
-[[table]]
-name = "b"
-source = "s3://raw/b/"
-target = "{b_target}"
-primary_key = ["id"]
-{b_extra}"#
-            )
+            test_table("a", "s3://raw/a/", "s3://cur/a", a_extra)
+                + &test_table("b", "s3://raw/b/", b_target, b_extra)
         };
         let shared = "tombstones = \"s3://cur/tombs\"";
         let e = err_of(&two(shared, shared, "s3://cur/b"));
@@ -327,7 +268,7 @@ primary_key = ["id"]
         )
         .is_ok());
         let e = err_of(
-            "[[table]]\nname = \"t\"\nsource = \"s3://r/t/\"\ntarget = \"s3://c/t\"\nprimary_key = [\"deleted_at\"]",
+            &test_table("t", "s3://r/t/", "s3://c/t", "").replace("\"id\"", "\"deleted_at\""),
         );
         assert!(e.contains("clashes with the tombstone table"), "{e}");
     }

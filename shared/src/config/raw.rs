@@ -31,46 +31,54 @@ struct RawConfig {
     tables: Vec<RawTable>,
 }
 
-/// Fields that `[defaults]` may set for every table.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDefaults {
-    tombstone_retention_days: Option<f64>,
-    max_commit_attempts: Option<u32>,
-    op_column: Option<String>,
-    sequence_column: Option<String>,
-    manifests: Option<bool>,
-    target_file_size_mb: Option<f64>,
-    vacuum_retention_hours: Option<f64>,
-    min_vacuum_retention_hours: Option<f64>,
+/// The fields `[defaults]` may set for every table, declared once for both structs (serde
+/// cannot `flatten` them into the table together with `deny_unknown_fields`).
+macro_rules! with_tuning_fields {
+    ($(#[$meta:meta])* struct $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        struct $name {
+            $($(#[$fmeta])* $field: $ty,)*
+            tombstone_retention_days: Option<f64>,
+            max_commit_attempts: Option<u32>,
+            op_column: Option<String>,
+            sequence_column: Option<String>,
+            manifests: Option<bool>,
+            target_file_size_mb: Option<f64>,
+            vacuum_retention_hours: Option<f64>,
+            min_vacuum_retention_hours: Option<f64>,
+        }
+    };
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTable {
-    name: String,
-    source: String,
-    target: String,
-    tombstones: Option<String>,
-    primary_key: Vec<String>,
-    #[serde(default)]
-    partition_by: Vec<String>,
-    #[serde(default)]
-    sequence_by: Vec<String>,
-    #[serde(default)]
-    drop_columns: Vec<String>,
-    #[serde(default = "default_format")]
-    format: String,
-    csv: Option<RawCsv>,
-    // The fields `[defaults]` may also set (serde cannot flatten with deny_unknown_fields).
-    tombstone_retention_days: Option<f64>,
-    max_commit_attempts: Option<u32>,
-    op_column: Option<String>,
-    sequence_column: Option<String>,
-    manifests: Option<bool>,
-    target_file_size_mb: Option<f64>,
-    vacuum_retention_hours: Option<f64>,
-    min_vacuum_retention_hours: Option<f64>,
+with_tuning_fields! {
+    #[derive(Debug, Default, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RawDefaults {}
+}
+
+with_tuning_fields! {
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RawTable {
+        name: String,
+        source: String,
+        target: String,
+        tombstones: Option<String>,
+        primary_key: Vec<String>,
+        #[serde(default)]
+        partition_by: Vec<String>,
+        #[serde(default)]
+        sequence_by: Vec<String>,
+        #[serde(default)]
+        drop_columns: Vec<String>,
+        #[serde(default = "default_format")]
+        format: String,
+        csv: Option<RawCsv>,
+    }
+}
+
+fn default_format() -> String {
+    "parquet".into()
 }
 
 impl RawTable {
@@ -87,10 +95,6 @@ impl RawTable {
             min_vacuum_retention_hours: self.min_vacuum_retention_hours,
         }
     }
-}
-
-fn default_format() -> String {
-    "parquet".into()
 }
 
 #[derive(Debug, Deserialize)]

@@ -21,7 +21,7 @@ use crate::tombstones::Tombstones;
 
 /// What one commit applies.
 #[derive(Debug, Clone)]
-pub struct Batch<'a> {
+pub(crate) struct Batch<'a> {
     /// Admitted change sets (see [`plan::admit`]).
     pub changes: &'a [ChangeSet],
     /// The sequence kinds the batch establishes: recorded on a table that has none.

@@ -26,7 +26,7 @@ use crate::props::TableProps;
 use crate::source::{self, ChangeSet, FileClass};
 use crate::storage::{self, Storage};
 
-pub use batch::Batch;
+pub(crate) use batch::Batch;
 pub use report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport};
 
 /// The merge engine: configuration, storage and delta-rs options, built once.

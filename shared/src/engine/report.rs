@@ -105,22 +105,18 @@ impl ProcessReport {
 }
 
 impl TableReport {
+    /// One log line per commit: the counts to filter on, and the whole report.
     pub(crate) fn log(&self) {
+        let report = serde_json::to_string(self).unwrap_or_default();
         tracing::info!(
             table = %self.table,
             version = self.version,
-            files = self.files,
-            source_rows = self.source_rows,
             inserted = self.inserted,
             updated = self.updated,
             deleted = self.deleted,
             skipped_stale = self.skipped_stale,
-            superseded_in_batch = self.superseded_in_batch,
-            blocked_by_tombstone = self.blocked_by_tombstone,
-            commit_attempts = self.commit_attempts,
             duration_ms = self.duration_ms,
-            manifests_written = self.manifests_written,
-            phases_ms = ?self.phases_ms,
+            report = %report,
             "merged"
         );
     }

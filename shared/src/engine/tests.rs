@@ -46,15 +46,8 @@ fn cdc(op: &str, ts: &str, id: i64) -> bytes::Bytes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_insert_racing_a_delete_does_not_revive_the_row() {
     let dir = tempfile::tempdir().unwrap();
-    let text = r#"
-[[table]]
-name = "t"
-source = "raw/t/"
-target = "curated/t"
-primary_key = ["id"]
-sequence_by = ["ts"]
-"#;
-    let config = Config::from_toml(text, "test", Some(dir.path())).unwrap();
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
     let deleter = Engine::new(config.clone());
     let src = config.tables[0].source.clone();
     let insert = src.join("20240101-0000000001.parquet").unwrap();

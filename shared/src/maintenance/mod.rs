@@ -72,12 +72,6 @@ pub struct MaintenanceReport {
     pub skipped: Option<String>,
 }
 
-/// Outcome for every table of a run.
-#[derive(Debug, Default)]
-pub struct RunReport {
-    pub tables: Vec<(String, Result<MaintenanceReport>)>,
-}
-
 /// Commit properties of a maintenance commit that rewrites files: the guard id (its version
 /// only has to be new; the conflict comes from the id itself).
 fn guarded_commit() -> CommitProperties {
@@ -95,7 +89,7 @@ pub async fn run(
     options: &std::collections::HashMap<String, String>,
     only: &[String],
     opts: MaintenanceOptions,
-) -> Result<RunReport> {
+) -> Result<Summary> {
     for name in only {
         if config.table(name).is_none() {
             return Err(Error::config(
@@ -112,40 +106,29 @@ pub async fn run(
             ));
         }
     }
-    let mut report = RunReport::default();
+    let mut summary = Summary::default();
     for t in &config.tables {
         if !only.is_empty() && !only.contains(&t.name) {
             continue;
         }
-        let r = maintain(t, storage, options, opts).await;
-        match &r {
-            Ok(m) => log_report(m),
+        match maintain(t, storage, options, opts).await {
+            Ok(m) => {
+                log_report(&m);
+                summary.maintained.push(m);
+            }
             Err(e) => {
-                tracing::error!(table = %t.name, error = %e, kind = e.kind(), "maintenance failed")
+                tracing::error!(table = %t.name, error = %e, kind = e.kind(), "maintenance failed");
+                summary.failed.push((t.name.clone(), e.to_string()));
             }
         }
-        report.tables.push((t.name.clone(), r));
     }
-    Ok(report)
+    Ok(summary)
 }
 
 fn log_report(m: &MaintenanceReport) {
-    tracing::info!(
-        table = %m.table,
-        files_before = m.files_before,
-        files_after = m.files_after,
-        bytes_before = m.bytes_before,
-        bytes_after = m.bytes_after,
-        partitions_compacted = m.partitions_compacted,
-        partitions_skipped = m.partitions_skipped,
-        version_after = m.version_after,
-        files_vacuumed = m.files_vacuumed,
-        tombstones_expired = m.tombstones_expired,
-        manifests_written = m.manifests_written,
-        manifests_deleted = m.manifests_deleted,
-        duration_ms = m.duration_ms,
-        "maintained"
-    );
+    // The numbers are also EMF metrics; the log line carries the whole report.
+    let report = serde_json::to_string(m).unwrap_or_default();
+    tracing::info!(table = %m.table, duration_ms = m.duration_ms, report = %report, "maintained");
 }
 
 /// Maintain one table.
@@ -469,7 +452,8 @@ impl Request {
     }
 }
 
-/// Summary of a maintenance invocation.
+/// What a maintenance run (or a reload request) did: a report per maintained table, the
+/// tables that failed with their errors.
 #[derive(Debug, Default, Serialize)]
 pub struct Summary {
     pub maintained: Vec<MaintenanceReport>,
@@ -483,28 +467,25 @@ pub struct Summary {
 impl Summary {
     /// The Lambda result: the summary, or an error naming the failed tables (after all
     /// tables were attempted) so that the invocation counts as failed and alarms fire.
-    pub fn response(&self) -> std::result::Result<serde_json::Value, String> {
+    pub fn response(&self) -> std::result::Result<serde_json::Value, crate::lambda::FunctionError> {
         if self.failed.is_empty() {
-            serde_json::to_value(self).map_err(|e| e.to_string())
-        } else {
-            Err(format!(
-                "maintenance failed for {} table(s): {}",
-                self.failed.len(),
-                self.failed
-                    .iter()
-                    .map(|(t, e)| format!("{t}: {e}"))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ))
+            return Ok(serde_json::to_value(self)?);
         }
+        Err(crate::lambda::FunctionError::Maintenance {
+            count: self.failed.len(),
+            reasons: self
+                .failed
+                .iter()
+                .map(|(t, e)| format!("{t}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        })
     }
 }
 
-/// Run maintenance for a request with the engine's configuration and storage.
-pub async fn handle(
-    engine: &crate::Engine,
-    request: &Request,
-) -> std::result::Result<Summary, String> {
+/// Run maintenance for a request with the engine's configuration and storage. Per-table
+/// failures are in the summary; an error means nothing was attempted (an unknown table).
+pub async fn handle(engine: &crate::Engine, request: &Request) -> Result<Summary> {
     if let Some(table) = &request.reload {
         let mut s = Summary::default();
         match crate::reload::reload(engine, table).await {
@@ -516,7 +497,7 @@ pub async fn handle(
         }
         return Ok(s);
     }
-    let run = run(
+    run(
         engine.config(),
         engine.storage(),
         engine.storage_options(),
@@ -526,13 +507,28 @@ pub async fn handle(
         },
     )
     .await
-    .map_err(|e| e.to_string())?;
-    let mut s = Summary::default();
-    for (t, r) in run.tables {
-        match r {
-            Ok(m) => s.maintained.push(m),
-            Err(e) => s.failed.push((t, e.to_string())),
-        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_expiry_cutoff_moves_in_steps() {
+        let now = DateTime::parse_from_rfc3339("2026-11-30T15:47:11Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let day = |d: u64| std::time::Duration::from_secs(d * 86_400);
+        // 35 days: a day's step, so the horizon moves at most once a day
+        assert_eq!(
+            expiry_cutoff(now, day(35)).to_rfc3339(),
+            "2026-10-26T00:00:00+00:00"
+        );
+        // short retentions (tests) step by a seventh, at least a second
+        assert_eq!(
+            expiry_cutoff(now, std::time::Duration::from_secs(70)).to_rfc3339(),
+            "2026-11-30T15:46:00+00:00"
+        );
+        assert!(expiry_cutoff(now, std::time::Duration::from_millis(500)) <= now);
     }
-    Ok(s)
 }

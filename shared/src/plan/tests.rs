@@ -1,1 +1,213 @@
-//! Planning tests.
+//! Planning without a table: admission, latest change per key, sparse columns, tombstones.
+
+use std::collections::HashMap;
+
+use arrow::array::{Int32Array, Int64Array, StringArray};
+use url::Url;
+
+use super::*;
+use crate::config::Config;
+use crate::source::FileCounts;
+
+fn cfg() -> TableConfig {
+    let text = "[[table]]\nname = \"t\"\nsource = \"s3://r/t/\"\ntarget = \"s3://c/t\"\nprimary_key = [\"id\"]\nsequence_by = [\"ts\"]\n";
+    Config::from_toml(text, "test", None)
+        .unwrap()
+        .tables
+        .remove(0)
+}
+
+/// A change set of one file: (op, order key, id, columns).
+fn cs(name: &str, rows: &[(ChangeOp, &str, i64)], cols: Vec<(&str, ArrayRef)>) -> ChangeSet {
+    let mut fields = vec![Field::new("id", DataType::Int64, true)];
+    let mut arrays: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(
+        rows.iter().map(|r| r.2),
+    ))];
+    for (n, a) in cols {
+        fields.push(Field::new(n, a.data_type().clone(), true));
+        arrays.push(a);
+    }
+    ChangeSet {
+        file: Url::parse(&format!("s3://r/t/{name}")).unwrap(),
+        kind: FileKind::of(name),
+        data: RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap(),
+        ops: rows.iter().map(|r| r.0).collect(),
+        order: rows.iter().map(|r| r.1.to_string()).collect(),
+        seq_kinds: vec![Some(SeqKind::Timestamp)],
+        generation: 1,
+        written: None,
+        last_modified: None,
+        counts: FileCounts::default(),
+    }
+}
+
+fn strs(v: &[Option<&str>]) -> ArrayRef {
+    Arc::new(StringArray::from(v.to_vec()))
+}
+
+fn column_text(p: &MergePlan, name: &str) -> Vec<Option<String>> {
+    let a = arrow::compute::cast(p.column(name).unwrap(), &DataType::Utf8).unwrap();
+    a.as_string::<i32>()
+        .iter()
+        .map(|v| v.map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_latest_change_per_key_wins_across_files() {
+    use ChangeOp::*;
+    let a = cs(
+        "20240101-1.parquet",
+        &[(Insert, "1 a", 1), (Update, "1 c", 2)],
+        vec![],
+    );
+    let b = cs(
+        "20240101-2.parquet",
+        &[(Delete, "1 b", 1), (Update, "1 b", 2)],
+        vec![],
+    );
+    let p = plan(&cfg(), &[a, b]).unwrap();
+    assert_eq!(p.batch.num_rows(), 2);
+    assert_eq!(p.superseded, 2);
+    assert_eq!(
+        column_text(&p, "id"),
+        vec![Some("2".into()), Some("1".into())]
+    );
+    assert_eq!(p.ops().unwrap(), vec![PlanOp::Upsert, PlanOp::Delete]);
+    assert_eq!((p.upserts, p.deletes), (1, 1));
+    assert_eq!(
+        column_text(&p, &cfg().sequence_column),
+        vec![Some("1 c".into()), Some("1 b".into())]
+    );
+}
+
+#[test]
+fn admission_orders_files_and_refuses_values_that_do_not_fit() {
+    use ChangeOp::*;
+    let narrow = cs(
+        "20240101-1.parquet",
+        &[(Insert, "1 a", 1)],
+        vec![("n", Arc::new(Int32Array::from(vec![5])))],
+    );
+    let wide = cs(
+        "20240101-2.parquet",
+        &[(Insert, "1 b", 2)],
+        vec![("n", Arc::new(Int64Array::from(vec![1i64 << 40])))],
+    );
+    let fits = cs(
+        "20240101-3.parquet",
+        &[(Insert, "1 c", 3)],
+        vec![("n", Arc::new(Int64Array::from(vec![7])))],
+    );
+    let a = admit(vec![fits, wide, narrow], None, None);
+    let names: Vec<String> = a
+        .admitted
+        .iter()
+        .map(|c| crate::storage::file_name(&c.file))
+        .collect();
+    assert_eq!(
+        names,
+        vec!["20240101-1.parquet", "20240101-3.parquet"],
+        "canonical order, the misfit out"
+    );
+    assert_eq!(a.rejected.len(), 1);
+    assert!(a.rejected[0].1.to_string().contains("1099511627776"));
+    assert_eq!(
+        a.admitted[1].data.column_by_name("n").unwrap().data_type(),
+        &DataType::Int32
+    );
+    // the sequence kinds of the table are checked
+    let text = ChangeSet {
+        seq_kinds: vec![Some(SeqKind::Text)],
+        ..cs("20240101-4.parquet", &[(Insert, "1 d", 4)], vec![])
+    };
+    let a = admit(vec![text], None, Some(&[SeqKind::Timestamp]));
+    assert!(
+        a.rejected[0].1.to_string().contains("text values"),
+        "{}",
+        a.rejected[0].1
+    );
+}
+
+#[test]
+fn a_column_some_files_lack_carries_the_order_key_that_set_it() {
+    use ChangeOp::*;
+    // key 1: set c at "1 a", then a change without c at "1 b" → c from "1 a"
+    // key 2: set c at "1 a", deleted at "1 b", re-inserted without c at "1 c" → empty as of "1 b"
+    // key 3: only changes without c → not set by this batch
+    let with_c = cs(
+        "20240101-1.parquet",
+        &[(Insert, "1 a", 1), (Insert, "1 a", 2)],
+        vec![("c", strs(&[Some("x"), Some("y")]))],
+    );
+    let without = cs(
+        "20240101-2.parquet",
+        &[
+            (Update, "1 b", 1),
+            (Delete, "1 b", 2),
+            (Insert, "1 c", 2),
+            (Insert, "1 c", 3),
+        ],
+        vec![],
+    );
+    let p = plan(&cfg(), &[with_c, without]).unwrap();
+    assert_eq!(p.sparse.len(), 1);
+    let seq = &p.sparse[0].seq_column;
+    let by_id: HashMap<_, _> = column_text(&p, "id")
+        .into_iter()
+        .zip(column_text(&p, "c").into_iter().zip(column_text(&p, seq)))
+        .collect();
+    assert_eq!(
+        by_id[&Some("1".into())],
+        (Some("x".into()), Some("1 a".into()))
+    );
+    assert_eq!(by_id[&Some("2".into())], (None, Some("1 b".into())));
+    assert_eq!(by_id[&Some("3".into())], (None, None));
+    assert!(
+        !p.table_schema().fields().iter().any(|f| f.name() == seq),
+        "internal columns are not stored"
+    );
+}
+
+#[test]
+fn tombstones_turn_older_upserts_into_deletes_and_clear_what_they_predate() {
+    use ChangeOp::*;
+    let with_c = cs(
+        "20240101-1.parquet",
+        &[(Insert, "1 a", 1)],
+        vec![("c", strs(&[Some("x")]))],
+    );
+    let without = cs(
+        "20240101-2.parquet",
+        &[(Update, "1 c", 1), (Insert, "1 a", 2)],
+        vec![],
+    );
+    let mut p = plan(&cfg(), &[with_c, without]).unwrap();
+    let enc = KeyEncoder::new(&p.batch.schema(), &cfg().primary_key).unwrap();
+    let keys = enc.encode(&p.batch).unwrap();
+    let ids = column_text(&p, "id");
+    let key_of =
+        |id: &str| keys[ids.iter().position(|i| i.as_deref() == Some(id)).unwrap()].clone();
+    // key 1 was deleted at "1 b" (after c was set, before the last change); key 2 at "1 z"
+    let tombs = HashMap::from([
+        (key_of("1"), "1 b".to_string()),
+        (key_of("2"), "1 z".to_string()),
+    ]);
+    let blocked = apply_tombstones(&mut p, &cfg(), &tombs).unwrap();
+    assert_eq!(blocked, 1);
+    let seq = p.sparse[0].seq_column.clone();
+    let rows: HashMap<_, _> = column_text(&p, "id")
+        .into_iter()
+        .zip(
+            p.ops()
+                .unwrap()
+                .into_iter()
+                .zip(column_text(&p, "c").into_iter().zip(column_text(&p, &seq))),
+        )
+        .collect();
+    assert_eq!(
+        rows[&Some("1".into())],
+        (PlanOp::Upsert, (None, Some("1 b".into())))
+    );
+    assert_eq!(rows[&Some("2".into())].0, PlanOp::Delete);
+}

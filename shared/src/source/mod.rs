@@ -5,7 +5,7 @@
 //! Every problem names the file and, where it applies, the row and column.
 
 mod csv;
-pub mod order;
+pub(crate) mod order;
 mod parquet;
 
 use std::collections::HashSet;
@@ -26,18 +26,18 @@ use crate::storage;
 pub use order::SeqKind;
 
 /// Prefix reserved for tributary's own columns; source columns may not use it.
-pub const RESERVED_PREFIX: &str = "_tributary_";
+pub(crate) const RESERVED_PREFIX: &str = "_tributary_";
 
 /// Whether a file is part of a full load (`LOAD*`) or a CDC file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum FileKind {
+pub(crate) enum FileKind {
     FullLoad,
     Cdc,
 }
 
 impl FileKind {
     /// DMS names full-load files `LOAD00000001.*`; everything else is CDC.
-    pub fn of(file_name: &str) -> FileKind {
+    pub(crate) fn of(file_name: &str) -> FileKind {
         if file_name.starts_with("LOAD") {
             FileKind::FullLoad
         } else {
@@ -48,7 +48,7 @@ impl FileKind {
 
 /// What a row does to its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeOp {
+pub(crate) enum ChangeOp {
     Insert,
     Update,
     Delete,
@@ -65,14 +65,14 @@ pub struct FileCounts {
 
 /// A raw object as fetched: its bytes and when it was last written.
 #[derive(Debug, Clone)]
-pub struct RawFile {
+pub(crate) struct RawFile {
     pub bytes: Bytes,
     pub last_modified: Option<DateTime<Utc>>,
 }
 
 /// One file's changes, ready for merge planning.
 #[derive(Debug, Clone)]
-pub struct ChangeSet {
+pub(crate) struct ChangeSet {
     pub file: Url,
     pub kind: FileKind,
     /// Curated columns only (op and dropped columns removed), in the table's types where the
@@ -96,7 +96,7 @@ pub struct ChangeSet {
 impl ChangeSet {
     /// Canonical processing order of a batch: full loads first, then by file name (DMS
     /// names files in write order), then by location.
-    pub fn canonical_key(&self) -> (u32, FileKind, String, String) {
+    pub(crate) fn canonical_key(&self) -> (u32, FileKind, String, String) {
         (
             self.generation,
             self.kind,
@@ -108,7 +108,7 @@ impl ChangeSet {
 
 /// What to do with an object found under a table's source prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FileClass {
+pub(crate) enum FileClass {
     /// A data file to merge.
     Data,
     /// Not data (a folder marker); ignoring it loses nothing.
@@ -118,7 +118,7 @@ pub enum FileClass {
 /// Classify an object under a table's source. Anything that is neither a data file of the
 /// table's format nor a folder marker is an error: a file tributary cannot read must fail
 /// (and reach the dead-letter queue), never be skipped.
-pub fn classify(url: &Url, format: &Format) -> std::result::Result<FileClass, String> {
+pub(crate) fn classify(url: &Url, format: &Format) -> std::result::Result<FileClass, String> {
     let path = url.path();
     let name = storage::file_name(url);
     if path.ends_with('/') || name.is_empty() || name.ends_with("_$folder$") {
@@ -147,7 +147,7 @@ pub fn classify(url: &Url, format: &Format) -> std::result::Result<FileClass, St
 
 /// Parse one file. `table` is what the Delta table says (schema, generations), when it exists:
 /// columns it has are converted to its types.
-pub fn read_changes(
+pub(crate) fn read_changes(
     file: &Url,
     raw: RawFile,
     cfg: &TableConfig,

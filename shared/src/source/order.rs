@@ -23,10 +23,7 @@
 use std::fmt;
 
 use arrow::array::{Array, ArrayRef, AsArray};
-use arrow::datatypes::{
-    DataType, Date32Type, Date64Type, Int16Type, Int32Type, Int64Type, Int8Type, TimeUnit,
-    UInt16Type, UInt32Type, UInt64Type, UInt8Type,
-};
+use arrow::datatypes::{DataType, Date32Type, Date64Type, Int64Type, TimeUnit, UInt64Type};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 
 use crate::source::FileKind;
@@ -69,7 +66,7 @@ impl fmt::Display for SeqKind {
 
 /// Why a sequence column cannot be ordered; the row is 0-based.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeqError {
+pub(crate) struct SeqError {
     pub row: Option<usize>,
     pub message: String,
 }
@@ -77,67 +74,44 @@ pub struct SeqError {
 /// The normalised values of one sequence column of one file, and their kind (`None` when the
 /// file has no rows to tell a text column's kind by).
 #[derive(Debug, Clone)]
-pub struct SeqColumn {
+pub(crate) struct SeqColumn {
     pub kind: Option<SeqKind>,
     pub values: Vec<String>,
 }
 
 /// Normalise a sequence column. Nulls are refused: every CDC row needs its position.
-pub fn sequence_column(a: &ArrayRef) -> Result<SeqColumn, SeqError> {
+pub(crate) fn sequence_column(a: &ArrayRef) -> Result<SeqColumn, SeqError> {
     if let Some(r) = (0..a.len()).find(|&i| a.is_null(i)) {
         return Err(SeqError {
             row: Some(r),
             message: "sequence value is null; every CDC row needs it to be ordered".into(),
         });
     }
+    let as_i64 = || {
+        arrow::compute::cast(a, &DataType::Int64).map_err(|e| SeqError {
+            row: None,
+            message: e.to_string(),
+        })
+    };
     match a.data_type() {
-        DataType::Int8 => ints(
-            a.as_primitive::<Int8Type>()
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32 => ints(
+            as_i64()?
+                .as_primitive::<Int64Type>()
                 .values()
                 .iter()
-                .map(|v| *v as i128),
-        ),
-        DataType::Int16 => ints(
-            a.as_primitive::<Int16Type>()
-                .values()
-                .iter()
-                .map(|v| *v as i128),
-        ),
-        DataType::Int32 => ints(
-            a.as_primitive::<Int32Type>()
-                .values()
-                .iter()
-                .map(|v| *v as i128),
-        ),
-        DataType::Int64 => ints(
-            a.as_primitive::<Int64Type>()
-                .values()
-                .iter()
-                .map(|v| *v as i128),
-        ),
-        DataType::UInt8 => ints(
-            a.as_primitive::<UInt8Type>()
-                .values()
-                .iter()
-                .map(|v| *v as i128),
-        ),
-        DataType::UInt16 => ints(
-            a.as_primitive::<UInt16Type>()
-                .values()
-                .iter()
-                .map(|v| *v as i128),
-        ),
-        DataType::UInt32 => ints(
-            a.as_primitive::<UInt32Type>()
-                .values()
-                .iter()
-                .map(|v| *v as i128),
+                .map(|v| i128::from(*v)),
         ),
         DataType::UInt64 => ints(
             a.as_primitive::<UInt64Type>()
                 .values()
                 .iter()
-                .map(|v| *v as i128),
+                .map(|v| i128::from(*v)),
         ),
         DataType::Timestamp(unit, _) => timestamps(a, *unit),
         DataType::Date32 => instants(
@@ -318,7 +292,7 @@ fn generation_prefix(generation: u32) -> String {
 }
 
 /// The smallest order key of generation `g` (rows below it predate the g-th full load).
-pub fn generation_floor(generation: u32) -> String {
+pub(crate) fn generation_floor(generation: u32) -> String {
     if generation <= 1 {
         "0".into()
     } else {
@@ -327,7 +301,7 @@ pub fn generation_floor(generation: u32) -> String {
 }
 
 /// Order keys of a file's rows.
-pub fn order_keys(
+pub(crate) fn order_keys(
     generation: u32,
     kind: FileKind,
     file_name: &str,
@@ -359,7 +333,7 @@ pub fn order_keys(
 
 /// When DMS wrote a CDC file, from its name (`20221025-2105000000.parquet`: date, time,
 /// then fractions of a second). `None` for other names.
-pub fn dms_file_time(file_name: &str) -> Option<DateTime<Utc>> {
+pub(crate) fn dms_file_time(file_name: &str) -> Option<DateTime<Utc>> {
     let stem = file_name.split('.').next()?;
     let (date, time) = stem.split_once('-')?;
     if date.len() != 8 || time.len() < 6 || !time.bytes().all(|b| b.is_ascii_digit()) {

@@ -11,6 +11,7 @@ use aws_lambda_events::event::sqs::SqsBatchResponse;
 use serde_json::Value;
 use url::Url;
 
+use super::FunctionError;
 use crate::engine::{Engine, FileStatus, ProcessReport};
 use crate::storage;
 
@@ -131,14 +132,7 @@ fn objects_of(v: &Value) -> Result<Vec<Url>, String> {
             if !name.starts_with("ObjectCreated:") {
                 continue;
             }
-            let bucket = r
-                .pointer("/s3/bucket/name")
-                .and_then(Value::as_str)
-                .ok_or("S3 record without s3.bucket.name")?;
-            let key = r
-                .pointer("/s3/object/key")
-                .and_then(Value::as_str)
-                .ok_or("S3 record without s3.object.key")?;
+            let (bucket, key) = bucket_and_key(r, "/s3", "S3 record without s3")?;
             out.push(storage::s3_url(bucket, &decode_s3_key(key)).map_err(|e| e.to_string())?);
         }
         return Ok(out);
@@ -147,20 +141,24 @@ fn objects_of(v: &Value) -> Result<Vec<Url>, String> {
         if dt != "Object Created" {
             return Ok(vec![]);
         }
-        let d = v.get("detail").ok_or("EventBridge event without detail")?;
-        let bucket = d
-            .pointer("/bucket/name")
-            .and_then(Value::as_str)
-            .ok_or("EventBridge Object Created without detail.bucket.name")?;
-        let key = d
-            .pointer("/object/key")
-            .and_then(Value::as_str)
-            .ok_or("EventBridge Object Created without detail.object.key")?;
+        let (bucket, key) =
+            bucket_and_key(v, "/detail", "EventBridge Object Created without detail")?;
         return Ok(vec![
             storage::s3_url(bucket, key).map_err(|e| e.to_string())?
         ]);
     }
     Err("message is neither an S3 notification nor an EventBridge event".into())
+}
+
+/// `<at>/bucket/name` and `<at>/object/key` of a notification (as sent: S3 keys still
+/// URL-encoded).
+fn bucket_and_key<'a>(v: &'a Value, at: &str, missing: &str) -> Result<(&'a str, &'a str), String> {
+    let field = |path: &str| {
+        v.pointer(&format!("{at}{path}"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("{missing}{}", path.replace('/', ".")))
+    };
+    Ok((field("/bucket/name")?, field("/object/key")?))
 }
 
 /// What the merge handler did with one invocation.
@@ -173,9 +171,10 @@ pub struct Handled {
 }
 
 impl Handled {
-    /// The Lambda response: for SQS a partial batch response; otherwise `Ok(null)` when
-    /// everything merged and `Err(reason)` when anything failed (so Lambda retries it).
-    pub fn response(&self) -> Result<Value, String> {
+    /// The Lambda response: for SQS a partial batch response; otherwise `null` when
+    /// everything merged and an error naming the files when anything failed (so Lambda
+    /// retries it).
+    pub fn response(&self) -> Result<Value, FunctionError> {
         match self.trigger {
             Trigger::Sqs => {
                 let mut r = SqsBatchResponse::default();
@@ -186,22 +185,25 @@ impl Handled {
                 {
                     r.add_failure(id.clone());
                 }
-                serde_json::to_value(r).map_err(|e| e.to_string())
+                Ok(serde_json::to_value(r)?)
             }
             _ if self.failed_messages.is_empty() => Ok(Value::Null),
-            _ => Err(self
-                .failed_messages
-                .iter()
-                .map(|(_, r)| r.as_str())
-                .collect::<Vec<_>>()
-                .join("; ")),
+            _ => Err(FunctionError::Files {
+                count: self.failed_messages.len(),
+                reasons: self
+                    .failed_messages
+                    .iter()
+                    .map(|(_, r)| r.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            }),
         }
     }
 }
 
 /// Parse the event, merge every announced file, and work out which messages failed.
-pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, String> {
-    let inv = parse(event)?;
+pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, FunctionError> {
+    let inv = parse(event).map_err(FunctionError::Event)?;
     let mut all = Vec::new();
     for m in &inv.messages {
         if let Ok(objs) = &m.objects {
@@ -308,10 +310,17 @@ mod sample_events {
     use super::*;
 
     fn sample(name: &str) -> Value {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../events")
-            .join(name);
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+        let text = match name {
+            "s3-put-cdc.json" => include_str!("../../../events/s3-put-cdc.json"),
+            "s3-put-encoded-key.json" => include_str!("../../../events/s3-put-encoded-key.json"),
+            "s3-test-event.json" => include_str!("../../../events/s3-test-event.json"),
+            "sqs-s3-batch.json" => include_str!("../../../events/sqs-s3-batch.json"),
+            "eventbridge-object-created.json" => {
+                include_str!("../../../events/eventbridge-object-created.json")
+            }
+            other => panic!("no sample event {other}"),
+        };
+        serde_json::from_str(text).unwrap()
     }
 
     #[test]

@@ -1,0 +1,118 @@
+//! Lambda plumbing, used only by the two function crates: event payloads
+//! ([`events`]), CloudWatch metrics ([`metrics`]), what both binaries do at cold start, and
+//! the typed errors a handler returns ([`FunctionError`], mapped to the runtime's
+//! diagnostic with the `lambda` feature).
+
+pub mod events;
+pub mod metrics;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+
+/// JSON logs on stdout (CloudWatch), filtered by `RUST_LOG` or [`crate::LOG_FILTER`].
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(crate::LOG_FILTER)),
+        )
+        .with_current_span(false)
+        .with_ansi(false)
+        .without_time()
+        .with_target(false)
+        .init();
+}
+
+/// Load and validate the configuration named by `TRIBUTARY_CONFIG`; with
+/// `TRIBUTARY_LOCAL_S3_ROOT`, serve `s3://bucket/key` from `<root>/bucket/key` (local loop).
+pub async fn engine_from_env() -> Result<Engine> {
+    let location = std::env::var("TRIBUTARY_CONFIG").map_err(|_| {
+        Error::config(
+            "environment",
+            "TRIBUTARY_CONFIG is not set: point it at the table configuration (s3://bucket/key or a file path)",
+        )
+    })?;
+    let mut engine = Engine::from_config_location(&location).await?;
+    if let Ok(root) = std::env::var("TRIBUTARY_LOCAL_S3_ROOT") {
+        engine = engine.with_local_s3_root(root);
+    }
+    tracing::info!(config = %location, tables = engine.config().tables.len(), "tributary ready");
+    Ok(engine)
+}
+
+/// A function's life: JSON logs, the engine built once per cold start (a bad configuration
+/// fails the init with the reason), then `handler` for every invocation's payload.
+#[cfg(feature = "lambda")]
+pub async fn run<F, Fut>(handler: F) -> std::result::Result<(), lambda_runtime::Error>
+where
+    F: Fn(std::sync::Arc<Engine>, serde_json::Value) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<serde_json::Value, FunctionError>>,
+{
+    init_tracing();
+    let engine = std::sync::Arc::new(engine_from_env().await?);
+    lambda_runtime::run(lambda_runtime::service_fn(
+        move |ev: lambda_runtime::LambdaEvent<serde_json::Value>| {
+            handler(engine.clone(), ev.payload)
+        },
+    ))
+    .await
+}
+
+/// Milliseconds since the Unix epoch (EMF timestamps).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+/// Why an invocation failed (Lambda then retries it, or SQS redelivers its messages).
+#[derive(Debug, thiserror::Error)]
+pub enum FunctionError {
+    /// The payload is none of the events the function accepts.
+    #[error("unrecognised event: {0}")]
+    Event(String),
+    /// Files of a direct (not SQS) invocation could not be merged.
+    #[error("{count} file(s) not merged: {reasons}")]
+    Files { count: usize, reasons: String },
+    /// Maintenance (or a reload) failed for some tables, after all were attempted.
+    #[error("maintenance failed for {count} table(s): {reasons}")]
+    Maintenance { count: usize, reasons: String },
+    /// The engine failed before any file or table was attempted.
+    #[error(transparent)]
+    Engine(Box<Error>),
+    /// The response could not be encoded.
+    #[error("cannot encode the response: {0}")]
+    Response(#[from] serde_json::Error),
+}
+
+impl From<Error> for FunctionError {
+    fn from(e: Error) -> Self {
+        FunctionError::Engine(Box::new(e))
+    }
+}
+
+impl FunctionError {
+    /// The diagnostic's error type: `tributary.<kind>`.
+    pub fn error_type(&self) -> String {
+        let kind = match self {
+            FunctionError::Event(_) => "event",
+            FunctionError::Files { .. } => "files",
+            FunctionError::Maintenance { .. } => "maintenance",
+            FunctionError::Engine(e) => e.kind(),
+            FunctionError::Response(_) => "response",
+        };
+        format!("tributary.{kind}")
+    }
+}
+
+#[cfg(feature = "lambda")]
+impl From<FunctionError> for lambda_runtime::Diagnostic {
+    fn from(e: FunctionError) -> Self {
+        lambda_runtime::Diagnostic {
+            error_type: e.error_type(),
+            error_message: e.to_string(),
+        }
+    }
+}
