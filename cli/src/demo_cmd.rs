@@ -34,6 +34,7 @@ pub(crate) async fn run(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
     d.query().await?;
     d.compare_with_source().await?;
     d.history().await?;
+    d.scd2().await?;
     d.maintain().await?;
     out!(
         "\nInspect: {0}/curated/travel_details (Delta table), {0}/raw (DMS files).",
@@ -227,9 +228,44 @@ impl Demo {
         Ok(())
     }
 
-    /// 6. What the scheduled maintenance function does.
+    /// 6. The history table: one trip's versions, and the table as of before the update.
+    async fn scd2(&self) -> Result<()> {
+        let Some(h) = &self.table().history else {
+            return Ok(());
+        };
+        let t = delta::open(&h.target, self.engine.storage_options()).await?;
+        let miami = delta::query(
+            &t,
+            "SELECT CAST(min(trip_id) AS BIGINT) FROM t WHERE destination = 'Miami'",
+        )
+        .await?;
+        let id = count(&miami);
+        out!(
+            "\n6. History table (SCD type 2, {}): trip {id} went Miami → Tucson:",
+            self.dir.join("curated/travel_details_history").display()
+        );
+        let versions = delta::query(
+            &t,
+            &format!("SELECT trip_id, destination, valid_from, valid_to, iscurrent FROM t WHERE trip_id = {id} ORDER BY valid_from"),
+        )
+        .await?;
+        out!("{}", indent(&pretty_format_batches(&versions)?.to_string()));
+        let before = "2022-10-25T21:09:00Z";
+        out!("   As of {before} (before the update):");
+        let as_of = delta::query(
+            &t,
+            &format!(
+                "SELECT destination, count(*) AS count FROM t WHERE valid_from <= TIMESTAMP '{before}' AND (valid_to > TIMESTAMP '{before}' OR valid_to IS NULL) GROUP BY destination ORDER BY destination"
+            ),
+        )
+        .await?;
+        out!("{}", indent(&pretty_format_batches(&as_of)?.to_string()));
+        Ok(())
+    }
+
+    /// 7. What the scheduled maintenance function does.
     async fn maintain(&self) -> Result<()> {
-        out!("\n6. Maintenance (what the scheduled function does): compaction, checkpoint, vacuum, manifests");
+        out!("\n7. Maintenance (what the scheduled function does): compaction, checkpoint, vacuum, manifests");
         let summary = tributary::maintenance::handle(&self.engine, &Default::default()).await?;
         if let Some((t, e)) = summary.failed.first() {
             bail!("maintenance of {t} failed: {e}");

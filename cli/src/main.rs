@@ -352,4 +352,7 @@ pub(crate) fn print_maintenance(m: &tributary::maintenance::MaintenanceReport, i
         m.manifests_deleted,
         m.duration_ms
     );
+    if let Some(h) = &m.history {
+        print_maintenance(h, &format!("{indent}  "));
+    }
 }

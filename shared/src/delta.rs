@@ -444,3 +444,102 @@ pub async fn query(table: &DeltaTable, sql: &str) -> Result<Vec<RecordBatch>> {
         .await
         .map_err(|e| Error::datafusion(format!("{label}: query"), e))
 }
+
+/// The rows of `table` whose primary key (columns `key`) is one of the rows of `keys`,
+/// all columns in the table's types. The scan is pruned by the range of the first key
+/// column (file statistics); the exact keys are kept in memory.
+pub(crate) async fn rows_with_keys(
+    table: &DeltaTable,
+    label: &str,
+    key: &[String],
+    keys: &RecordBatch,
+) -> Result<Vec<RecordBatch>> {
+    use arrow::compute::filter_record_batch;
+    let Some(schema) = arrow_schema(table) else {
+        return Ok(vec![]);
+    };
+    let ctx = SessionContext::new();
+    table
+        .update_datafusion_session(&ctx.state())
+        .map_err(|e| Error::delta(label, e))?;
+    let provider = table
+        .table_provider()
+        .await
+        .map_err(|e| Error::datafusion(format!("{label}: table provider"), e))?;
+    let df_err = |e| Error::datafusion(format!("{label}: reading rows by key"), e);
+    let mut df = ctx.read_table(provider).map_err(df_err)?;
+    if let Some(k0) = keys.column_by_name(&key[0]) {
+        if let Some((lo, hi)) = min_max(k0)? {
+            df = df
+                .filter(Expr::Column(ucol(&key[0])).between(lit(lo), lit(hi)))
+                .map_err(df_err)?;
+        }
+    }
+    let batches = df.collect().await.map_err(df_err)?;
+    let enc = crate::plan::KeyEncoder::new(&keys.schema(), key)?;
+    let wanted: std::collections::HashSet<_> = enc.encode(keys)?.into_iter().collect();
+    let mut out = Vec::new();
+    for b in batches {
+        // DataFusion may hand back view types: back to the table's types.
+        let cols = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                let c = b
+                    .column_by_name(f.name())
+                    .ok_or_else(|| Error::internal(format!("{label}: no column {}", f.name())))?;
+                arrow::compute::cast(c, f.data_type()).map_err(Error::arrow)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let b = RecordBatch::try_new(schema.clone(), cols).map_err(Error::arrow)?;
+        let key_cols = key
+            .iter()
+            .map(|k| {
+                let t = keys
+                    .schema()
+                    .field_with_name(k)
+                    .map_err(Error::arrow)?
+                    .data_type()
+                    .clone();
+                let c = b
+                    .column_by_name(k)
+                    .ok_or_else(|| Error::internal(format!("no key {k}")))?;
+                crate::coerce::exact_cast(c, &t).map_err(|e| Error::Schema {
+                    table: label.to_string(),
+                    message: format!("key column `{k}`: {}", e.describe(c.data_type(), &t)),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let key_batch = RecordBatch::try_new(keys.schema(), key_cols).map_err(Error::arrow)?;
+        let mask: arrow::array::BooleanArray = enc
+            .encode(&key_batch)?
+            .iter()
+            .map(|k| Some(wanted.contains(k)))
+            .collect();
+        out.push(filter_record_batch(&b, &mask).map_err(Error::arrow)?);
+    }
+    Ok(out)
+}
+
+/// The smallest and largest value of a column (for range pruning).
+pub(crate) fn min_max(
+    a: &ArrayRef,
+) -> Result<
+    Option<(
+        deltalake::datafusion::scalar::ScalarValue,
+        deltalake::datafusion::scalar::ScalarValue,
+    )>,
+> {
+    use deltalake::datafusion::scalar::ScalarValue;
+    if a.is_empty() {
+        return Ok(None);
+    }
+    let idx = arrow::compute::sort_to_indices(a, None, None).map_err(Error::arrow)?;
+    let scalar = |i: u32| {
+        ScalarValue::try_from_array(a, i as usize).map_err(|e| Error::datafusion("key range", e))
+    };
+    Ok(Some((
+        scalar(idx.value(0))?,
+        scalar(idx.value(idx.len() - 1))?,
+    )))
+}

@@ -61,6 +61,13 @@ sequence_by = ["update_ts_dms"]
 # DMS metadata added by transformation rules; Op is always dropped
 drop_columns = ["schema_name", "table_name", "update_ts_dms"]
 format = "parquet"
+
+# every version of every trip (SCD type 2), fed from the same files
+[table.history]
+target = "curated/travel_details_history"
+start_column = "valid_from"
+end_column = "valid_to"
+current_column = "iscurrent"
 "#;
 
 /// One row of the source table.

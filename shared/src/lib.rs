@@ -14,9 +14,10 @@
 //! 7. `plan`: admission of a batch, latest change per key, the MERGE source;
 //! 8. `tombstones`: the delete tombstones that stop late upserts reviving rows;
 //! 9. [`delta`]: Delta tables — open, create, MERGE, query;
-//! 10. [`manifest`]: symlink manifests for Athena and Redshift Spectrum;
-//! 11. [`reload`]: DMS table reloads (full-load generations);
-//! 12. [`maintenance`]: compaction, checkpoints, vacuum, tombstone expiry, manifests.
+//! 10. [`history`]: history (SCD type 2) tables fed from the same batches;
+//! 11. [`manifest`]: symlink manifests for Athena and Redshift Spectrum;
+//! 12. [`reload`]: DMS table reloads (full-load generations);
+//! 13. [`maintenance`]: compaction, checkpoints, vacuum, tombstone expiry, manifests.
 //!
 //! Beside the flow: `props` (what tributary records in a table's properties), `retry` (the
 //! one commit-conflict retry policy), `error` ([`Error`]), [`demo`] (the seed scenario).
@@ -27,6 +28,7 @@ pub mod delta;
 pub mod demo;
 mod engine;
 mod error;
+pub mod history;
 pub mod lambda;
 pub mod maintenance;
 pub mod manifest;

@@ -132,6 +132,12 @@ pub async fn reload(engine: &Engine, table_name: &str) -> Result<ReloadReport> {
             format!("no table named `{table_name}` is configured"),
         )
     })?;
+    if cfg.history.is_some() {
+        return Err(Error::config(
+            &cfg.name,
+            "applying a reload to a table with a history table is not supported yet: the history would not close the versions of rows the reload deletes",
+        ));
+    }
     let view = TableView::open(cfg, engine.storage_options()).await?;
     if !delta::exists(&view.table) {
         return Err(Error::config(

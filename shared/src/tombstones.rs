@@ -20,7 +20,7 @@ use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, TimestampMicrosecondAr
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::row::OwnedRow;
-use deltalake::datafusion::common::{Column, ScalarValue};
+use deltalake::datafusion::common::Column;
 use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
@@ -198,7 +198,7 @@ impl<'a> Tombstones<'a> {
         // Prune by the range of the first key column (file statistics do the rest).
         let k0 = &cfg.primary_key[0];
         if let Some(keys) = plan.batch.column_by_name(k0) {
-            if let Some((lo, hi)) = min_max(keys)? {
+            if let Some((lo, hi)) = delta::min_max(keys)? {
                 df = df
                     .filter(Expr::Column(ucol(k0)).between(lit(lo), lit(hi)))
                     .map_err(df_err)?;
@@ -277,21 +277,6 @@ fn schema(cfg: &TableConfig, plan_schema: &Schema) -> Result<Schema> {
 
 fn ucol(name: &str) -> Column {
     Column::new_unqualified(name)
-}
-
-fn min_max(a: &ArrayRef) -> Result<Option<(ScalarValue, ScalarValue)>> {
-    if a.is_empty() {
-        return Ok(None);
-    }
-    let idx = arrow::compute::sort_to_indices(a, None, None).map_err(Error::arrow)?;
-    let scalar = |i: u32| {
-        ScalarValue::try_from_array(a, i as usize)
-            .map_err(|e| Error::datafusion("tombstone key range", e))
-    };
-    Ok(Some((
-        scalar(idx.value(0))?,
-        scalar(idx.value(idx.len() - 1))?,
-    )))
 }
 
 /// The plan's delete rows.

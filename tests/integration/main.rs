@@ -5,10 +5,12 @@
 //! - `convergence`: random histories delivered shuffled, duplicated and concurrently;
 //! - `integrity`: regressions of the data-integrity edges (types, batching, skipped files…);
 //! - `types`: property test of the readers and type coercion;
+//! - `history`: history (SCD type 2) tables against a model;
 //! - `reload`: DMS table reloads;
 //! - `maintenance`: compaction, vacuum, tombstones, manifests, maintenance racing merges.
 
 mod convergence;
+mod history;
 mod integrity;
 mod maintenance;
 mod merge;

@@ -44,12 +44,16 @@ fn hidden_inside(tombstones: &Url, target: &Url) -> bool {
             .is_some_and(|rest| rest.starts_with('_') && !rest.is_empty())
 }
 
-fn named(t: &TableConfig) -> [(&'static str, &Url); 3] {
-    [
+fn named(t: &TableConfig) -> Vec<(&'static str, &Url)> {
+    let mut v = vec![
         ("source", &t.source),
         ("target", &t.target),
         ("tombstones", &t.tombstones),
-    ]
+    ];
+    if let Some(h) = &t.history {
+        v.push(("history.target", &h.target));
+    }
+    v
 }
 
 /// Check every pair of locations, within each table and across tables.
@@ -87,6 +91,20 @@ fn within(t: &TableConfig) -> Result<(), String> {
             "{ctx}: `tombstones` ({}) and `source` ({}) overlap; put the tombstone table outside the DMS folder",
             t.tombstones, t.source
         ));
+    }
+    if let Some(h) = &t.history {
+        for (what, l) in [
+            ("source", &t.source),
+            ("target", &t.target),
+            ("tombstones", &t.tombstones),
+        ] {
+            if overlaps(&h.target, l) {
+                return Err(format!(
+                    "{ctx}: `history.target` ({}) overlaps `{what}` ({l}); give the history table a folder of its own",
+                    h.target
+                ));
+            }
+        }
     }
     if overlaps(&t.target, &t.tombstones) && !hidden_inside(&t.tombstones, &t.target) {
         return Err(format!(

@@ -90,6 +90,62 @@ pub struct TableConfig {
     /// Keep `_symlink_format_manifest` up to date after every merge (Athena / Spectrum).
     pub manifests: bool,
     pub maintenance: MaintenanceConfig,
+    /// The history (SCD type 2) output, when configured.
+    pub history: Option<HistoryConfig>,
+}
+
+/// Sub-folder of a history table that holds every change applied to it (its own Delta
+/// table), from which a key's versions are recomputed when a change arrives late.
+pub const CHANGES_DIR: &str = "_tributary_changes";
+
+/// A history (slowly changing dimension type 2) table fed from the same files: one row per
+/// version of a source row, with the interval during which it was current.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryConfig {
+    /// The Delta table of versions.
+    pub target: Url,
+    /// The change log the versions are computed from (`<target>/_tributary_changes`).
+    pub changes: Url,
+    /// When the version became current (the sequence value of its first change).
+    pub start_column: String,
+    /// When it stopped being current (the next version's start, or the delete's); null for
+    /// the current version.
+    pub end_column: String,
+    /// A boolean column true on the current version, when configured.
+    pub current_column: Option<String>,
+    /// Which columns open a new version when they change.
+    pub track: Track,
+    /// What a delete does to the history.
+    pub deletes: HistoryDeletes,
+    pub partition_by: Vec<String>,
+}
+
+/// The columns whose changes open a new version (others update the version in place).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Track {
+    All,
+    Only(Vec<String>),
+    Except(Vec<String>),
+}
+
+impl Track {
+    /// Whether a change of `column` opens a new version.
+    pub fn tracks(&self, column: &str) -> bool {
+        match self {
+            Track::All => true,
+            Track::Only(c) => c.iter().any(|x| x == column),
+            Track::Except(c) => !c.iter().any(|x| x == column),
+        }
+    }
+}
+
+/// What a delete does to the history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HistoryDeletes {
+    /// Close the current version at the delete (default).
+    Close,
+    /// Close it, and open a version flagged as deleted in this boolean column.
+    Flag(String),
 }
 
 /// What the maintenance function does to a table.

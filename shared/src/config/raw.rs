@@ -10,8 +10,8 @@ use serde::Deserialize;
 use url::Url;
 
 use super::{
-    ColumnSpec, CsvOptions, Format, MaintenanceConfig, TableConfig, DEFAULT_SEQUENCE_COLUMN,
-    TOMBSTONE_DIR,
+    ColumnSpec, CsvOptions, Format, HistoryConfig, HistoryDeletes, MaintenanceConfig, TableConfig,
+    Track, CHANGES_DIR, DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
 };
 use crate::source::RESERVED_PREFIX;
 use crate::tombstones::DELETED_AT_COLUMN;
@@ -74,7 +74,22 @@ with_tuning_fields! {
         #[serde(default = "default_format")]
         format: String,
         csv: Option<RawCsv>,
+        history: Option<RawHistory>,
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHistory {
+    target: String,
+    start_column: Option<String>,
+    end_column: Option<String>,
+    current_column: Option<String>,
+    track_columns: Option<Vec<String>>,
+    track_except: Option<Vec<String>>,
+    deletes: Option<String>,
+    deleted_column: Option<String>,
+    partition_by: Option<Vec<String>>,
 }
 
 fn default_format() -> String {
@@ -154,6 +169,13 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     let sequence_column = pick(&tuning.sequence_column, &d.sequence_column)
         .unwrap_or_else(|| DEFAULT_SEQUENCE_COLUMN.into());
     check_columns(&t, &op_column, &sequence_column)?;
+    let history = match &t.history {
+        Some(h) => Some(
+            history(h, &t, base_dir, &sequence_column)
+                .map_err(|m| format!("[table.history]: {m}"))?,
+        ),
+        None => None,
+    };
     let format = format(&t.format, t.csv)?;
     let tombstone_days = pick(
         &tuning.tombstone_retention_days,
@@ -166,6 +188,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         return Err("`max_commit_attempts` must be at least 1".into());
     }
     let maintenance = maintenance(&tuning, d)?;
+
     Ok(TableConfig {
         name: t.name,
         source,
@@ -184,6 +207,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         max_commit_attempts,
         manifests: pick(&tuning.manifests, &d.manifests).unwrap_or(true),
         maintenance,
+        history,
     })
 }
 
@@ -271,6 +295,70 @@ fn check_columns(t: &RawTable, op_column: &str, sequence_column: &str) -> Msg<()
         ));
     }
     Ok(())
+}
+
+fn history(
+    h: &RawHistory,
+    t: &RawTable,
+    base_dir: Option<&Path>,
+    seq_column: &str,
+) -> Msg<HistoryConfig> {
+    if t.sequence_by.is_empty() {
+        return Err("a history table needs `sequence_by` (its intervals are the sequence values of the changes)".into());
+    }
+    let target = trim_trailing_slash(
+        resolve_uri(&h.target, base_dir).map_err(|m| format!("`target`: {m}"))?,
+    );
+    let track = match (&h.track_columns, &h.track_except) {
+        (Some(_), Some(_)) => return Err("set `track_columns` or `track_except`, not both".into()),
+        (Some(c), None) => {
+            check_unique(c, "track_columns")?;
+            Track::Only(c.clone())
+        }
+        (None, Some(c)) => {
+            check_unique(c, "track_except")?;
+            Track::Except(c.clone())
+        }
+        (None, None) => Track::All,
+    };
+    let deletes = match (h.deletes.as_deref().unwrap_or("close"), &h.deleted_column) {
+        ("close", None) => HistoryDeletes::Close,
+        ("close", Some(_)) => return Err("`deleted_column` needs deletes = \"flag\"".into()),
+        ("flag", c) => HistoryDeletes::Flag(c.clone().unwrap_or_else(|| "__DELETED".into())),
+        (other, _) => {
+            return Err(format!(
+                "`deletes` is \"{other}\"; use \"close\" or \"flag\""
+            ))
+        }
+    };
+    let h = HistoryConfig {
+        changes: crate::storage::join(&target, CHANGES_DIR),
+        target,
+        start_column: h
+            .start_column
+            .clone()
+            .unwrap_or_else(|| "__START_AT".into()),
+        end_column: h.end_column.clone().unwrap_or_else(|| "__END_AT".into()),
+        current_column: h.current_column.clone(),
+        track,
+        deletes,
+        partition_by: h
+            .partition_by
+            .clone()
+            .unwrap_or_else(|| t.partition_by.clone()),
+    };
+    let mut own = vec![h.start_column.clone(), h.end_column.clone()];
+    own.extend(h.current_column.clone());
+    if let HistoryDeletes::Flag(c) = &h.deletes {
+        own.push(c.clone());
+    }
+    check_unique(&own, "the history columns")?;
+    for c in &own {
+        if t.primary_key.contains(c) || c == seq_column || c.starts_with(RESERVED_PREFIX) {
+            return Err(format!("column `{c}` clashes with a key, the sequence column or tributary's own columns; choose another name"));
+        }
+    }
+    Ok(h)
 }
 
 fn format(name: &str, csv: Option<RawCsv>) -> Msg<Format> {

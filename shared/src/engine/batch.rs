@@ -109,6 +109,23 @@ impl Engine {
                 .await;
             report.phases_ms.manifests = ms_since(t);
         }
+        if let Some(h) = &table.history {
+            let t = Instant::now();
+            let kind = batch
+                .kinds
+                .as_ref()
+                .and_then(|k| k.first().copied())
+                .unwrap_or(SeqKind::Timestamp);
+            let changes = crate::history::Changes {
+                sets: batch.changes,
+                kind,
+                files: &files,
+            };
+            report.history = Some(
+                crate::history::apply(table, h, &self.storage, &self.options, &changes).await?,
+            );
+            report.phases_ms.history = ms_since(t);
+        }
         report.duration_ms = ms_since(start);
         report.log();
         Ok(report)

@@ -78,6 +78,8 @@ pub struct TableReport {
     /// Why the manifests could not be updated (the merge itself succeeded; the next merge
     /// of the partition or the maintenance run rewrites them).
     pub manifest_error: Option<String>,
+    /// What the call did to the history table, when the table has one.
+    pub history: Option<crate::history::HistoryReport>,
 }
 
 /// Milliseconds per phase of a table merge.
@@ -89,6 +91,7 @@ pub struct Phases {
     pub merge: u64,
     pub recheck: u64,
     pub manifests: u64,
+    pub history: u64,
 }
 
 /// Result of one [`crate::Engine::process`] call.

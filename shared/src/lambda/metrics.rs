@@ -47,6 +47,8 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
         blocked: u64,
         attempts: u64,
         duration_ms: u64,
+        versions: u64,
+        late_keys: u64,
     }
     let mut by: BTreeMap<String, M> = BTreeMap::new();
     for f in &report.files {
@@ -69,6 +71,10 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
         m.blocked += t.blocked_by_tombstone as u64;
         m.attempts += t.commit_attempts as u64;
         m.duration_ms += t.duration_ms;
+        if let Some(h) = &t.history {
+            m.versions += h.versions_written as u64;
+            m.late_keys += h.late_keys as u64;
+        }
     }
     by.into_iter()
         .map(|(table, m)| {
@@ -85,6 +91,8 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
                     ("RowsBlockedByTombstone", COUNT, m.blocked),
                     ("CommitAttempts", COUNT, m.attempts),
                     ("MergeDuration", MS, m.duration_ms),
+                    ("HistoryVersionsWritten", COUNT, m.versions),
+                    ("HistoryLateKeys", COUNT, m.late_keys),
                 ],
             )
         })

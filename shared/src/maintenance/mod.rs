@@ -70,6 +70,9 @@ pub struct MaintenanceReport {
     pub duration_ms: u64,
     /// Set when the table has no Delta table yet (nothing to do).
     pub skipped: Option<String>,
+    /// The history table's upkeep, when the table has one (and it exists).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<Box<MaintenanceReport>>,
 }
 
 /// Commit properties of a maintenance commit that rewrites files: the guard id (its version
@@ -139,56 +142,113 @@ pub async fn maintain(
     opts: MaintenanceOptions,
 ) -> Result<MaintenanceReport> {
     let start = Instant::now();
-    let mut report = MaintenanceReport {
-        table: table_cfg.name.clone(),
-        ..Default::default()
-    };
     check_vacuum_retention(table_cfg, opts)?;
-    let label = table_cfg.name.as_str();
-    let table = delta::open(&table_cfg.target, options).await?;
-    if !delta::exists(&table) {
-        report.skipped = Some("the Delta table does not exist yet".into());
-        return Ok(report);
-    }
-    report.version_before = table.version();
-    let before = manifest::live_files(&table)?;
-    report.files_before = before.len();
-    report.bytes_before = before.iter().map(|f| f.size).sum();
-
-    // 1. Compaction, partition by partition, only where two or more small files exist.
-    compact(table_cfg, options, &before, &mut report).await?;
-
-    // 2. Checkpoint and expired log cleanup.
-    let table = delta::open(&table_cfg.target, options).await?;
-    deltalake::checkpoints::create_checkpoint(&table, None)
-        .await
-        .map_err(|e| Error::delta(label, e))?;
-    report.checkpoint_version = table.version();
-    report.log_files_removed = deltalake::checkpoints::cleanup_metadata(&table, None)
-        .await
-        .map_err(|e| Error::delta(label, e))?;
-
-    // 3. VACUUM (full: also removes files of failed, uncommitted writes).
-    report.files_vacuumed = vacuum(table, table_cfg.maintenance.vacuum_retention, label).await?;
-
-    // 4. Tombstones past their retention (after moving the table's horizon), then tidy the
-    //    tombstone table itself.
+    let main = Tidy {
+        url: &table_cfg.target,
+        label: &table_cfg.name,
+        cfg: table_cfg,
+        manifests: table_cfg.manifests,
+    };
+    let Some(mut report) = main.run(storage, options).await? else {
+        return Ok(MaintenanceReport {
+            table: table_cfg.name.clone(),
+            skipped: Some("the Delta table does not exist yet".into()),
+            ..Default::default()
+        });
+    };
+    // Tombstones past their retention (after moving the table's horizon), then tidy the
+    // tombstone table itself.
     report.tombstones_expired = expire_tombstones(table_cfg, options).await?;
-
-    // 5. All manifests, deleting those of partitions without files.
-    let table = delta::open(&table_cfg.target, options).await?;
-    if table_cfg.manifests {
-        let m = manifest::sync(storage, table, None).await?;
-        report.manifests_written = m.written;
-        report.manifests_deleted = m.deleted;
+    if let Some(h) = &table_cfg.history {
+        report.history = history_upkeep(table_cfg, h, storage, options)
+            .await?
+            .map(Box::new);
     }
-    let table = delta::open(&table_cfg.target, options).await?;
-    let after = manifest::live_files(&table)?;
-    report.version_after = table.version();
-    report.files_after = after.len();
-    report.bytes_after = after.iter().map(|f| f.size).sum();
     report.duration_ms = start.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// The history table (like the main table) and its change log (compaction, checkpoint,
+/// vacuum).
+async fn history_upkeep(
+    table_cfg: &TableConfig,
+    h: &crate::config::HistoryConfig,
+    storage: &Storage,
+    options: &std::collections::HashMap<String, String>,
+) -> Result<Option<MaintenanceReport>> {
+    let label = format!("{}_history", table_cfg.name);
+    let history = Tidy {
+        url: &h.target,
+        label: &label,
+        cfg: table_cfg,
+        manifests: table_cfg.manifests,
+    };
+    let report = history.run(storage, options).await?;
+    let log_label = format!("{}_history_changes", table_cfg.name);
+    let log = Tidy {
+        url: &h.changes,
+        label: &log_label,
+        cfg: table_cfg,
+        manifests: false,
+    };
+    log.run(storage, options).await?;
+    Ok(report)
+}
+
+/// The upkeep of one Delta table: compaction, checkpoint, log cleanup, VACUUM, manifests.
+struct Tidy<'a> {
+    url: &'a url::Url,
+    label: &'a str,
+    cfg: &'a TableConfig,
+    manifests: bool,
+}
+
+impl Tidy<'_> {
+    /// `None` when the table does not exist yet.
+    async fn run(
+        &self,
+        storage: &Storage,
+        options: &std::collections::HashMap<String, String>,
+    ) -> Result<Option<MaintenanceReport>> {
+        let label = self.label;
+        let table = delta::open(self.url, options).await?;
+        if !delta::exists(&table) {
+            return Ok(None);
+        }
+        let mut report = MaintenanceReport {
+            table: label.to_string(),
+            version_before: table.version(),
+            ..Default::default()
+        };
+        let before = manifest::live_files(&table)?;
+        report.files_before = before.len();
+        report.bytes_before = before.iter().map(|f| f.size).sum();
+        // 1. Compaction, partition by partition, only where two or more small files exist.
+        compact(self.url, label, self.cfg, options, &before, &mut report).await?;
+        // 2. Checkpoint and expired log cleanup.
+        let table = delta::open(self.url, options).await?;
+        deltalake::checkpoints::create_checkpoint(&table, None)
+            .await
+            .map_err(|e| Error::delta(label, e))?;
+        report.checkpoint_version = table.version();
+        report.log_files_removed = deltalake::checkpoints::cleanup_metadata(&table, None)
+            .await
+            .map_err(|e| Error::delta(label, e))?;
+        // 3. VACUUM (full: also removes files of failed, uncommitted writes).
+        report.files_vacuumed = vacuum(table, self.cfg.maintenance.vacuum_retention, label).await?;
+        // 4. All manifests, deleting those of partitions without files.
+        if self.manifests {
+            let m = manifest::sync(storage, delta::open(self.url, options).await?, None).await?;
+            report.manifests_written = m.written;
+            report.manifests_deleted = m.deleted;
+        }
+        let table = delta::open(self.url, options).await?;
+        let after = manifest::live_files(&table)?;
+        report.version_after = table.version();
+        report.files_after = after.len();
+        report.bytes_after = after.iter().map(|f| f.size).sum();
+        Ok(Some(report))
+    }
 }
 
 fn check_vacuum_retention(table_cfg: &TableConfig, opts: MaintenanceOptions) -> Result<()> {
@@ -208,6 +268,8 @@ fn check_vacuum_retention(table_cfg: &TableConfig, opts: MaintenanceOptions) -> 
 
 /// Compact every partition that has two or more files below the target size.
 async fn compact(
+    url: &url::Url,
+    label: &str,
     table_cfg: &TableConfig,
     options: &std::collections::HashMap<String, String>,
     files: &[manifest::LiveFile],
@@ -224,37 +286,19 @@ async fn compact(
         .map(|(p, _)| p)
         .collect();
     for partition in candidates {
-        match compact_partition(table_cfg, options, partition, target_size).await {
+        match compact_table(url, label, table_cfg, options, partition, target_size).await {
             Ok(removed) => {
                 report.files_compacted += removed;
                 report.partitions_compacted += usize::from(removed > 0);
             }
             Err(Error::Contention { .. }) => {
-                tracing::warn!(table = %table_cfg.name, partition = %partition.folder(), "compaction keeps conflicting with concurrent writers; skipped until the next run");
+                tracing::warn!(table = %label, partition = %partition.folder(), "compaction keeps conflicting with concurrent writers; skipped until the next run");
                 report.partitions_skipped += 1;
             }
             Err(e) => return Err(e),
         }
     }
     Ok(())
-}
-
-/// Compact one partition. Returns files removed.
-async fn compact_partition(
-    table_cfg: &TableConfig,
-    options: &std::collections::HashMap<String, String>,
-    partition: &Partition,
-    target_size: u64,
-) -> Result<u64> {
-    compact_table(
-        &table_cfg.target,
-        &table_cfg.name,
-        table_cfg,
-        options,
-        partition,
-        target_size,
-    )
-    .await
 }
 
 /// Compact one partition of a table (the main table or its tombstone table), re-planned on

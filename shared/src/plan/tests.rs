@@ -34,6 +34,7 @@ fn cs(name: &str, rows: &[(ChangeOp, &str, i64)], cols: Vec<(&str, ArrayRef)>) -
         ops: rows.iter().map(|r| r.0).collect(),
         order: rows.iter().map(|r| r.1.to_string()).collect(),
         seq_kinds: vec![Some(SeqKind::Timestamp)],
+        starts: rows.iter().map(|r| Some(r.1.to_string())).collect(),
         generation: 1,
         written: None,
         last_modified: None,

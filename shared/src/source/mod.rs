@@ -81,8 +81,11 @@ pub(crate) struct ChangeSet {
     pub ops: Vec<ChangeOp>,
     /// Order key per row: larger means later. See [`order`].
     pub order: Vec<String>,
-    /// Kind of each `sequence_by` column (CDC files with rows; `None` otherwise).
+    /// Kind of each `sequence_by` column (`None` when the file does not tell).
     pub seq_kinds: Vec<Option<SeqKind>>,
+    /// Each row's normalised value of the first `sequence_by` column (when the change
+    /// happened: a history version's start).
+    pub starts: Vec<Option<String>>,
     /// The full-load generation the file belongs to (1 unless the table was reloaded).
     pub generation: u32,
     /// When the file was written: the time in a DMS CDC file name, else the object's
@@ -201,7 +204,7 @@ fn to_change_set(
     check_column_names(f.name, &raw.schema(), cfg)?;
     let ops = parse_ops(f, &raw, cfg)?;
     check_keys(f.name, &raw, cfg)?;
-    let (order, seq_kinds) = order_keys(f, &raw, cfg)?;
+    let ordering = order_keys(f, &raw, cfg)?;
     let data = curated_columns(f.name, &raw, cfg, table_schema)?;
     let mut counts = FileCounts {
         rows: raw.num_rows(),
@@ -219,8 +222,9 @@ fn to_change_set(
         kind: f.kind,
         data,
         ops,
-        order,
-        seq_kinds,
+        order: ordering.keys,
+        seq_kinds: ordering.kinds,
+        starts: ordering.starts,
         generation: f.generation,
         written: None,
         last_modified: None,
@@ -399,11 +403,14 @@ fn normalize_zero(a: ArrayRef) -> ArrayRef {
     }
 }
 
-fn order_keys(
-    f: &FileInfo<'_>,
-    raw: &RecordBatch,
-    cfg: &TableConfig,
-) -> Result<(Vec<String>, Vec<Option<SeqKind>>)> {
+/// Order keys, sequence kinds and the first sequence column's normalised values.
+struct Ordering {
+    keys: Vec<String>,
+    kinds: Vec<Option<SeqKind>>,
+    starts: Vec<Option<String>>,
+}
+
+fn order_keys(f: &FileInfo<'_>, raw: &RecordBatch, cfg: &TableConfig) -> Result<Ordering> {
     let mut sequences = Vec::new();
     if f.kind == FileKind::Cdc {
         for s in &cfg.sequence_by {
@@ -430,25 +437,44 @@ fn order_keys(
             sequences.push(col);
         }
     }
-    let kinds = match f.kind {
-        FileKind::Cdc => sequences.iter().map(|s| s.kind).collect(),
+    let rows = raw.num_rows();
+    let (kinds, starts) = match f.kind {
+        FileKind::Cdc => (
+            sequences.iter().map(|s| s.kind).collect(),
+            match sequences.first() {
+                Some(s) => s.values.iter().cloned().map(Some).collect(),
+                None => vec![None; rows],
+            },
+        ),
         // Full-load rows are not ordered by the sequence columns, but when DMS writes them
-        // (TimestampColumnName: the transfer time) their kind is the CDC files' kind: it is
-        // recorded when the full load creates the table.
-        FileKind::FullLoad => cfg
-            .sequence_by
-            .iter()
-            .map(|s| column(raw, s).and_then(|a| order::sequence_column(&a).ok()?.kind))
-            .collect(),
+        // (TimestampColumnName: the transfer time) their kind is the CDC files' kind (it is
+        // recorded when the full load creates the table) and their value is when the row
+        // was read (the start of its first version in a history table).
+        FileKind::FullLoad => {
+            let loaded: Vec<Option<order::SeqColumn>> = cfg
+                .sequence_by
+                .iter()
+                .map(|s| column(raw, s).and_then(|a| order::sequence_column(&a).ok()))
+                .collect();
+            let starts = match loaded.first() {
+                Some(Some(s)) => s.values.iter().cloned().map(Some).collect(),
+                _ => vec![None; rows],
+            };
+            (
+                loaded
+                    .iter()
+                    .map(|s| s.as_ref().and_then(|s| s.kind))
+                    .collect(),
+                starts,
+            )
+        }
     };
-    let keys = order::order_keys(
-        f.generation,
-        f.kind,
-        f.file_name,
-        &sequences,
-        raw.num_rows(),
-    );
-    Ok((keys, kinds))
+    let keys = order::order_keys(f.generation, f.kind, f.file_name, &sequences, rows);
+    Ok(Ordering {
+        keys,
+        kinds,
+        starts,
+    })
 }
 
 /// Curated columns, converted exactly to their Delta types, then to the table's types where

@@ -198,7 +198,7 @@ fn instants(micros: impl Iterator<Item = i128>) -> Result<SeqColumn, SeqError> {
     })
 }
 
-fn render_micros(us: i128) -> Option<String> {
+pub(crate) fn render_micros(us: i128) -> Option<String> {
     let t = DateTime::<Utc>::from_timestamp_micros(i64::try_from(us).ok()?)?;
     (0..=9999)
         .contains(&chrono::Datelike::year(&t))

@@ -1,0 +1,154 @@
+//! The change log of a history table (`<history>/_tributary_changes`): every change applied,
+//! appended blindly before the versions are computed. A key's versions are recomputed from
+//! it when a change arrives late (before the key's newest known change), because versions
+//! keep only what the last change of a run said.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+
+use crate::config::{HistoryConfig, TableConfig};
+use crate::delta;
+use crate::error::{Error, Result};
+use crate::retry::Retry;
+use crate::source::{ChangeOp, ChangeSet};
+
+pub(super) const SEQ: &str = "_tributary_seq";
+pub(super) const START: &str = "_tributary_start";
+pub(super) const OP: &str = "_tributary_op";
+/// Comma-separated names of the columns the change carried (a column added to the log later
+/// was not carried by older changes, so the list names what is there, not what is missing).
+pub(super) const PRESENT: &str = "_tributary_present";
+
+/// The log's rows for a batch's change sets: their columns, then order key, start, op and
+/// the columns each change carried. `columns` are the data columns of the history (every file's columns).
+pub(super) fn rows(changes: &[ChangeSet], columns: &[Field]) -> Result<RecordBatch> {
+    let mut parts: Vec<RecordBatch> = Vec::with_capacity(changes.len());
+    for cs in changes {
+        let n = cs.data.num_rows();
+        let present: Vec<&str> = columns
+            .iter()
+            .filter(|f| cs.data.column_by_name(f.name()).is_some())
+            .map(|f| f.name().as_str())
+            .collect();
+        let present = present.join(",");
+        let mut cols: Vec<ArrayRef> = columns
+            .iter()
+            .map(|f| match cs.data.column_by_name(f.name()) {
+                Some(c) => crate::coerce::exact_cast(c, f.data_type()).map_err(|e| Error::Schema {
+                    table: crate::storage::display(&cs.file),
+                    message: format!(
+                        "column `{}`: {}",
+                        f.name(),
+                        e.describe(c.data_type(), f.data_type())
+                    ),
+                }),
+                None => Ok(arrow::array::new_null_array(f.data_type(), n)),
+            })
+            .collect::<Result<_>>()?;
+        cols.push(Arc::new(StringArray::from_iter_values(cs.order.iter())));
+        cols.push(Arc::new(StringArray::from(cs.starts.clone())));
+        cols.push(Arc::new(StringArray::from_iter_values(cs.ops.iter().map(
+            |o| {
+                if *o == ChangeOp::Delete {
+                    "D"
+                } else {
+                    "U"
+                }
+            },
+        ))));
+        cols.push(Arc::new(StringArray::from_iter_values(
+            std::iter::repeat_n(present.as_str(), n),
+        )));
+        parts.push(RecordBatch::try_new(Arc::new(schema(columns)), cols).map_err(Error::arrow)?);
+    }
+    arrow::compute::concat_batches(&Arc::new(schema(columns)), &parts).map_err(Error::arrow)
+}
+
+fn schema(columns: &[Field]) -> Schema {
+    let mut fields: Vec<Field> = columns
+        .iter()
+        .map(|f| f.clone().with_nullable(true))
+        .collect();
+    for n in [SEQ, START, OP, PRESENT] {
+        fields.push(Field::new(n, DataType::Utf8, true));
+    }
+    Schema::new(fields)
+}
+
+/// Append the rows (creating the log, and adding new columns, as needed).
+pub(super) async fn append(
+    cfg: &TableConfig,
+    h: &HistoryConfig,
+    options: &HashMap<String, String>,
+    rows: RecordBatch,
+    files: &[String],
+) -> Result<DeltaTable> {
+    let label = format!("{} history changes", cfg.name);
+    let mut retry = Retry::new(&label, cfg.max_commit_attempts);
+    loop {
+        let table = delta::create_or_open(
+            &h.changes,
+            options,
+            &format!("{}_changes", cfg.name),
+            &rows.schema(),
+            &[],
+            Default::default(),
+        )
+        .await?;
+        let res = table
+            .write(vec![rows.clone()])
+            .with_save_mode(SaveMode::Append)
+            .with_schema_mode(SchemaMode::Merge)
+            .with_commit_properties(delta::tributary_commit(files))
+            .await
+            .map_err(|e| Error::delta(&label, e));
+        match res {
+            Ok(t) => return Ok(t),
+            Err(e) => retry.on_error(e, "record history changes").await?,
+        }
+    }
+}
+
+/// A logged change: its row in a batch of log rows.
+pub(super) struct Logged<'a> {
+    pub(super) batch: &'a RecordBatch,
+    pub(super) row: usize,
+}
+
+impl Logged<'_> {
+    fn text(&self, column: &str) -> Option<String> {
+        let c = self.batch.column_by_name(column)?;
+        let c = c.as_string_opt::<i32>()?;
+        c.is_valid(self.row).then(|| c.value(self.row).to_string())
+    }
+
+    pub(super) fn seq(&self) -> Option<String> {
+        self.text(SEQ)
+    }
+
+    pub(super) fn start(&self) -> Option<String> {
+        self.text(START)
+    }
+
+    pub(super) fn is_delete(&self) -> bool {
+        self.text(OP).as_deref() == Some("D")
+    }
+
+    /// The columns the change carried.
+    pub(super) fn present(&self) -> Vec<String> {
+        self.text(PRESENT)
+            .map(|a| {
+                a.split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
