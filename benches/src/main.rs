@@ -22,7 +22,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tributary::deltalake::arrow::array::{
-    ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+    ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
 use tributary::deltalake::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use tributary::deltalake::DeltaTable;
@@ -47,12 +47,15 @@ enum Mix {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Write the base Delta table of N rows (cached).
+    /// Write the base Delta table of N rows (cached); with `--history`, also a history
+    /// table with one version per row.
     Prepare {
         #[arg(long)]
         dir: PathBuf,
         #[arg(long)]
         rows: i64,
+        #[arg(long)]
+        history: bool,
     },
     /// Write the workload's CDC files (cached), print their paths.
     Files(Workload),
@@ -89,6 +92,9 @@ struct RunArgs {
     /// The table's `target_file_size_mb` (compaction target); tributary's default if unset.
     #[arg(long)]
     target_file_size_mb: Option<f64>,
+    /// Also keep a history (SCD type 2) table, from the base one `prepare --history` wrote.
+    #[arg(long)]
+    history: bool,
 }
 
 fn schema(with_dms: bool) -> Arc<Schema> {
@@ -138,34 +144,70 @@ fn base_dir(dir: &Path, rows: i64) -> PathBuf {
 }
 
 /// The base table: `rows` trips loaded by a full load, written with delta-rs in 1M-row
-/// batches (one file per partition per batch).
-async fn prepare(dir: &Path, rows: i64) -> Result<()> {
-    let base = base_dir(dir, rows);
-    let url =
-        url::Url::from_directory_path(std::fs::canonicalize(dir)?.join(format!("base-{rows}")))
-            .map_err(|_| anyhow::anyhow!("bad dir"))?;
-    if base.join("_delta_log").exists() {
+/// batches (one file per partition per batch); with `history`, the history table of the
+/// same load (one version per trip) beside it.
+async fn prepare(dir: &Path, rows: i64, history: bool) -> Result<()> {
+    let dir = std::fs::canonicalize(dir)?;
+    let url = |name: String| {
+        url::Url::from_directory_path(dir.join(name)).map_err(|_| anyhow::anyhow!("bad dir"))
+    };
+    let current = url(format!("base-{rows}"))?;
+    let versions = url(format!("base-{rows}-history"))?;
+    let mut targets = vec![(current, false)];
+    if history {
+        targets.push((versions, true));
+    }
+    for (url, history) in targets {
         let t = delta::open(&url, &Default::default()).await?;
         if delta::exists(&t) {
-            eprintln!("base table {} exists", base.display());
-            return Ok(());
+            eprintln!("base table {url} exists");
+            continue;
         }
+        let t0 = Instant::now();
+        write_base(t, rows, history).await?;
+        eprintln!("wrote {rows} rows to {url} in {:.1}s", t0.elapsed().as_secs_f64());
     }
-    std::fs::create_dir_all(&base)?;
+    Ok(())
+}
+
+/// The load's versions: open since the transfer time, first and last change the load row.
+const TRANSFER_MICROS: i64 = 1_666_731_600_000_000;
+
+async fn write_base(mut table: DeltaTable, rows: i64, history: bool) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(rows as u64);
-    let mut table: DeltaTable = delta::open(&url, &Default::default()).await?;
-    let t0 = Instant::now();
     let batch_rows = 1_000_000i64;
     let mut start = 1i64;
     while start <= rows {
         let end = (start + batch_rows - 1).min(rows);
         let ids: Vec<i64> = (start..=end).collect();
+        let n = ids.len();
         let mut cols = trip_columns(&ids, 1_666_731_600_000_000, &mut rng);
-        cols.push(Arc::new(StringArray::from_iter_values(
+        let seq: ArrayRef = Arc::new(StringArray::from_iter_values(
             ids.iter()
                 .map(|i| format!("0 LOAD00000001.parquet {i:010}")),
-        )));
-        let batch = RecordBatch::try_new(schema(false), cols)?;
+        ));
+        let mut fields: Vec<Field> = schema(false).fields().iter().map(|f| f.as_ref().clone()).collect();
+        if history {
+            fields.pop(); // the sequence column goes after the interval columns
+            let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+            fields.extend([
+                Field::new("valid_from", ts.clone(), true),
+                Field::new("valid_to", ts, true),
+                Field::new("iscurrent", DataType::Boolean, true),
+                Field::new("_tributary_seq", DataType::Utf8, true),
+                Field::new("_tributary_last_seq", DataType::Utf8, true),
+                Field::new("_tributary_end_seq", DataType::Utf8, true),
+            ]);
+            cols.push(Arc::new(TimestampMicrosecondArray::from(vec![TRANSFER_MICROS; n]).with_timezone("UTC")));
+            cols.push(Arc::new(TimestampMicrosecondArray::from(vec![None; n]).with_timezone("UTC")));
+            cols.push(Arc::new(BooleanArray::from(vec![true; n])));
+            cols.push(seq.clone());
+            cols.push(seq);
+            cols.push(Arc::new(StringArray::from(vec![None::<&str>; n])));
+        } else {
+            cols.push(seq);
+        }
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?;
         table = table
             .write(vec![batch])
             .with_partition_columns(vec!["route_id".to_string()])
@@ -173,11 +215,6 @@ async fn prepare(dir: &Path, rows: i64) -> Result<()> {
             .await?;
         start = end + 1;
     }
-    eprintln!(
-        "wrote {rows} rows to {} in {:.1}s",
-        base.display(),
-        t0.elapsed().as_secs_f64()
-    );
     Ok(())
 }
 
@@ -278,6 +315,8 @@ fn peak_rss_mb() -> f64 {
 #[derive(Serialize)]
 struct RunResult {
     engine: &'static str,
+    /// With a history table (its MERGE is the `history` phase).
+    history: bool,
     rows: i64,
     changes: usize,
     mix: Mix,
@@ -324,6 +363,7 @@ async fn run(args: RunArgs) -> Result<()> {
         manifests,
         maintain_first,
         target_file_size_mb,
+        history,
     } = args;
     let dir = std::fs::canonicalize(&dir)?;
     let base = base_dir(&dir, rows);
@@ -335,6 +375,13 @@ async fn run(args: RunArgs) -> Result<()> {
     let table_dir = work.join("curated/bench");
     std::fs::create_dir_all(work.join("curated"))?;
     copy_dir(&base, &table_dir)?;
+    if history {
+        let versions = dir.join(format!("base-{rows}-history"));
+        if !versions.join("_delta_log").exists() {
+            bail!("no base history table at {}: run `prepare --history` first", versions.display());
+        }
+        copy_dir(&versions, &work.join("curated/bench_history"))?;
+    }
     let raw = work.join("raw/bench/");
     if raw.exists() {
         std::fs::remove_dir_all(&raw)?;
@@ -355,6 +402,11 @@ manifests = {manifests}
     let config = match target_file_size_mb {
         Some(mb) => format!("{config}target_file_size_mb = {mb}\n"),
         None => config,
+    };
+    let config = if history {
+        format!("{config}[table.history]\ntarget = \"curated/bench_history\"\nstart_column = \"valid_from\"\nend_column = \"valid_to\"\ncurrent_column = \"iscurrent\"\n")
+    } else {
+        config
     };
     std::fs::write(work.join("tributary.toml"), config)?;
     let engine = Engine::new(Config::from_path(&work.join("tributary.toml"))?);
@@ -421,6 +473,7 @@ manifests = {manifests}
     let n = files.len() as f64;
     let r = RunResult {
         engine: "tributary",
+        history,
         rows,
         changes,
         mix,
@@ -446,9 +499,9 @@ manifests = {manifests}
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<()> {
     match Cli::parse().command {
-        Cmd::Prepare { dir, rows } => {
+        Cmd::Prepare { dir, rows, history } => {
             std::fs::create_dir_all(&dir)?;
-            prepare(&dir, rows).await
+            prepare(&dir, rows, history).await
         }
         Cmd::Files(Workload {
             dir,

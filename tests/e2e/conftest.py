@@ -24,7 +24,14 @@ ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
 REGION = "us-east-1"
 CREDS = dict(aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION)
 TIMINGS = []
-TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz"]
+TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist"]
+# A history (SCD type 2) table beside the current table.
+HISTORY_TABLE = """[table.history]
+target = "s3://{curated}/delta/hist_history"
+start_column = "valid_from"
+end_column = "valid_to"
+current_column = "iscurrent"
+"""
 # DMS CSV endpoint (DataFormat=csv, CompressionType=GZIP, no header): files are *.csv.gz.
 CSV_TABLE = """format = "csv"
 [table.csv]
@@ -101,7 +108,8 @@ def stack(aws):
         "QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"],
                                  "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "dms/"}]}}}],
     })
-    config = "".join(table_config(raw, curated, t, CSV_TABLE if t == "csvgz" else "") for t in TABLES)
+    extra = {"csvgz": CSV_TABLE, "hist": HISTORY_TABLE.format(curated=curated)}
+    config = "".join(table_config(raw, curated, t, extra.get(t, "")) for t in TABLES)
     aws.s3.put_object(Bucket=curated, Key="config/tributary.toml", Body=config.encode())
     return SimpleNamespace(raw=raw, curated=curated, queue_url=queue_url, queue_arn=queue_arn,
                            dlq_url=dlq_url, config=f"s3://{curated}/config/tributary.toml")
@@ -240,6 +248,18 @@ def read_table(stack, name):
         return None, {}
     t = dt.to_pyarrow_table(columns=["trip_id", "route_id", "destination", "source_location"]).to_pylist()
     return dt, {r["trip_id"]: (r["route_id"], r["destination"], r["source_location"]) for r in t}
+
+
+def read_history(stack, name):
+    """The history table read back by another Delta reader: (trip_id, destination, valid_from,
+    valid_to, iscurrent) rows, times as ISO text."""
+    try:
+        dt = DeltaTable(f"s3://{stack.curated}/delta/{name}_history", storage_options=storage_options())
+    except Exception:
+        return []
+    rows = dt.to_pyarrow_table(columns=["trip_id", "destination", "valid_from", "valid_to", "iscurrent"]).to_pylist()
+    iso = lambda t: None if t is None else t.strftime("%Y-%m-%d %H:%M:%S.%f")
+    return sorted((r["trip_id"], r["destination"], iso(r["valid_from"]), iso(r["valid_to"]), r["iscurrent"]) for r in rows)
 
 
 def manifests_exact(aws, stack, name):

@@ -133,6 +133,28 @@ class Source:
         return {t: (r["route_id"], r["destination"], r["source_location"]) for t, r in self.rows.items()}
 
 
+def history_model(changes):
+    """SCD type 2 versions of changes in their true order (all columns tracked): rows of
+    (trip_id, destination, valid_from, valid_to, iscurrent)."""
+    out, open_ = [], {}
+    tracked = lambda row: (row["route_id"], row["destination"], row["source_location"], row["tstamp"])
+    for op, ts, trip_id, row in changes:
+        cur = open_.get(trip_id)
+        if op == "D":
+            if cur:
+                out.append((trip_id, cur[1]["destination"], cur[0], ts, False))
+                del open_[trip_id]
+            continue
+        if cur and tracked(cur[1]) == tracked(row):
+            open_[trip_id] = (cur[0], row)
+            continue
+        if cur:
+            out.append((trip_id, cur[1]["destination"], cur[0], ts, False))
+        open_[trip_id] = (ts, row)
+    out += [(t, row["destination"], start, None, True) for t, (start, row) in open_.items()]
+    return sorted(out)
+
+
 def seed_files(source, full_load_rows=20000, new_rows=200):
     """The walkthrough: full load (two LOAD files), insert_records(200), Miami → Tucson,
     delete Los Angeles. Returns [(relative key, bytes)] in the order DMS writes them."""

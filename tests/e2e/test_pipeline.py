@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import dms
-from conftest import ROOT, manifests_exact, read_table, record_timing
+from conftest import ROOT, manifests_exact, read_history, read_table, record_timing
 
 
 def upload(aws, stack, table, files):
@@ -149,3 +149,22 @@ def test_gzip_csv_through_sqs_and_unreadable_files_to_the_dlq(aws, stack, poller
             aws.sqs.delete_message(QueueUrl=stack.dlq_url, ReceiptHandle=m["ReceiptHandle"])
         return "dms/csvgz/travel_details/2022/10/26/notes.txt" in dead
     assert poller.run_until(notes_dead, timeout=120), dead
+
+
+def test_history_table_from_files_in_reverse_order(aws, stack, poller):
+    """A history (SCD type 2) table fed from the same notifications as the current table:
+    every version of every trip with its interval, whatever the delivery order."""
+    source = dms.Source(seed=8)
+    changes, files = [], []
+    for i in range(6):
+        batch = source.random_changes(15) if i else source.insert_records(40)
+        changes += batch
+        files.append((f"2022/10/26/20221026-{i:010d}.parquet", dms.parquet(batch, True)))
+    start = time.time()
+    upload(aws, stack, "hist", list(reversed(files)))
+    converge(aws, stack, poller, "hist", source.state(), "history: files in reverse order", start, batch=1)
+    want = dms.history_model(changes)
+    assert poller.run_until(lambda: read_history(stack, "hist") == want, timeout=60), \
+        f"history has {len(read_history(stack, 'hist'))} versions, the model {len(want)}"
+    closed = [v for v in want if not v[4]]
+    assert closed, "the scenario has updates and deletes"
