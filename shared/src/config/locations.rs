@@ -56,8 +56,27 @@ fn named(t: &TableConfig) -> Vec<(&'static str, &Url)> {
     v
 }
 
-/// Check every pair of locations, within each table and across tables.
+/// No two tables may keep the same catalog entry.
+fn catalog_entries(tables: &[TableConfig]) -> Result<(), String> {
+    let mut seen: std::collections::HashMap<(String, String), &str> = Default::default();
+    for t in tables {
+        let Some(c) = &t.catalog else { continue };
+        for (name, _) in c.entries(t.history.is_some()) {
+            if let Some(other) = seen.insert((c.database.clone(), name.clone()), &t.name) {
+                return Err(format!(
+                    "tables `{other}` and `{}` both keep the catalog entry {}.{name}; set `name` in [table.catalog]",
+                    t.name, c.database
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Check every pair of locations, within each table and across tables, and the catalog
+/// entries.
 pub(super) fn check(tables: &[TableConfig]) -> Result<(), String> {
+    catalog_entries(tables)?;
     for t in tables {
         within(t)?;
     }

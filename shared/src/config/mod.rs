@@ -92,6 +92,55 @@ pub struct TableConfig {
     pub maintenance: MaintenanceConfig,
     /// The history (SCD type 2) output, when configured.
     pub history: Option<HistoryConfig>,
+    /// The Glue Data Catalog entries kept in step with the table, when configured.
+    pub catalog: Option<CatalogConfig>,
+}
+
+/// Glue Data Catalog entries kept in step with a table (and its history table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogConfig {
+    pub database: String,
+    /// The native Delta entry's name (default: the table's name); the manifest entry is
+    /// `<name>_manifest`, the history's `<name>_history` (and `<name>_history_manifest`).
+    pub name: String,
+    /// Keep the native Delta entry (Athena engine 3 and Spark read the Delta log).
+    pub delta: bool,
+    /// Keep the symlink-manifest entry with its partitions (Redshift Spectrum, older
+    /// engines); needs `manifests`.
+    pub manifest: bool,
+    /// Create the database when it does not exist.
+    pub create_database: bool,
+    /// Take over entries tributary did not create (otherwise they are an error).
+    pub adopt: bool,
+}
+
+impl CatalogConfig {
+    /// The entries to keep: (name, kind), history entries included when `history`.
+    pub fn entries(&self, history: bool) -> Vec<(String, EntryKind)> {
+        let mut bases = vec![(self.name.clone(), false)];
+        if history {
+            bases.push((format!("{}_history", self.name), true));
+        }
+        let mut out = Vec::new();
+        for (base, of_history) in bases {
+            if self.delta {
+                out.push((base.clone(), EntryKind::Delta { history: of_history }));
+            }
+            if self.manifest {
+                out.push((format!("{base}_manifest"), EntryKind::Manifest { history: of_history }));
+            }
+        }
+        out
+    }
+}
+
+/// What a catalog entry describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// The Delta table itself (Athena reads the log).
+    Delta { history: bool },
+    /// The symlink manifests, partitioned like the table.
+    Manifest { history: bool },
 }
 
 /// Sub-folder of a history table that holds every change applied to it (its own Delta

@@ -53,7 +53,21 @@ macro_rules! with_tuning_fields {
 with_tuning_fields! {
     #[derive(Debug, Default, Clone, Deserialize)]
     #[serde(deny_unknown_fields)]
-    struct RawDefaults {}
+    struct RawDefaults {
+        catalog: Option<RawCatalog>,
+    }
+}
+
+/// `[table.catalog]` / `[defaults.catalog]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCatalog {
+    database: Option<String>,
+    name: Option<String>,
+    delta: Option<bool>,
+    manifest: Option<bool>,
+    create_database: Option<bool>,
+    adopt: Option<bool>,
 }
 
 with_tuning_fields! {
@@ -75,6 +89,7 @@ with_tuning_fields! {
         format: String,
         csv: Option<RawCsv>,
         history: Option<RawHistory>,
+        catalog: Option<RawCatalog>,
     }
 }
 
@@ -100,6 +115,7 @@ impl RawTable {
     /// The table's own settings of the fields `[defaults]` may set.
     fn tuning(&self) -> RawDefaults {
         RawDefaults {
+            catalog: self.catalog.clone(),
             tombstone_retention_days: self.tombstone_retention_days,
             max_commit_attempts: self.max_commit_attempts,
             op_column: self.op_column.clone(),
@@ -176,6 +192,9 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         ),
         None => None,
     };
+    let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
+    let catalog = catalog(&t.name, tuning.catalog.as_ref(), d.catalog.as_ref(), manifests)
+        .map_err(|m| format!("[table.catalog]: {m}"))?;
     let format = format(&t.format, t.csv)?;
     let tombstone_days = pick(
         &tuning.tombstone_retention_days,
@@ -205,9 +224,10 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
             positive(tombstone_days, "tombstone_retention_days")? * 86_400.0,
         ),
         max_commit_attempts,
-        manifests: pick(&tuning.manifests, &d.manifests).unwrap_or(true),
+        manifests,
         maintenance,
         history,
+        catalog,
     })
 }
 
@@ -359,6 +379,44 @@ fn history(
         }
     }
     Ok(h)
+}
+
+/// The table's catalog settings, each field from the table or else `[defaults.catalog]`.
+fn catalog(
+    table: &str,
+    t: Option<&RawCatalog>,
+    d: Option<&RawCatalog>,
+    manifests: bool,
+) -> Msg<Option<CatalogConfig>> {
+    if t.is_none() && d.is_none() {
+        return Ok(None);
+    }
+    let (t, d) = (t.cloned().unwrap_or_default(), d.cloned().unwrap_or_default());
+    let Some(database) = pick(&t.database, &d.database) else {
+        return Err("`database` is missing: name the Glue database to keep the table in".into());
+    };
+    let name = t.name.unwrap_or_else(|| table.to_ascii_lowercase().replace(['-', '.'], "_"));
+    for (field, v) in [("database", &database), ("name", &name)] {
+        if v.is_empty() || !v.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+            return Err(format!("`{field}` is {v:?}; Glue and Athena names use lower-case letters, digits and `_`"));
+        }
+    }
+    let manifest = pick(&t.manifest, &d.manifest).unwrap_or(manifests);
+    if manifest && !manifests {
+        return Err("`manifest = true` needs the table's `manifests = true` (the manifest entry reads them)".into());
+    }
+    let c = CatalogConfig {
+        database,
+        name,
+        delta: pick(&t.delta, &d.delta).unwrap_or(true),
+        manifest,
+        create_database: pick(&t.create_database, &d.create_database).unwrap_or(false),
+        adopt: pick(&t.adopt, &d.adopt).unwrap_or(false),
+    };
+    if !c.delta && !c.manifest {
+        return Err("both `delta` and `manifest` are false: nothing to keep in the catalog".into());
+    }
+    Ok(Some(c))
 }
 
 fn format(name: &str, csv: Option<RawCsv>) -> Msg<Format> {
