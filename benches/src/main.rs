@@ -165,7 +165,10 @@ async fn prepare(dir: &Path, rows: i64, history: bool) -> Result<()> {
         }
         let t0 = Instant::now();
         write_base(t, rows, history).await?;
-        eprintln!("wrote {rows} rows to {url} in {:.1}s", t0.elapsed().as_secs_f64());
+        eprintln!(
+            "wrote {rows} rows to {url} in {:.1}s",
+            t0.elapsed().as_secs_f64()
+        );
     }
     Ok(())
 }
@@ -186,7 +189,11 @@ async fn write_base(mut table: DeltaTable, rows: i64, history: bool) -> Result<(
             ids.iter()
                 .map(|i| format!("0 LOAD00000001.parquet {i:010}")),
         ));
-        let mut fields: Vec<Field> = schema(false).fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut fields: Vec<Field> = schema(false)
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
         if history {
             fields.pop(); // the sequence column goes after the interval columns
             let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
@@ -198,8 +205,12 @@ async fn write_base(mut table: DeltaTable, rows: i64, history: bool) -> Result<(
                 Field::new("_tributary_last_seq", DataType::Utf8, true),
                 Field::new("_tributary_end_seq", DataType::Utf8, true),
             ]);
-            cols.push(Arc::new(TimestampMicrosecondArray::from(vec![TRANSFER_MICROS; n]).with_timezone("UTC")));
-            cols.push(Arc::new(TimestampMicrosecondArray::from(vec![None; n]).with_timezone("UTC")));
+            cols.push(Arc::new(
+                TimestampMicrosecondArray::from(vec![TRANSFER_MICROS; n]).with_timezone("UTC"),
+            ));
+            cols.push(Arc::new(
+                TimestampMicrosecondArray::from(vec![None; n]).with_timezone("UTC"),
+            ));
             cols.push(Arc::new(BooleanArray::from(vec![true; n])));
             cols.push(seq.clone());
             cols.push(seq);
@@ -378,7 +389,10 @@ async fn run(args: RunArgs) -> Result<()> {
     if history {
         let versions = dir.join(format!("base-{rows}-history"));
         if !versions.join("_delta_log").exists() {
-            bail!("no base history table at {}: run `prepare --history` first", versions.display());
+            bail!(
+                "no base history table at {}: run `prepare --history` first",
+                versions.display()
+            );
         }
         copy_dir(&versions, &work.join("curated/bench_history"))?;
     }

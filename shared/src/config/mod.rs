@@ -124,10 +124,20 @@ impl CatalogConfig {
         let mut out = Vec::new();
         for (base, of_history) in bases {
             if self.delta {
-                out.push((base.clone(), EntryKind::Delta { history: of_history }));
+                out.push((
+                    base.clone(),
+                    EntryKind::Delta {
+                        history: of_history,
+                    },
+                ));
             }
             if self.manifest {
-                out.push((format!("{base}_manifest"), EntryKind::Manifest { history: of_history }));
+                out.push((
+                    format!("{base}_manifest"),
+                    EntryKind::Manifest {
+                        history: of_history,
+                    },
+                ));
             }
         }
         out

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use url::Url;
 
 use super::{
-    ColumnSpec, CsvOptions, Format, HistoryConfig, HistoryDeletes, MaintenanceConfig, TableConfig,
-    Track, CHANGES_DIR, DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
+    CatalogConfig, ColumnSpec, CsvOptions, Format, HistoryConfig, HistoryDeletes,
+    MaintenanceConfig, TableConfig, Track, CHANGES_DIR, DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
 };
 use crate::source::RESERVED_PREFIX;
 use crate::tombstones::DELETED_AT_COLUMN;
@@ -193,8 +193,13 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         None => None,
     };
     let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
-    let catalog = catalog(&t.name, tuning.catalog.as_ref(), d.catalog.as_ref(), manifests)
-        .map_err(|m| format!("[table.catalog]: {m}"))?;
+    let catalog = catalog(
+        &t.name,
+        tuning.catalog.as_ref(),
+        d.catalog.as_ref(),
+        manifests,
+    )
+    .map_err(|m| format!("[table.catalog]: {m}"))?;
     let format = format(&t.format, t.csv)?;
     let tombstone_days = pick(
         &tuning.tombstone_retention_days,
@@ -391,14 +396,25 @@ fn catalog(
     if t.is_none() && d.is_none() {
         return Ok(None);
     }
-    let (t, d) = (t.cloned().unwrap_or_default(), d.cloned().unwrap_or_default());
+    let (t, d) = (
+        t.cloned().unwrap_or_default(),
+        d.cloned().unwrap_or_default(),
+    );
     let Some(database) = pick(&t.database, &d.database) else {
         return Err("`database` is missing: name the Glue database to keep the table in".into());
     };
-    let name = t.name.unwrap_or_else(|| table.to_ascii_lowercase().replace(['-', '.'], "_"));
+    let name = t
+        .name
+        .unwrap_or_else(|| table.to_ascii_lowercase().replace(['-', '.'], "_"));
     for (field, v) in [("database", &database), ("name", &name)] {
-        if v.is_empty() || !v.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
-            return Err(format!("`{field}` is {v:?}; Glue and Athena names use lower-case letters, digits and `_`"));
+        if v.is_empty()
+            || !v
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(format!(
+                "`{field}` is {v:?}; Glue and Athena names use lower-case letters, digits and `_`"
+            ));
         }
     }
     let manifest = pick(&t.manifest, &d.manifest).unwrap_or(manifests);
