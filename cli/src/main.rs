@@ -126,6 +126,25 @@ enum Command {
         /// Tables to maintain (default: all).
         tables: Vec<String>,
     },
+    /// The Glue Data Catalog entries of the tables with catalog settings.
+    Catalog {
+        #[command(subcommand)]
+        command: CatalogCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CatalogCommand {
+    /// Bring the entries in step with the tables as they are now (what the maintenance
+    /// function does after its upkeep): create missing entries, correct drifted ones,
+    /// register and remove the manifest tables' partitions.
+    Sync {
+        /// Table configuration (path or s3:// URI).
+        #[arg(long)]
+        config: String,
+        /// Tables to sync (default: all with catalog settings).
+        tables: Vec<String>,
+    },
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -164,6 +183,9 @@ async fn run() -> Result<()> {
             tables,
         } => run_maintain(&config, force, &tables).await,
         Command::Reload { config, table } => run_reload(&config, &table).await,
+        Command::Catalog {
+            command: CatalogCommand::Sync { config, tables },
+        } => run_catalog_sync(&config, &tables).await,
     }
 }
 
@@ -247,6 +269,9 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
                 t.skipped_stale,
                 t0.elapsed().as_millis()
             );
+            if let Some(c) = &t.catalog {
+                print_catalog(&t.table, c, "  ");
+            }
         }
     }
     out!("{merged} merged, {ignored} ignored, {failed} failed");
@@ -311,6 +336,46 @@ async fn run_reload(config: &str, table: &str) -> Result<()> {
     Ok(())
 }
 
+async fn run_catalog_sync(config: &str, tables: &[String]) -> Result<()> {
+    let engine = Engine::from_config_location(config).await?;
+    for t in tables {
+        match engine.config().table(t) {
+            None => bail!("table `{t}` is not configured"),
+            Some(c) if c.catalog.is_none() => {
+                bail!("table `{t}` has no catalog settings ([table.catalog])")
+            }
+            Some(_) => {}
+        }
+    }
+    let reports = tributary::maintenance::sync_catalog(&engine, tables).await;
+    if reports.is_empty() {
+        bail!("no table has catalog settings: add [table.catalog] (or [defaults.catalog]) to the configuration");
+    }
+    let mut failed = 0;
+    for (t, r) in &reports {
+        print_catalog(t, r, "");
+        failed += usize::from(r.error.is_some());
+    }
+    if failed > 0 {
+        bail!("the catalog entries of {failed} table(s) could not be synced");
+    }
+    Ok(())
+}
+
+pub(crate) fn print_catalog(table: &str, r: &tributary::catalog::CatalogReport, indent: &str) {
+    out!(
+        "{indent}{table}: catalog: {} created, {} updated, partitions +{} -{} ({} Glue calls)",
+        r.entries_created,
+        r.entries_updated,
+        r.partitions_added,
+        r.partitions_removed,
+        r.calls
+    );
+    if let Some(e) = &r.error {
+        err!("{indent}{table}: catalog FAILED: {e}");
+    }
+}
+
 async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()> {
     let engine = Engine::from_config_location(config).await?;
     let request = tributary::maintenance::Request {
@@ -324,6 +389,9 @@ async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()
     }
     for (t, e) in &summary.failed {
         err!("FAILED {t}: {e}");
+    }
+    for (t, r) in &summary.catalog {
+        print_catalog(t, r, "");
     }
     if !summary.failed.is_empty() {
         bail!("maintenance failed for {} table(s)", summary.failed.len());

@@ -124,16 +124,32 @@ pub(crate) async fn create_or_open(
     partition_by: &[String],
     properties: HashMap<String, String>,
 ) -> Result<DeltaTable> {
+    Ok(
+        open_or_create(url, options, name, schema, partition_by, properties)
+            .await?
+            .0,
+    )
+}
+
+/// [`create_or_open`], also telling whether this call created the table.
+pub(crate) async fn open_or_create(
+    url: &Url,
+    options: &HashMap<String, String>,
+    name: &str,
+    schema: &Schema,
+    partition_by: &[String],
+    properties: HashMap<String, String>,
+) -> Result<(DeltaTable, bool)> {
     let t = open(url, options).await?;
     if exists(&t) {
-        return Ok(t);
+        return Ok((t, false));
     }
     match create(t, name, schema, partition_by, properties).await {
-        Ok(t) => Ok(t),
+        Ok(t) => Ok((t, true)),
         Err(e) => {
             let t = open(url, options).await?;
             if exists(&t) {
-                Ok(t)
+                Ok((t, false))
             } else {
                 Err(e)
             }

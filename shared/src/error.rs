@@ -119,6 +119,15 @@ pub enum Error {
         source: deltalake::datafusion::error::DataFusionError,
     },
 
+    /// A Glue Data Catalog entry could not be brought in step with its table. Never fails a
+    /// merge (the commit stands; the next sync repairs the entry).
+    #[error("Glue catalog entry {entry}: {message}")]
+    Catalog {
+        entry: String,
+        message: String,
+        retryable: bool,
+    },
+
     /// A broken invariant (a bug). Never built from another error: those keep their source.
     #[error("internal error: {0}")]
     Internal(String),
@@ -141,6 +150,7 @@ impl Error {
             Error::Delta { source, .. } => delta_error_is_retryable(source),
             Error::DataFusion { source, .. } => datafusion_is_retryable(source),
             Error::Contention { .. } => true,
+            Error::Catalog { retryable, .. } => *retryable,
         }
     }
 
@@ -159,7 +169,16 @@ impl Error {
             Error::Compaction { .. } => "compaction",
             Error::Arrow { .. } => "arrow",
             Error::DataFusion { .. } => "datafusion",
+            Error::Catalog { .. } => "catalog",
             Error::Internal(_) => "internal",
+        }
+    }
+
+    pub(crate) fn catalog(entry: &str, message: impl Into<String>, retryable: bool) -> Self {
+        Error::Catalog {
+            entry: entry.to_string(),
+            message: message.into(),
+            retryable,
         }
     }
 

@@ -1,14 +1,19 @@
 """End-to-end fixtures: LocalStack S3 + SQS set up through the AWS API as a deployment
-would, the real function binaries under `cargo lambda watch`, and a driver that plays
-Lambda's SQS poller (receive, invoke with a real SQS event, delete per partial-batch
-response, let failed messages be redriven to the dead-letter queue)."""
+would, moto's server for the Glue Data Catalog (LocalStack's free edition has no Glue), the
+real function binaries under `cargo lambda watch`, and a driver that plays Lambda's SQS
+poller (receive, invoke with a real SQS event, delete per partial-batch response, let
+failed messages be redriven to the dead-letter queue)."""
 
+import collections
 import concurrent.futures
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 import uuid
@@ -24,7 +29,15 @@ ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
 REGION = "us-east-1"
 CREDS = dict(aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION)
 TIMINGS = []
-TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist"]
+TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist", "cat"]
+GLUE_DATABASE = "tributary_e2e"
+# Glue entries for the table and its history table (the database created on first use).
+CATALOG_TABLE = """[table.catalog]
+database = "{database}"
+create_database = true
+[table.history]
+target = "s3://{curated}/delta/cat_history"
+"""
 # A history (SCD type 2) table beside the current table.
 HISTORY_TABLE = """[table.history]
 target = "s3://{curated}/delta/hist_history"
@@ -108,7 +121,8 @@ def stack(aws):
         "QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"],
                                  "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "dms/"}]}}}],
     })
-    extra = {"csvgz": CSV_TABLE, "hist": HISTORY_TABLE.format(curated=curated)}
+    extra = {"csvgz": CSV_TABLE, "hist": HISTORY_TABLE.format(curated=curated),
+             "cat": CATALOG_TABLE.format(curated=curated, database=GLUE_DATABASE)}
     config = "".join(table_config(raw, curated, t, extra.get(t, "")) for t in TABLES)
     aws.s3.put_object(Bucket=curated, Key="config/tributary.toml", Body=config.encode())
     return SimpleNamespace(raw=raw, curated=curated, queue_url=queue_url, queue_arn=queue_arn,
@@ -121,15 +135,116 @@ def free_port():
         return s.getsockname()[1]
 
 
+class GlueProxy:
+    """A TCP proxy between the functions and the Glue emulator: counts the Glue API calls
+    that pass (by their `X-Amz-Target` header, independently of tributary's own count) and
+    can play an outage (every connection cut)."""
+
+    TARGET = re.compile(rb"x-amz-target:\s*awsglue\.(\w+)", re.I)
+
+    def __init__(self, upstream_port):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.calls = collections.Counter()
+        self.down = False
+        self.conns = []
+        self.lock = threading.Lock()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def total(self):
+        with self.lock:
+            return sum(self.calls.values())
+
+    def set_down(self, down):
+        with self.lock:
+            self.down = down
+            if down:
+                for c in self.conns:
+                    try:
+                        c.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                self.conns.clear()
+
+    def _accept(self):
+        while True:
+            client, _ = self.server.accept()
+            with self.lock:
+                if self.down:
+                    client.close()
+                    continue
+                try:
+                    upstream = socket.create_connection(self.upstream)
+                except OSError:
+                    client.close()
+                    continue
+                self.conns += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src, dst, count):
+        tail = b""
+        try:
+            while data := src.recv(65536):
+                if count:
+                    buf = tail + data
+                    end = 0
+                    for m in self.TARGET.finditer(buf):
+                        with self.lock:
+                            self.calls[m.group(1).decode()] += 1
+                        end = m.end()
+                    tail = buf[max(end, len(buf) - 200):]
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@pytest.fixture(scope="session")
+def glue():
+    """moto's server (Glue) on a free port, behind a GlueProxy; `client` talks to moto
+    directly (its calls are not counted)."""
+    exe = shutil.which("moto_server")
+    assert exe, "moto_server not found: scripts/e2e installs it (tests/e2e/requirements.txt)"
+    port = free_port()
+    (ROOT / "target").mkdir(exist_ok=True)
+    log = open(ROOT / "target" / "e2e-moto.log", "w")
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1).read()
+            break
+        except Exception:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"moto_server did not start; see {log.name}")
+            time.sleep(0.3)
+    proxy = GlueProxy(port)
+    yield SimpleNamespace(
+        client=boto3.client("glue", endpoint_url=f"http://127.0.0.1:{port}", **CREDS),
+        proxy=proxy, endpoint=f"http://127.0.0.1:{proxy.port}", database=GLUE_DATABASE)
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=20)
+    log.close()
+
+
 class Functions:
     """The function binaries under `cargo lambda watch` (its Lambda runtime API emulator)."""
 
-    def __init__(self, stack):
+    def __init__(self, stack, glue):
         self.port = free_port()
         env = dict(os.environ)
         env_vars = ",".join([
             f"AWS_ENDPOINT_URL={ENDPOINT}", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
             f"AWS_REGION={REGION}", f"TRIBUTARY_CONFIG={stack.config}",
+            f"AWS_ENDPOINT_URL_GLUE={glue.endpoint}",
         ])
         (ROOT / "target").mkdir(exist_ok=True)
         self.log = open(ROOT / "target" / "e2e-cargo-lambda.log", "w")
@@ -168,8 +283,8 @@ class Functions:
 
 
 @pytest.fixture(scope="session")
-def functions(stack):
-    f = Functions(stack)
+def functions(stack, glue):
+    f = Functions(stack, glue)
     # First invocations start (and if needed build) the functions.
     payload, error = f.invoke("tributary-merge", {"Records": []})
     assert error is None, payload

@@ -622,3 +622,60 @@ async fn merge_output_has_no_dictionary_for_unique_columns() {
     }
     assert!(checked > 0, "no data file in {}", dir.display());
 }
+
+/// A Glue client for an endpoint where nothing listens (an outage), without retries.
+fn unreachable_glue() -> tributary::catalog::Catalog {
+    use aws_sdk_glue::config::{BehaviorVersion, Credentials, Region, SharedCredentialsProvider};
+    let config = aws_config::SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+            "test", "test", None, None, "test",
+        )))
+        .endpoint_url("http://127.0.0.1:9")
+        .retry_config(aws_config::retry::RetryConfig::disabled())
+        .build();
+    tributary::catalog::Catalog::from_sdk_config(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_failure_never_fails_a_merge() {
+    let mut fx = Fixture::new(&format!(
+        "{ITEMS_TABLE}[table.catalog]\ndatabase = \"lake\"\n"
+    ));
+    fx.engine = fx.engine.clone().with_catalog(unreachable_glue());
+    let first = fx.put_items(
+        "20240101-0000000001.parquet",
+        &[
+            c('I', "2024-01-01 00:00:01.000000", 1, "a", 1),
+            c('I', "2024-01-01 00:00:01.000000", 2, "b", 2),
+        ],
+    );
+    let r = fx.merge_ok(&[first]).await;
+    let cat = r.tables[0].catalog.as_ref().expect("a catalog report");
+    let e = cat.error.as_deref().expect("the outage is reported");
+    assert!(
+        e.contains("lake.items") && e.contains("lake.items_manifest"),
+        "{e}"
+    );
+    assert!(cat.calls > 0);
+    // The next merge retries the entries it owes (the commit does not depend on it).
+    let second = fx.put_items(
+        "20240101-0000000002.parquet",
+        &[c('U', "2024-01-01 00:00:02.000000", 1, "a", 10)],
+    );
+    let r = fx.merge_ok(&[second]).await;
+    let cat = r.tables[0].catalog.as_ref().expect("a catalog report");
+    assert!(cat.error.is_some() && cat.calls > 0, "{cat:?}");
+    assert_eq!(
+        fx.items_rows().await,
+        vec![(1, "a".into(), 10), (2, "b".into(), 2)]
+    );
+    // A table without catalog settings never reports (nor calls) the catalog.
+    let plain = Fixture::items();
+    let f = plain.put_items(
+        "20240101-0000000001.parquet",
+        &[c('I', "2024-01-01 00:00:01.000000", 1, "a", 1)],
+    );
+    assert!(plain.merge_ok(&[f]).await.tables[0].catalog.is_none());
+}

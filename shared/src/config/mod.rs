@@ -398,4 +398,124 @@ mod tests {
         assert!(parse_type("decimal(50,2)").is_err());
         assert!(parse_type("uuid").unwrap_err().contains("unknown type"));
     }
+
+    #[test]
+    fn catalog_settings_default_per_table_and_are_checked() {
+        let two = |a: &str, b: &str, defaults: &str| {
+            format!(
+                "{defaults}\n{}{}",
+                test_table("Trips-2024", "s3://r/a/", "s3://c/a", a),
+                test_table("b", "s3://r/b/", "s3://c/b", b)
+            )
+        };
+        let c = Config::from_toml(
+            &two("", "", "[defaults.catalog]\ndatabase = \"lake\""),
+            "x",
+            None,
+        )
+        .unwrap();
+        let a = c.tables[0].catalog.clone().unwrap();
+        assert_eq!(
+            a,
+            CatalogConfig {
+                database: "lake".into(),
+                name: "trips_2024".into(),
+                delta: true,
+                manifest: true,
+                create_database: false,
+                adopt: false,
+            }
+        );
+        assert_eq!(
+            a.entries(true),
+            vec![
+                ("trips_2024".into(), EntryKind::Delta { history: false }),
+                (
+                    "trips_2024_manifest".into(),
+                    EntryKind::Manifest { history: false }
+                ),
+                (
+                    "trips_2024_history".into(),
+                    EntryKind::Delta { history: true }
+                ),
+                (
+                    "trips_2024_history_manifest".into(),
+                    EntryKind::Manifest { history: true }
+                ),
+            ]
+        );
+        // a table's own settings win over the defaults; without any, no catalog
+        let c = Config::from_toml(
+            &two(
+                "[table.catalog]\ndatabase = \"other\"\nmanifest = false",
+                "",
+                "",
+            ),
+            "x",
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.tables[0].catalog.as_ref().unwrap().database, "other");
+        assert!(!c.tables[0].catalog.as_ref().unwrap().manifest);
+        assert!(c.tables[1].catalog.is_none());
+        // without manifests, no manifest entry by default; asking for one is an error
+        let c = Config::from_toml(
+            &two(
+                "manifests = false\n[table.catalog]\ndatabase = \"d\"",
+                "",
+                "",
+            ),
+            "x",
+            None,
+        )
+        .unwrap();
+        assert!(!c.tables[0].catalog.as_ref().unwrap().manifest);
+        for (a, b, defaults, want) in [
+            (
+                "[table.catalog]\nname = \"x\"",
+                "",
+                "",
+                "`database` is missing",
+            ),
+            (
+                "[table.catalog]\ndatabase = \"Lake\"",
+                "",
+                "",
+                "lower-case letters",
+            ),
+            (
+                "manifests = false\n[table.catalog]\ndatabase = \"d\"\nmanifest = true",
+                "",
+                "",
+                "needs the table's `manifests = true`",
+            ),
+            (
+                "[table.catalog]\ndatabase = \"d\"\ndelta = false\nmanifest = false",
+                "",
+                "",
+                "nothing to keep",
+            ),
+            (
+                "[table.catalog]\nname = \"b\"",
+                "",
+                "[defaults.catalog]\ndatabase = \"d\"",
+                "both keep the catalog entry d.b",
+            ),
+            (
+                "",
+                "",
+                "[defaults.catalog]\ndatabase = \"d\"\nname = \"t\"",
+                "cannot be set in [defaults.catalog]",
+            ),
+            (
+                "[table.catalog]\ndatabase = \"d\"\nadopt = \"yes\"",
+                "",
+                "",
+                "adopt",
+            ),
+        ] {
+            let e = err_of(&two(a, b, defaults));
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
 }

@@ -400,6 +400,9 @@ fn catalog(
         t.cloned().unwrap_or_default(),
         d.cloned().unwrap_or_default(),
     );
+    if d.name.is_some() {
+        return Err("`name` cannot be set in [defaults.catalog] (every table needs an entry of its own); set it in the table's [table.catalog]".into());
+    }
     let Some(database) = pick(&t.database, &d.database) else {
         return Err("`database` is missing: name the Glue database to keep the table in".into());
     };

@@ -34,6 +34,15 @@ fn ms_since(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
 }
 
+/// A commit as the post-commit steps (manifests, catalog) see it.
+pub(crate) struct Committed {
+    /// The schema of the version the commit was based on.
+    schema_before: Option<arrow::datatypes::SchemaRef>,
+    /// Its live files (only when manifests are on: nothing else needs them).
+    files_before: Vec<manifest::LiveFile>,
+    after: DeltaTable,
+}
+
 /// The state a commit attempt starts from.
 struct Attempt<'a> {
     base_plan: &'a MergePlan,
@@ -103,11 +112,29 @@ impl Engine {
             }
         };
         report.commit_attempts = retry.attempt();
-        if let Some((before, after)) = committed {
+        if let Some(c) = committed {
             let t = Instant::now();
-            self.update_manifests(table, &before, after, &mut report)
-                .await;
+            let for_catalog = table.catalog.is_some().then(|| c.after.clone());
+            if table.manifests {
+                self.update_manifests(table, &c.files_before, c.after, &mut report)
+                    .await;
+            }
             report.phases_ms.manifests = ms_since(t);
+            if let Some(after) = for_catalog {
+                let t = Instant::now();
+                let r = self
+                    .catalog
+                    .after_commit(
+                        table,
+                        false,
+                        c.schema_before.as_ref(),
+                        &c.files_before,
+                        &after,
+                    )
+                    .await;
+                absorb(&mut report, r);
+                report.phases_ms.catalog = ms_since(t);
+            }
         }
         if let Some(h) = &table.history {
             let t = Instant::now();
@@ -121,9 +148,17 @@ impl Engine {
                 kind,
                 files: &files,
             };
-            report.history = Some(
-                crate::history::apply(table, h, &self.storage, &self.options, &changes).await?,
-            );
+            let mut r = crate::history::apply(
+                table,
+                h,
+                &self.storage,
+                &self.options,
+                &self.catalog,
+                &changes,
+            )
+            .await?;
+            absorb(&mut report, r.catalog.take());
+            report.history = Some(r);
             report.phases_ms.history = ms_since(t);
         }
         report.duration_ms = ms_since(start);
@@ -132,7 +167,7 @@ impl Engine {
     }
 
     /// One attempt: load (or create) the table, apply tombstones, MERGE, re-check. Returns
-    /// the live files before and the table after when a commit happened and manifests are on.
+    /// the table before and after when a commit happened.
     async fn try_merge(
         &self,
         table: &TableConfig,
@@ -141,11 +176,18 @@ impl Engine {
         loaded: Option<DeltaTable>,
         tombstones: &mut Tombstones<'_>,
         report: &mut TableReport,
-    ) -> Result<Option<(Vec<manifest::LiveFile>, DeltaTable)>> {
+    ) -> Result<Option<Committed>> {
         let t = Instant::now();
         let target = match loaded {
             Some(t) => t,
-            None => self.load_or_create(table, batch, a.base_plan).await?,
+            None => {
+                let (t, created) = self.load_or_create(table, batch, a.base_plan).await?;
+                if created {
+                    let r = self.catalog.created(table, false, &t).await;
+                    absorb(report, r);
+                }
+                t
+            }
         };
         let target = record_kinds(target, batch).await?;
         report.phases_ms.load_table = ms_since(t);
@@ -160,6 +202,7 @@ impl Engine {
             (hook.0)().await;
         }
         let read_version = target.version();
+        let schema_before = delta::arrow_schema(&target);
         let before = if table.manifests {
             manifest::live_files(&target)?
         } else {
@@ -183,7 +226,11 @@ impl Engine {
         report.skipped_stale = plan.batch.num_rows().saturating_sub(applied);
         report.version = target.version();
         let committed = target.version() != read_version;
-        Ok((committed && table.manifests).then_some((before, target)))
+        Ok(committed.then_some(Committed {
+            schema_before,
+            files_before: before,
+            after: target,
+        }))
     }
 
     async fn load_or_create(
@@ -191,12 +238,12 @@ impl Engine {
         table: &TableConfig,
         batch: &Batch<'_>,
         plan: &MergePlan,
-    ) -> Result<DeltaTable> {
+    ) -> Result<(DeltaTable, bool)> {
         let kinds: Vec<Option<SeqKind>> = match &batch.kinds {
             Some(k) => k.iter().copied().map(Some).collect(),
             None => vec![None; table.sequence_by.len()],
         };
-        delta::create_or_open(
+        delta::open_or_create(
             &table.target,
             &self.options,
             &table.name,
@@ -234,6 +281,16 @@ impl Engine {
                 report.manifest_error = Some(e.to_string());
             }
         }
+    }
+}
+
+/// Add a catalog sync's report to the table's.
+fn absorb(report: &mut TableReport, r: Option<crate::catalog::CatalogReport>) {
+    if let Some(r) = r {
+        report
+            .catalog
+            .get_or_insert_with(Default::default)
+            .absorb(&r);
     }
 }
 

@@ -18,6 +18,7 @@ use deltalake::DeltaTable;
 use futures::stream::{self, StreamExt};
 use url::Url;
 
+use crate::catalog::Catalog;
 use crate::config::{Config, TableConfig};
 use crate::delta;
 use crate::error::{Error, Result};
@@ -35,6 +36,7 @@ pub struct Engine {
     config: Arc<Config>,
     storage: Arc<Storage>,
     options: Arc<HashMap<String, String>>,
+    catalog: Arc<Catalog>,
     local_s3_root: Option<Arc<std::path::PathBuf>>,
     #[cfg(test)]
     before_merge: Option<tests::Hook>,
@@ -64,6 +66,7 @@ impl Engine {
             config: Arc::new(config),
             storage: Arc::new(Storage::new()),
             options: Arc::new(storage::delta_storage_options()),
+            catalog: Arc::new(Catalog::from_env()),
             local_s3_root: None,
             #[cfg(test)]
             before_merge: None,
@@ -85,6 +88,18 @@ impl Engine {
         }
         self.config = Arc::new(config);
         self
+    }
+
+    /// Keep the Glue Data Catalog with this client (default: configured from the
+    /// environment on first use).
+    pub fn with_catalog(mut self, catalog: Catalog) -> Self {
+        self.catalog = Arc::new(catalog);
+        self
+    }
+
+    /// The catalog client (maintenance and `tributary catalog sync` reconcile with it).
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
     /// The URL a file is actually read from (see [`Engine::with_local_s3_root`]).

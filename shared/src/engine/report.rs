@@ -80,6 +80,10 @@ pub struct TableReport {
     pub manifest_error: Option<String>,
     /// What the call did to the history table, when the table has one.
     pub history: Option<crate::history::HistoryReport>,
+    /// What the call did to the Glue Data Catalog (main and history entries), when the
+    /// table has catalog settings: no calls at all unless the schema or the partitions
+    /// changed; `error` when an entry could not be synced (the merge stands).
+    pub catalog: Option<crate::catalog::CatalogReport>,
 }
 
 /// Milliseconds per phase of a table merge.
@@ -92,6 +96,7 @@ pub struct Phases {
     pub recheck: u64,
     pub manifests: u64,
     pub history: u64,
+    pub catalog: u64,
 }
 
 /// Result of one [`crate::Engine::process`] call.

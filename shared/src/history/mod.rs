@@ -65,6 +65,9 @@ pub struct HistoryReport {
     pub commit_attempts: u32,
     /// Why the history's manifests could not be updated.
     pub manifest_error: Option<String>,
+    /// The history entries' catalog sync (reported with the table's: `TableReport::catalog`).
+    #[serde(skip)]
+    pub(crate) catalog: Option<crate::catalog::CatalogReport>,
 }
 
 /// A batch as the history sees it: the admitted change sets, the kind of the first
@@ -82,6 +85,7 @@ pub(crate) async fn apply(
     h: &HistoryConfig,
     storage: &Storage,
     options: &HashMap<String, String>,
+    catalog: &crate::catalog::Catalog,
     changes: &Changes<'_>,
 ) -> Result<HistoryReport> {
     let columns = data_columns(changes.sets);
@@ -95,6 +99,7 @@ pub(crate) async fn apply(
             cfg,
             h,
             options,
+            catalog,
             changes,
             columns: &columns,
             log_table: &log_table,
@@ -102,8 +107,23 @@ pub(crate) async fn apply(
         match ctx.run().await {
             Ok((mut r, written)) => {
                 r.commit_attempts = retry.attempt();
-                if let Some((before, after)) = written.filter(|_| cfg.manifests) {
-                    manifests(cfg, storage, &before, after, &mut r).await;
+                if let Some(w) = written {
+                    let for_catalog = cfg.catalog.is_some().then(|| w.after.clone());
+                    if cfg.manifests {
+                        manifests(cfg, storage, &w.files_before, w.after, &mut r).await;
+                    }
+                    if let Some(after) = for_catalog {
+                        let c = catalog
+                            .after_commit(
+                                cfg,
+                                true,
+                                w.schema_before.as_ref(),
+                                &w.files_before,
+                                &after,
+                            )
+                            .await;
+                        add_catalog(&mut r, c);
+                    }
                 }
                 return Ok(r);
             }
@@ -194,22 +214,33 @@ struct Attempt<'a> {
     cfg: &'a TableConfig,
     h: &'a HistoryConfig,
     options: &'a HashMap<String, String>,
+    catalog: &'a crate::catalog::Catalog,
     changes: &'a Changes<'a>,
     columns: &'a [Field],
     log_table: &'a DeltaTable,
 }
 
-/// The live files before a history commit, and the table after it.
-type Written = Option<(Vec<crate::manifest::LiveFile>, DeltaTable)>;
+/// A history commit: the schema and live files before it, the table after it.
+struct Written {
+    schema_before: Option<arrow::datatypes::SchemaRef>,
+    files_before: Vec<crate::manifest::LiveFile>,
+    after: DeltaTable,
+}
+
+fn add_catalog(r: &mut HistoryReport, c: Option<crate::catalog::CatalogReport>) {
+    if let Some(c) = c {
+        r.catalog.get_or_insert_with(Default::default).absorb(&c);
+    }
+}
 
 impl Attempt<'_> {
     /// Read the keys' versions, fold, MERGE.
-    async fn run(&self) -> Result<(HistoryReport, Written)> {
+    async fn run(&self) -> Result<(HistoryReport, Option<Written>)> {
         let (cfg, h, kind) = (self.cfg, self.h, self.changes.kind);
         let label = format!("{} history", cfg.name);
         let mut schema_fields = self.columns.to_vec();
         schema_fields.extend(own_columns(cfg, h, kind));
-        let table = delta::create_or_open(
+        let (table, created) = delta::open_or_create(
             &h.target,
             self.options,
             &format!("{}_history", cfg.name),
@@ -218,6 +249,10 @@ impl Attempt<'_> {
             Default::default(),
         )
         .await?;
+        let mut created_report = None;
+        if created {
+            created_report = self.catalog.created(cfg, true, &table).await;
+        }
         let data = history_data_columns(cfg, h, &table, self.columns, kind)?;
         let keys = key_batch(cfg, self.changes.sets, &data)?;
         let existing = delta::rows_with_keys(&table, &label, &cfg.primary_key, &keys).await?;
@@ -239,14 +274,24 @@ impl Attempt<'_> {
             late_keys: late.len(),
             ..Default::default()
         };
+        add_catalog(&mut report, created_report);
         if out.batch.num_rows() == 0 {
             return Ok((report, None));
         }
-        let before = crate::manifest::live_files(&table)?;
+        let before = if cfg.manifests {
+            crate::manifest::live_files(&table)?
+        } else {
+            Vec::new()
+        };
+        let schema_before = delta::arrow_schema(&table);
         let read_version = table.version();
         let table = merge_versions(cfg, table, &out.batch, self.changes.files).await?;
         report.version = table.version();
-        let written = (table.version() != read_version).then_some((before, table));
+        let written = (table.version() != read_version).then_some(Written {
+            schema_before,
+            files_before: before,
+            after: table,
+        });
         Ok((report, written))
     }
 }

@@ -49,6 +49,8 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
         duration_ms: u64,
         versions: u64,
         late_keys: u64,
+        catalog_calls: u64,
+        catalog_failed: u64,
     }
     let mut by: BTreeMap<String, M> = BTreeMap::new();
     for f in &report.files {
@@ -75,6 +77,10 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
             m.versions += h.versions_written as u64;
             m.late_keys += h.late_keys as u64;
         }
+        if let Some(c) = &t.catalog {
+            m.catalog_calls += c.calls;
+            m.catalog_failed += u64::from(c.error.is_some());
+        }
     }
     by.into_iter()
         .map(|(table, m)| {
@@ -93,6 +99,8 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
                     ("MergeDuration", MS, m.duration_ms),
                     ("HistoryVersionsWritten", COUNT, m.versions),
                     ("HistoryLateKeys", COUNT, m.late_keys),
+                    ("CatalogCalls", COUNT, m.catalog_calls),
+                    ("CatalogSyncFailed", COUNT, m.catalog_failed),
                 ],
             )
         })
@@ -126,6 +134,16 @@ pub fn maintenance_emf(summary: &Summary, now_ms: i64) -> Vec<Value> {
         .iter()
         .map(|m| doc(&m.table, 0, Some(m)))
         .chain(summary.failed.iter().map(|(t, _)| doc(t, 1, None)))
+        .chain(summary.catalog.iter().map(|(t, c)| {
+            document(
+                t,
+                now_ms,
+                &[
+                    ("CatalogCalls", COUNT, c.calls),
+                    ("CatalogSyncFailed", COUNT, u64::from(c.error.is_some())),
+                ],
+            )
+        }))
         .collect()
 }
 

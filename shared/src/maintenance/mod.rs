@@ -506,6 +506,10 @@ pub struct Summary {
     /// What a `reload` request did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reloaded: Option<crate::reload::ReloadReport>,
+    /// The catalog reconciliation of each table with catalog settings (a failed one has
+    /// its `error`; it does not fail the run: `CatalogSyncFailed` is the alarm).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub catalog: std::collections::BTreeMap<String, crate::catalog::CatalogReport>,
 }
 
 impl Summary {
@@ -532,7 +536,8 @@ impl Summary {
 pub async fn handle(engine: &crate::Engine, request: &Request) -> Result<Summary> {
     if let Some(table) = &request.reload {
         let mut s = Summary::default();
-        match crate::reload::reload(engine, table).await {
+        // Boxed like the upkeep below (future nesting depth).
+        match Box::pin(crate::reload::reload(engine, table)).await {
             Ok(r) => s.reloaded = Some(r),
             Err(e) => {
                 tracing::error!(table = %table, error = %e, kind = e.kind(), "reload failed");
@@ -541,7 +546,9 @@ pub async fn handle(engine: &crate::Engine, request: &Request) -> Result<Summary
         }
         return Ok(s);
     }
-    run(
+    // Boxed: the upkeep and the catalog futures nested are too deep for the compiler's
+    // layout query otherwise.
+    let mut summary = Box::pin(run(
         engine.config(),
         engine.storage(),
         engine.storage_options(),
@@ -549,8 +556,39 @@ pub async fn handle(engine: &crate::Engine, request: &Request) -> Result<Summary
         MaintenanceOptions {
             force: request.force,
         },
-    )
-    .await
+    ))
+    .await?;
+    summary.catalog = Box::pin(sync_catalog(engine, &request.tables)).await;
+    Ok(summary)
+}
+
+/// Reconcile the catalog entries of the named tables (all when `only` is empty): what the
+/// maintenance run does after the upkeep, and `tributary catalog sync`. A table that cannot
+/// be read has the error in its report.
+pub async fn sync_catalog(
+    engine: &crate::Engine,
+    only: &[String],
+) -> std::collections::BTreeMap<String, crate::catalog::CatalogReport> {
+    let mut out = std::collections::BTreeMap::new();
+    for t in &engine.config().tables {
+        if !only.is_empty() && !only.contains(&t.name) {
+            continue;
+        }
+        let report = match Box::pin(engine.catalog().reconcile(t, engine.storage_options())).await {
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::error!(table = %t.name, error = %e, "catalog not reconciled");
+                crate::catalog::CatalogReport {
+                    error: Some(e.to_string()),
+                    ..Default::default()
+                }
+            }
+        };
+        tracing::info!(table = %t.name, calls = report.calls, created = report.entries_created, updated = report.entries_updated, partitions_added = report.partitions_added, partitions_removed = report.partitions_removed, error = report.error.as_deref(), "catalog reconciled");
+        out.insert(t.name.clone(), report);
+    }
+    out
 }
 
 #[cfg(test)]

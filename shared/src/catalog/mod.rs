@@ -1,0 +1,530 @@
+//! The Glue Data Catalog kept in step with the Delta tables: per configured table, the
+//! native Delta entry (Athena engine 3, Spark) and/or the symlink-manifest entry with its
+//! partitions (Redshift Spectrum, older engines), and the same for a history table.
+//!
+//! When Glue is called:
+//! - a table is created → its entries are created (and the database, when allowed);
+//! - a commit changed the schema → the entries are updated; a commit changed the set of
+//!   partitions → the manifest entry's partitions are added / removed;
+//! - anything else → no call: a merge that changes nothing in the catalog makes no Glue
+//!   call. Whether a commit changed the schema or the partitions is read from the table
+//!   before and after the commit, not from a cache, so a cold start costs nothing either.
+//!
+//! A failed sync never fails the merge (the commit stands): it is logged, reported
+//! (`CatalogSyncFailed`), and the entry is marked for a full sync by the next merge of the
+//! table in this process; the maintenance run and `tributary catalog sync` reconcile
+//! everything (drift, entries deleted by hand, missed partitions).
+//!
+//! An entry tributary did not create (no `tributary.managed` parameter) is never replaced,
+//! unless the table's `adopt = true`.
+
+mod entry;
+mod glue;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+use deltalake::DeltaTable;
+use serde::Serialize;
+use tokio::sync::OnceCell;
+
+use crate::config::{CatalogConfig, EntryKind, TableConfig};
+use crate::delta;
+use crate::error::{Error, Result};
+use crate::manifest::LiveFile;
+use entry::{Desired, GluePartition, Verdict};
+use glue::{Failure, Glue};
+
+/// Attempts of an entry's read-compare-write when another writer changes it in between.
+const ENTRY_ATTEMPTS: usize = 3;
+
+/// What a catalog sync did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CatalogReport {
+    /// Glue API calls made (0 for a commit that changed no schema and no partition).
+    pub calls: u64,
+    pub entries_created: usize,
+    pub entries_updated: usize,
+    pub partitions_added: usize,
+    pub partitions_removed: usize,
+    /// Why the sync failed (the commit stands; the next sync repairs the entries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl CatalogReport {
+    /// Add another sync's counts (the main and the history table's, in one report).
+    pub fn absorb(&mut self, other: &CatalogReport) {
+        self.calls += other.calls;
+        self.entries_created += other.entries_created;
+        self.entries_updated += other.entries_updated;
+        self.partitions_added += other.partitions_added;
+        self.partitions_removed += other.partitions_removed;
+        if self.error.is_none() {
+            self.error.clone_from(&other.error);
+        }
+    }
+}
+
+/// The catalog client and what this process still owes the catalog. Built once per cold
+/// start; the AWS configuration (credentials, region, endpoint overrides such as
+/// `AWS_ENDPOINT_URL_GLUE`) is loaded on the first call, so a deployment without catalog
+/// settings never loads it.
+#[derive(Debug)]
+pub struct Catalog {
+    preset: Option<SdkConfig>,
+    client: OnceCell<aws_sdk_glue::Client>,
+    /// Entries (`database.name`) whose last sync failed: the next merge syncs them fully.
+    dirty: Mutex<BTreeSet<String>>,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Self::from_env()
+    }
+}
+
+impl Catalog {
+    /// A client configured from the environment (as the AWS CLI is), on first use.
+    pub fn from_env() -> Self {
+        Catalog {
+            preset: None,
+            client: OnceCell::new(),
+            dirty: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// A client with this AWS configuration (tests, embedding).
+    pub fn from_sdk_config(config: SdkConfig) -> Self {
+        Catalog {
+            preset: Some(config),
+            ..Self::from_env()
+        }
+    }
+
+    async fn glue(&self) -> Glue {
+        let client = self
+            .client
+            .get_or_init(|| async {
+                let config = match &self.preset {
+                    Some(c) => c.clone(),
+                    None => {
+                        aws_config::defaults(BehaviorVersion::latest())
+                            .retry_config(RetryConfig::standard().with_max_attempts(3))
+                            .timeout_config(
+                                TimeoutConfig::builder()
+                                    .connect_timeout(Duration::from_secs(3))
+                                    .operation_timeout(Duration::from_secs(20))
+                                    .build(),
+                            )
+                            .load()
+                            .await
+                    }
+                };
+                aws_sdk_glue::Client::new(&config)
+            })
+            .await;
+        Glue::new(client.clone())
+    }
+
+    fn is_dirty(&self, key: &str) -> bool {
+        self.dirty.lock().map(|d| d.contains(key)).unwrap_or(true)
+    }
+
+    fn mark(&self, key: &str, failed: bool) {
+        if let Ok(mut d) = self.dirty.lock() {
+            if failed {
+                d.insert(key.to_string());
+            } else {
+                d.remove(key);
+            }
+        }
+    }
+
+    /// After this process created the table (or the history table): create its entries.
+    pub(crate) async fn created(
+        &self,
+        cfg: &TableConfig,
+        history: bool,
+        table: &DeltaTable,
+    ) -> Option<CatalogReport> {
+        let c = cfg.catalog.as_ref()?;
+        let glue = self.glue().await;
+        let mut report = CatalogReport::default();
+        for (name, kind) in entries(cfg, c, history) {
+            let res = async {
+                let d = entry::desired(table, &name, kind)?;
+                ensure(&glue, c, &d, &mut report).await?;
+                if matches!(kind, EntryKind::Manifest { .. }) {
+                    let parts = entry::partitions(table)?;
+                    add(&glue, c, &d, parts.into_iter().collect(), &mut report).await?;
+                }
+                Ok(())
+            }
+            .await;
+            self.record(cfg, c, &name, res, &mut report);
+        }
+        report.calls = glue.calls();
+        Some(report)
+    }
+
+    /// After a commit: sync what the commit changed in the catalog (nothing for most
+    /// commits: then no Glue call at all), and anything an earlier sync failed to.
+    pub(crate) async fn after_commit(
+        &self,
+        cfg: &TableConfig,
+        history: bool,
+        schema_before: Option<&SchemaRef>,
+        files_before: &[LiveFile],
+        after: &DeltaTable,
+    ) -> Option<CatalogReport> {
+        let c = cfg.catalog.as_ref()?;
+        let schema_changed = match (schema_before, delta::arrow_schema(after)) {
+            (Some(a), Some(b)) => a.fields() != b.fields(),
+            (None, None) => false,
+            _ => true,
+        };
+        let mut plans = Vec::new();
+        for (name, kind) in entries(cfg, c, history) {
+            let key = format!("{}.{name}", c.database);
+            let dirty = self.is_dirty(&key);
+            let manifest = matches!(kind, EntryKind::Manifest { .. });
+            let (added, removed) = if manifest && !dirty {
+                match partition_diff(after, files_before) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        plans.push((name, kind, Plan::Failed(e)));
+                        continue;
+                    }
+                }
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            let plan = if dirty {
+                Plan::Full
+            } else if schema_changed || !added.is_empty() || !removed.is_empty() {
+                Plan::Changes {
+                    entry: schema_changed,
+                    added,
+                    removed,
+                }
+            } else {
+                continue;
+            };
+            plans.push((name, kind, plan));
+        }
+        if plans.is_empty() {
+            return Some(CatalogReport::default());
+        }
+        let glue = self.glue().await;
+        let mut report = CatalogReport::default();
+        for (name, kind, plan) in plans {
+            let res = async {
+                let d = entry::desired(after, &name, kind)?;
+                match plan {
+                    Plan::Failed(e) => Err(e),
+                    Plan::Full => full(&glue, c, &d, kind, after, &mut report).await,
+                    Plan::Changes {
+                        entry: changed,
+                        added,
+                        removed,
+                    } => {
+                        if changed {
+                            ensure(&glue, c, &d, &mut report).await?;
+                        }
+                        add(&glue, c, &d, added, &mut report).await?;
+                        remove(&glue, c, &d, after, removed, &mut report).await
+                    }
+                }
+            }
+            .await;
+            self.record(cfg, c, &name, res, &mut report);
+        }
+        report.calls = glue.calls();
+        Some(report)
+    }
+
+    /// Bring every entry of the table (and of its history table) in step with the tables
+    /// as they are now: create missing entries, correct drifted ones, add and remove
+    /// partitions. Tables that do not exist yet are skipped. `None` when the table has no
+    /// catalog settings; a failed entry is in the report's `error`.
+    pub async fn reconcile(
+        &self,
+        cfg: &TableConfig,
+        options: &HashMap<String, String>,
+    ) -> Result<Option<CatalogReport>> {
+        let Some(c) = cfg.catalog.as_ref() else {
+            return Ok(None);
+        };
+        let mut targets = vec![(false, &cfg.target)];
+        if let Some(h) = &cfg.history {
+            targets.push((true, &h.target));
+        }
+        let mut tables = Vec::new();
+        for (history, url) in targets {
+            let table = delta::open(url, options).await?;
+            if delta::exists(&table) {
+                tables.push((history, table));
+            }
+        }
+        let glue = self.glue().await;
+        let mut report = CatalogReport::default();
+        for (history, table) in &tables {
+            for (name, kind) in entries(cfg, c, *history) {
+                let res = async {
+                    let d = entry::desired(table, &name, kind)?;
+                    full(&glue, c, &d, kind, table, &mut report).await
+                }
+                .await;
+                self.record(cfg, c, &name, res, &mut report);
+            }
+        }
+        report.calls = glue.calls();
+        Ok(Some(report))
+    }
+
+    /// Log a failed entry sync and mark it for the next one.
+    fn record(
+        &self,
+        cfg: &TableConfig,
+        c: &CatalogConfig,
+        name: &str,
+        res: Result<()>,
+        report: &mut CatalogReport,
+    ) {
+        let key = format!("{}.{name}", c.database);
+        match res {
+            Ok(()) => self.mark(&key, false),
+            Err(e) => {
+                tracing::error!(table = %cfg.name, entry = %key, error = %e, kind = e.kind(), "catalog entry not updated; the next merge of the table or the maintenance run repairs it");
+                self.mark(&key, true);
+                let msg = e.to_string();
+                report.error = Some(match report.error.take() {
+                    Some(prev) => format!("{prev}; {msg}"),
+                    None => msg,
+                });
+            }
+        }
+    }
+}
+
+/// What one entry needs after a commit.
+enum Plan {
+    Full,
+    Changes {
+        entry: bool,
+        added: Vec<GluePartition>,
+        removed: Vec<GluePartition>,
+    },
+    Failed(Error),
+}
+
+/// The table's entries of the main table or of its history.
+fn entries(cfg: &TableConfig, c: &CatalogConfig, history: bool) -> Vec<(String, EntryKind)> {
+    c.entries(cfg.history.is_some())
+        .into_iter()
+        .filter(|(_, k)| {
+            matches!(k, EntryKind::Delta { history: h } | EntryKind::Manifest { history: h } if *h == history)
+        })
+        .collect()
+}
+
+/// Partitions a commit added and removed.
+fn partition_diff(
+    after: &DeltaTable,
+    files_before: &[LiveFile],
+) -> Result<(Vec<GluePartition>, Vec<GluePartition>)> {
+    let now = entry::partitions(after)?;
+    let before: BTreeSet<GluePartition> = if delta::partition_columns(after)?.is_empty() {
+        BTreeSet::new()
+    } else {
+        files_before
+            .iter()
+            .map(|f| entry::partition(after, &f.partition))
+            .collect()
+    };
+    Ok((
+        now.difference(&before).cloned().collect(),
+        before.difference(&now).cloned().collect(),
+    ))
+}
+
+/// Make the entry say what `d` says: create it (and the database when allowed), or
+/// update it if it differs, unless a newer version was already written there.
+async fn ensure(
+    glue: &Glue,
+    c: &CatalogConfig,
+    d: &Desired,
+    report: &mut CatalogReport,
+) -> Result<()> {
+    let db = &c.database;
+    let key = format!("{db}.{}", d.name);
+    for _ in 0..ENTRY_ATTEMPTS {
+        match glue.get_table(db, &d.name).await {
+            Err(Failure::NotFound) => match glue.create_table(db, d, d.parameters_over(None)).await {
+                Ok(()) => {
+                    report.entries_created += 1;
+                    return Ok(());
+                }
+                Err(Failure::NotFound) if c.create_database => {
+                    glue.create_database(db)
+                        .await
+                        .map_err(|f| f.into_error(&key, "CreateDatabase"))?;
+                }
+                Err(Failure::NotFound) => {
+                    return Err(Error::catalog(
+                        &key,
+                        format!("the Glue database `{db}` does not exist: create it (the SAM template does, parameter GlueDatabase) or set `create_database = true` in [table.catalog]"),
+                        false,
+                    ))
+                }
+                // Created meanwhile by a concurrent sync: read it and compare.
+                Err(Failure::AlreadyExists) => {}
+                Err(f) => return Err(f.into_error(&key, "CreateTable")),
+            },
+            Err(f) => return Err(f.into_error(&key, "GetTable")),
+            Ok(existing) => match existing.verdict(d, c.adopt) {
+                Verdict::UpToDate | Verdict::Newer => return Ok(()),
+                Verdict::NotOurs => {
+                    return Err(Error::catalog(
+                        &key,
+                        "the entry exists and was not created by tributary (it has no `tributary.managed` parameter): choose another `name` in [table.catalog], delete the entry, or set `adopt = true` to let tributary take it over",
+                        false,
+                    ))
+                }
+                Verdict::Update => match glue
+                    .update_table(db, d, d.parameters_over(Some(&existing)), &existing)
+                    .await
+                {
+                    Ok(()) => {
+                        report.entries_updated += 1;
+                        return Ok(());
+                    }
+                    // Changed or deleted meanwhile: read it again.
+                    Err(Failure::Concurrent | Failure::NotFound) => {}
+                    Err(f) => return Err(f.into_error(&key, "UpdateTable")),
+                },
+            },
+        }
+    }
+    Err(Error::catalog(
+        &key,
+        format!("the entry kept changing while it was synced ({ENTRY_ATTEMPTS} attempts)"),
+        true,
+    ))
+}
+
+/// Ensure the entry and, for a manifest entry, make its partitions exactly the table's.
+async fn full(
+    glue: &Glue,
+    c: &CatalogConfig,
+    d: &Desired,
+    kind: EntryKind,
+    table: &DeltaTable,
+    report: &mut CatalogReport,
+) -> Result<()> {
+    ensure(glue, c, d, report).await?;
+    if !matches!(kind, EntryKind::Manifest { .. }) {
+        return Ok(());
+    }
+    let key = format!("{}.{}", c.database, d.name);
+    let want: BTreeMap<Vec<String>, String> = entry::partitions(table)?
+        .into_iter()
+        .map(|p| (p.values, p.location))
+        .collect();
+    let have: BTreeMap<Vec<String>, String> = glue
+        .get_partitions(&c.database, &d.name)
+        .await
+        .map_err(|f| f.into_error(&key, "GetPartitions"))?
+        .into_iter()
+        .map(|p| (p.values, p.location))
+        .collect();
+    // Extra partitions, and partitions whose location is wrong (re-created).
+    let stale: Vec<Vec<String>> = have
+        .iter()
+        .filter(|(v, loc)| want.get(*v) != Some(*loc))
+        .map(|(v, _)| v.clone())
+        .collect();
+    let missing: Vec<GluePartition> = want
+        .iter()
+        .filter(|(v, loc)| have.get(*v) != Some(*loc))
+        .map(|(v, loc)| GluePartition {
+            values: v.clone(),
+            location: loc.clone(),
+        })
+        .collect();
+    if !stale.is_empty() {
+        glue.delete_partitions(&c.database, &d.name, &stale)
+            .await
+            .map_err(|f| f.into_error(&key, "BatchDeletePartition"))?;
+        report.partitions_removed += stale.len();
+    }
+    add(glue, c, d, missing, report).await
+}
+
+async fn add(
+    glue: &Glue,
+    c: &CatalogConfig,
+    d: &Desired,
+    parts: Vec<GluePartition>,
+    report: &mut CatalogReport,
+) -> Result<()> {
+    if parts.is_empty() {
+        return Ok(());
+    }
+    let key = format!("{}.{}", c.database, d.name);
+    match glue.create_partitions(&c.database, d, &parts).await {
+        Ok(()) => {}
+        // The entry is gone (deleted by hand): re-create it, then its partitions.
+        Err(Failure::NotFound) => {
+            ensure(glue, c, d, report).await?;
+            glue.create_partitions(&c.database, d, &parts)
+                .await
+                .map_err(|f| f.into_error(&key, "BatchCreatePartition"))?;
+        }
+        Err(f) => return Err(f.into_error(&key, "BatchCreatePartition")),
+    }
+    report.partitions_added += parts.len();
+    Ok(())
+}
+
+/// Remove partitions a commit emptied — unless a later commit (a concurrent merge whose
+/// catalog call may already have run) put files there again.
+async fn remove(
+    glue: &Glue,
+    c: &CatalogConfig,
+    d: &Desired,
+    after: &DeltaTable,
+    parts: Vec<GluePartition>,
+    report: &mut CatalogReport,
+) -> Result<()> {
+    if parts.is_empty() {
+        return Ok(());
+    }
+    let key = format!("{}.{}", c.database, d.name);
+    let mut latest = after.clone();
+    latest
+        .update_incremental(None)
+        .await
+        .map_err(|e| Error::delta(&key, e))?;
+    let live = entry::partitions(&latest)?;
+    let gone: Vec<Vec<String>> = parts
+        .into_iter()
+        .filter(|p| !live.contains(p))
+        .map(|p| p.values)
+        .collect();
+    if gone.is_empty() {
+        return Ok(());
+    }
+    match glue.delete_partitions(&c.database, &d.name, &gone).await {
+        Ok(()) | Err(Failure::NotFound) => {}
+        Err(f) => return Err(f.into_error(&key, "BatchDeletePartition")),
+    }
+    report.partitions_removed += gone.len();
+    Ok(())
+}
