@@ -122,7 +122,8 @@ def stack(aws):
                                  "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "dms/"}]}}}],
     })
     extra = {"csvgz": CSV_TABLE, "hist": HISTORY_TABLE.format(curated=curated),
-             "cat": CATALOG_TABLE.format(curated=curated, database=GLUE_DATABASE)}
+             "cat": CATALOG_TABLE.format(curated=curated, database=GLUE_DATABASE),
+             "burst": f'[table.catalog]\ndatabase = "{GLUE_DATABASE}"\ncreate_database = true\n'}
     config = "".join(table_config(raw, curated, t, extra.get(t, "")) for t in TABLES)
     aws.s3.put_object(Bucket=curated, Key="config/tributary.toml", Body=config.encode())
     return SimpleNamespace(raw=raw, curated=curated, queue_url=queue_url, queue_arn=queue_arn,
@@ -375,6 +376,12 @@ def read_history(stack, name):
     rows = dt.to_pyarrow_table(columns=["trip_id", "destination", "valid_from", "valid_to", "iscurrent"]).to_pylist()
     iso = lambda t: None if t is None else t.strftime("%Y-%m-%d %H:%M:%S.%f")
     return sorted((r["trip_id"], r["destination"], iso(r["valid_from"]), iso(r["valid_to"]), r["iscurrent"]) for r in rows)
+
+
+def catalog_partitions(glue, name):
+    """The partition values registered for a Glue entry."""
+    pages = glue.client.get_paginator("get_partitions").paginate(DatabaseName=glue.database, TableName=name)
+    return {tuple(p["Values"]) for page in pages for p in page["Partitions"]}
 
 
 def manifests_exact(aws, stack, name):

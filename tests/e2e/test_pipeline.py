@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import dms
-from conftest import ROOT, manifests_exact, read_history, read_table, record_timing
+from conftest import ROOT, catalog_partitions, manifests_exact, read_history, read_table, record_timing
 
 
 def upload(aws, stack, table, files):
@@ -61,10 +61,14 @@ def test_files_uploaded_in_reverse_order(aws, stack, poller):
     converge(aws, stack, poller, "reverse", source.state(), "files uploaded in reverse order", start, batch=1)
 
 
-def test_burst_of_concurrent_invocations(aws, stack, poller):
+def test_burst_of_concurrent_invocations(aws, stack, poller, glue):
     source = dms.Source(seed=4)
     files = [("LOAD00000001.parquet", dms.parquet([(None, "2022-10-25 23:59:59.000000", *r[2:]) for r in source.insert_records(500)], False))]
-    files += [(f"2022/10/26/20221026-{i:010d}.parquet", dms.parquet(source.random_changes(15), True)) for i in range(23)]
+    for i in range(23):
+        changes = source.random_changes(15)
+        if i == 12:  # a partition emptied and another created, amid concurrent commits
+            changes += source.update(lambda r: r["route_id"] == "J", route_id="Z")
+        files.append((f"2022/10/26/20221026-{i:010d}.parquet", dms.parquet(changes, True)))
     start = time.time()
     upload(aws, stack, "burst", files)
     # Collect every notification first, then fire 8 invocations at once (3 messages each).
@@ -75,6 +79,9 @@ def test_burst_of_concurrent_invocations(aws, stack, poller):
     failed = poller.deliver_concurrently(messages, workers=8, per_invocation=3)
     assert not failed, f"{len(failed)} messages failed in the burst"
     converge(aws, stack, poller, "burst", source.state(), "burst: 8 concurrent invocations", start)
+    # The manifest entry's partitions followed the concurrent commits (no maintenance run).
+    routes = {(r,) for r, _, _ in source.state().values()}
+    assert catalog_partitions(glue, "burst_manifest") == routes
 
 
 def test_bad_files_go_to_the_dlq_and_replay_converges(aws, stack, poller):

@@ -156,7 +156,12 @@ impl Catalog {
         let c = cfg.catalog.as_ref()?;
         let glue = self.glue().await;
         let mut report = CatalogReport::default();
+        let mut unreachable = false;
         for (name, kind) in entries(cfg, c, history) {
+            if unreachable {
+                self.skip(c, &name, &mut report);
+                continue;
+            }
             let res = async {
                 let d = entry::desired(table, &name, kind)?;
                 ensure(&glue, c, &d, &mut report).await?;
@@ -167,7 +172,7 @@ impl Catalog {
                 Ok(())
             }
             .await;
-            self.record(cfg, c, &name, res, &mut report);
+            unreachable = self.record(cfg, c, &name, res, &mut report);
         }
         report.calls = glue.calls();
         Some(report)
@@ -223,7 +228,12 @@ impl Catalog {
         }
         let glue = self.glue().await;
         let mut report = CatalogReport::default();
+        let mut unreachable = false;
         for (name, kind, plan) in plans {
+            if unreachable {
+                self.skip(c, &name, &mut report);
+                continue;
+            }
             let res = async {
                 let d = entry::desired(after, &name, kind)?;
                 match plan {
@@ -243,7 +253,7 @@ impl Catalog {
                 }
             }
             .await;
-            self.record(cfg, c, &name, res, &mut report);
+            unreachable = self.record(cfg, c, &name, res, &mut report);
         }
         report.calls = glue.calls();
         Some(report)
@@ -289,6 +299,8 @@ impl Catalog {
     }
 
     /// Log a failed entry sync and mark it for the next one.
+    /// Returns whether Glue looks unreachable (a retryable failure: network, throttling,
+    /// service errors), so that the rest of a merge's entries are not tried one by one.
     fn record(
         &self,
         cfg: &TableConfig,
@@ -296,11 +308,15 @@ impl Catalog {
         name: &str,
         res: Result<()>,
         report: &mut CatalogReport,
-    ) {
+    ) -> bool {
         let key = format!("{}.{name}", c.database);
         match res {
-            Ok(()) => self.mark(&key, false),
+            Ok(()) => {
+                self.mark(&key, false);
+                false
+            }
             Err(e) => {
+                let unreachable = matches!(e, Error::Catalog { .. }) && e.is_retryable();
                 tracing::error!(table = %cfg.name, entry = %key, error = %e, kind = e.kind(), "catalog entry not updated; the next merge of the table or the maintenance run repairs it");
                 self.mark(&key, true);
                 let msg = e.to_string();
@@ -308,8 +324,20 @@ impl Catalog {
                     Some(prev) => format!("{prev}; {msg}"),
                     None => msg,
                 });
+                unreachable
             }
         }
+    }
+
+    /// An entry not tried because Glue looked unreachable: owed to the next sync.
+    fn skip(&self, c: &CatalogConfig, name: &str, report: &mut CatalogReport) {
+        let key = format!("{}.{name}", c.database);
+        self.mark(&key, true);
+        let msg = format!("{key} not tried (Glue unreachable)");
+        report.error = Some(match report.error.take() {
+            Some(prev) => format!("{prev}; {msg}"),
+            None => msg,
+        });
     }
 }
 
@@ -420,6 +448,9 @@ async fn ensure(
 }
 
 /// Ensure the entry and, for a manifest entry, make its partitions exactly the table's.
+///
+/// Glue is read before the table: a partition a concurrent merge registered was committed
+/// before, so the table read after has it, and it is not taken for a stale one.
 async fn full(
     glue: &Glue,
     c: &CatalogConfig,
@@ -433,10 +464,6 @@ async fn full(
         return Ok(());
     }
     let key = format!("{}.{}", c.database, d.name);
-    let want: BTreeMap<Vec<String>, String> = entry::partitions(table)?
-        .into_iter()
-        .map(|p| (p.values, p.location))
-        .collect();
     let have: BTreeMap<Vec<String>, String> = glue
         .get_partitions(&c.database, &d.name)
         .await
@@ -444,12 +471,22 @@ async fn full(
         .into_iter()
         .map(|p| (p.values, p.location))
         .collect();
-    // Extra partitions, and partitions whose location is wrong (re-created).
-    let stale: Vec<Vec<String>> = have
+    let latest = refreshed(table, &key).await?;
+    let want: BTreeMap<Vec<String>, String> = entry::partitions(&latest)?
+        .into_iter()
+        .map(|p| (p.values, p.location))
+        .collect();
+    // Partitions whose location is wrong are deleted and created again.
+    let relocated: Vec<Vec<String>> = have
         .iter()
-        .filter(|(v, loc)| want.get(*v) != Some(*loc))
+        .filter(|(v, loc)| want.get(*v).is_some_and(|w| w != *loc))
         .map(|(v, _)| v.clone())
         .collect();
+    if !relocated.is_empty() {
+        glue.delete_partitions(&c.database, &d.name, &relocated)
+            .await
+            .map_err(|f| f.into_error(&key, "BatchDeletePartition"))?;
+    }
     let missing: Vec<GluePartition> = want
         .iter()
         .filter(|(v, loc)| have.get(*v) != Some(*loc))
@@ -458,13 +495,52 @@ async fn full(
             location: loc.clone(),
         })
         .collect();
-    if !stale.is_empty() {
-        glue.delete_partitions(&c.database, &d.name, &stale)
-            .await
-            .map_err(|f| f.into_error(&key, "BatchDeletePartition"))?;
-        report.partitions_removed += stale.len();
+    add(glue, c, d, missing, report).await?;
+    let extra: Vec<Vec<String>> = have
+        .keys()
+        .filter(|v| !want.contains_key(*v))
+        .cloned()
+        .collect();
+    delete_rechecked(glue, c, d, &latest, extra, report).await
+}
+
+/// The table at its latest version.
+async fn refreshed(table: &DeltaTable, key: &str) -> Result<DeltaTable> {
+    let mut latest = table.clone();
+    latest
+        .update_incremental(None)
+        .await
+        .map_err(|e| Error::delta(key, e))?;
+    Ok(latest)
+}
+
+/// Delete partitions the table no longer has, then read the table again and register
+/// again any that a concurrent commit filled meanwhile (its own registration may have run
+/// before the delete).
+async fn delete_rechecked(
+    glue: &Glue,
+    c: &CatalogConfig,
+    d: &Desired,
+    table: &DeltaTable,
+    values: Vec<Vec<String>>,
+    report: &mut CatalogReport,
+) -> Result<()> {
+    if values.is_empty() {
+        return Ok(());
     }
-    add(glue, c, d, missing, report).await
+    let key = format!("{}.{}", c.database, d.name);
+    match glue.delete_partitions(&c.database, &d.name, &values).await {
+        // The entry itself is gone: nothing to delete (the next full sync re-creates it).
+        Ok(()) | Err(Failure::NotFound) => {}
+        Err(f) => return Err(f.into_error(&key, "BatchDeletePartition")),
+    }
+    report.partitions_removed += values.len();
+    let now = entry::partitions(&refreshed(table, &key).await?)?;
+    let back: Vec<GluePartition> = now
+        .into_iter()
+        .filter(|p| values.contains(&p.values))
+        .collect();
+    add(glue, c, d, back, report).await
 }
 
 async fn add(
@@ -507,24 +583,12 @@ async fn remove(
         return Ok(());
     }
     let key = format!("{}.{}", c.database, d.name);
-    let mut latest = after.clone();
-    latest
-        .update_incremental(None)
-        .await
-        .map_err(|e| Error::delta(&key, e))?;
+    let latest = refreshed(after, &key).await?;
     let live = entry::partitions(&latest)?;
     let gone: Vec<Vec<String>> = parts
         .into_iter()
         .filter(|p| !live.contains(p))
         .map(|p| p.values)
         .collect();
-    if gone.is_empty() {
-        return Ok(());
-    }
-    match glue.delete_partitions(&c.database, &d.name, &gone).await {
-        Ok(()) | Err(Failure::NotFound) => {}
-        Err(f) => return Err(f.into_error(&key, "BatchDeletePartition")),
-    }
-    report.partitions_removed += gone.len();
-    Ok(())
+    delete_rechecked(glue, c, d, &latest, gone, report).await
 }
