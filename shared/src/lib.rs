@@ -16,8 +16,10 @@
 //! 9. [`delta`]: Delta tables — open, create, MERGE, query;
 //! 10. [`history`]: history (SCD type 2) tables fed from the same batches;
 //! 11. [`manifest`]: symlink manifests for Athena and Redshift Spectrum;
-//! 12. [`reload`]: DMS table reloads (full-load generations);
-//! 13. [`maintenance`]: compaction, checkpoints, vacuum, tombstone expiry, manifests.
+//! 12. [`catalog`]: Glue Data Catalog entries kept in step with the tables;
+//! 13. [`reload`]: DMS table reloads (full-load generations);
+//! 14. [`maintenance`]: compaction, checkpoints, vacuum, tombstone expiry, manifests,
+//!     catalog reconciliation.
 //!
 //! Beside the flow: `props` (what tributary records in a table's properties), `retry` (the
 //! one commit-conflict retry policy), `error` ([`Error`]), [`demo`] (the seed scenario).

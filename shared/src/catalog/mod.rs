@@ -114,7 +114,12 @@ impl Catalog {
                 let config = match &self.preset {
                     Some(c) => c.clone(),
                     None => {
+                        // As for S3 (storage.rs): us-east-1 when nothing names a region.
+                        let region =
+                            aws_config::meta::region::RegionProviderChain::default_provider()
+                                .or_else("us-east-1");
                         aws_config::defaults(BehaviorVersion::latest())
+                            .region(region)
                             .retry_config(RetryConfig::standard().with_max_attempts(3))
                             .timeout_config(
                                 TimeoutConfig::builder()
