@@ -174,6 +174,26 @@ impl Error {
         }
     }
 
+    /// The error with its row number moved by `by` (a slice's rows are numbered from its
+    /// first row in the file).
+    pub(crate) fn shift_rows(self, by: usize) -> Self {
+        match self {
+            Error::BadInput {
+                file,
+                location: Location::Row { row, column },
+                message,
+            } => Error::BadInput {
+                file,
+                location: Location::Row {
+                    row: row + by,
+                    column,
+                },
+                message,
+            },
+            e => e,
+        }
+    }
+
     pub(crate) fn catalog(entry: &str, message: impl Into<String>, retryable: bool) -> Self {
         Error::Catalog {
             entry: entry.to_string(),

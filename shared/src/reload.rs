@@ -37,6 +37,15 @@ fn load_app_id(cfg: &TableConfig, file: &Url) -> String {
 
 /// The transaction that records a full-load change set as applied.
 pub(crate) fn load_txn(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
+    // A large file is recorded with its last slice.
+    if cs.partial {
+        return None;
+    }
+    file_txn(cfg, cs)
+}
+
+/// The transaction identifying a full-load file's version (whichever slice `cs` is).
+fn file_txn(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
     if cs.kind != FileKind::FullLoad {
         return None;
     }
@@ -81,7 +90,7 @@ pub(crate) async fn check_load_file(
             ),
         ));
     }
-    let Some(txn) = load_txn(cfg, cs) else {
+    let Some(txn) = file_txn(cfg, cs) else {
         return Err(reload_error(
             cfg,
             &cs.file,
@@ -168,7 +177,9 @@ pub async fn reload(engine: &Engine, table_name: &str) -> Result<ReloadReport> {
         .map(|l| l.url.clone())
         .collect();
     // A reload is all or nothing: the first file that cannot be applied fails it.
-    let (sets, failures) = engine.read_files(cfg, &urls, &view).await;
+    // A reload is one commit: its files are read whole (not in slices).
+    let read = engine.read_files(cfg, &urls, &view, None).await;
+    let (sets, failures) = (read.sets, read.failed);
     let admission = plan::admit(
         sets,
         view.schema.as_deref(),

@@ -14,17 +14,24 @@ use deltalake::{ObjectStore, Path};
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
-use object_store::{ObjectMeta, ObjectStoreExt};
+use object_store::{GetResultPayload, ObjectMeta, ObjectStoreExt};
 use percent_encoding::percent_decode_str;
+use tokio::io::AsyncWriteExt;
 use url::Url;
 
 use crate::error::{Error, Result};
-use crate::source::RawFile;
+use crate::source::{Body, RawFile};
+
+/// Objects larger than this are not held in memory: they are streamed to a temporary file
+/// and read from there in slices.
+pub(crate) const SPILL_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Builds and caches one object store per bucket (or one for the local file system).
 #[derive(Debug, Default)]
 pub struct Storage {
     stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+    /// Objects larger than this are spilled to local disk (`None`: [`SPILL_BYTES`]).
+    spill_bytes: Option<u64>,
 }
 
 /// The endpoint override from the environment, if any.
@@ -127,8 +134,18 @@ pub(crate) struct Listed {
 }
 
 impl Storage {
+    /// With `TRIBUTARY_SPILL_MB` (megabytes), objects larger than that are spilled to local
+    /// disk instead of [`SPILL_BYTES`].
     pub fn new() -> Self {
-        Self::default()
+        let spill_bytes = std::env::var("TRIBUTARY_SPILL_MB")
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|v| *v >= 0.0)
+            .map(|mb| (mb * 1024.0 * 1024.0) as u64);
+        Storage {
+            spill_bytes,
+            ..Self::default()
+        }
     }
 
     /// The object store that serves `url`.
@@ -165,12 +182,22 @@ impl Storage {
         Ok(store)
     }
 
-    /// Read a whole object.
+    /// Read a whole object into memory.
     pub async fn get(&self, url: &Url) -> Result<Bytes> {
-        Ok(self.get_file(url).await?.bytes)
+        let store = self.store(url)?;
+        let path = object_path(url)?;
+        store
+            .get(&path)
+            .await
+            .map_err(|e| Error::storage(display(url), e))?
+            .bytes()
+            .await
+            .map_err(|e| Error::storage(display(url), e))
     }
 
-    /// Read a whole object with its last-modified time.
+    /// Fetch an object with its last-modified time: in memory up to [`SPILL_BYTES`], larger
+    /// ones streamed to a local temporary file (`TMPDIR`; Lambda's ephemeral storage), and
+    /// local files read where they are — so that memory never holds a large file whole.
     pub(crate) async fn get_file(&self, url: &Url) -> Result<RawFile> {
         let store = self.store(url)?;
         let path = object_path(url)?;
@@ -179,12 +206,46 @@ impl Storage {
             .await
             .map_err(|e| Error::storage(display(url), e))?;
         let last_modified = Some(res.meta.last_modified);
-        let bytes = res
-            .bytes()
-            .await
-            .map_err(|e| Error::storage(display(url), e))?;
+        let size = res.meta.size;
+        if size <= self.spill_bytes.unwrap_or(SPILL_BYTES) {
+            let bytes = res
+                .bytes()
+                .await
+                .map_err(|e| Error::storage(display(url), e))?;
+            return Ok(RawFile {
+                body: Body::Memory(bytes),
+                last_modified,
+            });
+        }
+        let body = match res.payload {
+            GetResultPayload::File(_, local) => Body::Disk {
+                path: local,
+                _spilled: None,
+            },
+            GetResultPayload::Stream(mut stream) => {
+                let io = |e: std::io::Error| Error::Io {
+                    path: format!("temporary copy of {}", display(url)),
+                    source: e,
+                };
+                let temp = tempfile::NamedTempFile::new().map_err(io)?.into_temp_path();
+                let mut out = tokio::fs::File::create(&temp).await.map_err(io)?;
+                while let Some(chunk) = stream
+                    .try_next()
+                    .await
+                    .map_err(|e| Error::storage(display(url), e))?
+                {
+                    out.write_all(&chunk).await.map_err(io)?;
+                }
+                out.flush().await.map_err(io)?;
+                tracing::info!(file = %display(url), bytes = size, "spilled to a temporary file (larger than the in-memory limit)");
+                Body::Disk {
+                    path: temp.to_path_buf(),
+                    _spilled: Some(Arc::new(temp)),
+                }
+            }
+        };
         Ok(RawFile {
-            bytes,
+            body,
             last_modified,
         })
     }

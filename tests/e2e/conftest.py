@@ -29,7 +29,7 @@ ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
 REGION = "us-east-1"
 CREDS = dict(aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION)
 TIMINGS = []
-TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist", "cat"]
+TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist", "cat", "big"]
 GLUE_DATABASE = "tributary_e2e"
 # Glue entries for the table and its history table (the database created on first use).
 CATALOG_TABLE = """[table.catalog]
@@ -123,7 +123,10 @@ def stack(aws):
     })
     extra = {"csvgz": CSV_TABLE, "hist": HISTORY_TABLE.format(curated=curated),
              "cat": CATALOG_TABLE.format(curated=curated, database=GLUE_DATABASE),
-             "burst": f'[table.catalog]\ndatabase = "{GLUE_DATABASE}"\ncreate_database = true\n'}
+             "burst": f'[table.catalog]\ndatabase = "{GLUE_DATABASE}"\ncreate_database = true\n',
+             # large files: merged in slices of 50k rows (and, with TRIBUTARY_SPILL_MB=0.4 below,
+             # streamed to a temporary file instead of memory)
+             "big": "slice_rows = 50000\n"}
     config = "".join(table_config(raw, curated, t, extra.get(t, "")) for t in TABLES)
     aws.s3.put_object(Bucket=curated, Key="config/tributary.toml", Body=config.encode())
     return SimpleNamespace(raw=raw, curated=curated, queue_url=queue_url, queue_arn=queue_arn,
@@ -245,7 +248,7 @@ class Functions:
         env_vars = ",".join([
             f"AWS_ENDPOINT_URL={ENDPOINT}", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
             f"AWS_REGION={REGION}", f"TRIBUTARY_CONFIG={stack.config}",
-            f"AWS_ENDPOINT_URL_GLUE={glue.endpoint}",
+            f"AWS_ENDPOINT_URL_GLUE={glue.endpoint}", "TRIBUTARY_SPILL_MB=0.4",
         ])
         (ROOT / "target").mkdir(exist_ok=True)
         self.log = open(ROOT / "target" / "e2e-cargo-lambda.log", "w")

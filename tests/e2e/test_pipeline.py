@@ -175,3 +175,23 @@ def test_history_table_from_files_in_reverse_order(aws, stack, poller):
         f"history has {len(read_history(stack, 'hist'))} versions, the model {len(want)}"
     closed = [v for v in want if not v[4]]
     assert closed, "the scenario has updates and deletes"
+
+
+def test_large_files_spilled_to_disk_and_merged_in_slices(aws, stack, poller, functions):
+    """Files larger than the spill threshold are streamed to a temporary file, and files of
+    more rows than `slice_rows` are merged in slices: the table is the same."""
+    source = dms.Source(seed=9)
+    load = [(None, "2022-10-25 23:59:59.000000", *r[2:]) for r in source.insert_records(200_000)]
+    changes = source.update(lambda r: r["route_id"] in "ABC", destination="Tucson")
+    changes += source.delete(lambda r: r["route_id"] == "D")
+    files = [("LOAD00000001.parquet", dms.parquet(load, False)),
+             ("2022/10/26/20221026-0000000000.parquet", dms.parquet(changes, True))]
+    assert all(len(body) > 0.4 * 1024 * 1024 for _, body in files), "both files above the 0.4 MB spill threshold"
+    start = time.time()
+    upload(aws, stack, "big", files)
+    converge(aws, stack, poller, "big", source.state(), "large files: spilled, in slices", start, timeout=400)
+    log = Path(functions.log.name).read_text()
+    for key, _ in files:
+        name = f"dms/big/travel_details/{key}"
+        assert any(name in line and "spilled to a temporary file" in line for line in log.splitlines()), name
+        assert any(name in line and "slice by slice" in line for line in log.splitlines()), name

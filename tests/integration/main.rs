@@ -6,12 +6,14 @@
 //! - `integrity`: regressions of the data-integrity edges (types, batching, skipped files…);
 //! - `types`: property test of the readers and type coercion;
 //! - `history`: history (SCD type 2) tables against a model;
+//! - `large`: files larger than a slice, merged in slices;
 //! - `reload`: DMS table reloads;
 //! - `maintenance`: compaction, vacuum, tombstones, manifests, maintenance racing merges.
 
 mod convergence;
 mod history;
 mod integrity;
+mod large;
 mod maintenance;
 mod merge;
 mod reload;

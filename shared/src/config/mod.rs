@@ -87,6 +87,9 @@ pub struct TableConfig {
     pub format: Format,
     pub tombstone_retention: Duration,
     pub max_commit_attempts: u32,
+    /// Files of more rows are merged alone, in slices of about this many rows (one commit
+    /// each, after the whole file was checked): memory depends on this, not on the file.
+    pub slice_rows: usize,
     /// Keep `_symlink_format_manifest` up to date after every merge (Athena / Spectrum).
     pub manifests: bool,
     pub maintenance: MaintenanceConfig,

@@ -14,6 +14,9 @@ use super::{
     MaintenanceConfig, TableConfig, Track, CHANGES_DIR, DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
 };
 use crate::source::RESERVED_PREFIX;
+
+/// Rows of a large file merged per commit (see `TableConfig::slice_rows`).
+const DEFAULT_SLICE_ROWS: usize = 500_000;
 use crate::tombstones::DELETED_AT_COLUMN;
 
 type Msg<T> = std::result::Result<T, String>;
@@ -40,6 +43,7 @@ macro_rules! with_tuning_fields {
             $($(#[$fmeta])* $field: $ty,)*
             tombstone_retention_days: Option<f64>,
             max_commit_attempts: Option<u32>,
+            slice_rows: Option<usize>,
             op_column: Option<String>,
             sequence_column: Option<String>,
             manifests: Option<bool>,
@@ -118,6 +122,7 @@ impl RawTable {
             catalog: self.catalog.clone(),
             tombstone_retention_days: self.tombstone_retention_days,
             max_commit_attempts: self.max_commit_attempts,
+            slice_rows: self.slice_rows,
             op_column: self.op_column.clone(),
             sequence_column: self.sequence_column.clone(),
             manifests: self.manifests,
@@ -211,6 +216,12 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     if max_commit_attempts == 0 {
         return Err("`max_commit_attempts` must be at least 1".into());
     }
+    let slice_rows = pick(&tuning.slice_rows, &d.slice_rows).unwrap_or(DEFAULT_SLICE_ROWS);
+    if slice_rows < 1024 {
+        return Err(format!(
+            "`slice_rows` is {slice_rows}; use at least 1024 (the default, {DEFAULT_SLICE_ROWS}, keeps a merge near 0.5 GB for a table of ten columns)"
+        ));
+    }
     let maintenance = maintenance(&tuning, d)?;
 
     Ok(TableConfig {
@@ -229,6 +240,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
             positive(tombstone_days, "tombstone_retention_days")? * 86_400.0,
         ),
         max_commit_attempts,
+        slice_rows,
         manifests,
         maintenance,
         history,

@@ -42,6 +42,15 @@ pub struct Engine {
     before_merge: Option<tests::Hook>,
 }
 
+/// Files read for a call.
+#[derive(Default)]
+pub(crate) struct ReadFiles {
+    pub(crate) sets: Vec<ChangeSet>,
+    /// Files to merge in slices, with their fetched bodies.
+    pub(crate) large: Vec<(Url, source::RawFile)>,
+    pub(crate) failed: Vec<(Url, Error)>,
+}
+
 /// What the reader needs to know about the Delta table, read once per call.
 pub(crate) struct TableView {
     pub(crate) table: DeltaTable,
@@ -239,11 +248,13 @@ impl Engine {
                 return (failed, vec![]);
             }
         };
-        let (sets, failures) = self.read_files(table, &files, &view).await;
-        for (f, e) in failures {
+        let read = self
+            .read_files(table, &files, &view, Some(table.slice_rows))
+            .await;
+        for (f, e) in read.failed {
             outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
         }
-        let sets = self.screen(table, &view, sets, &mut outcomes).await;
+        let sets = self.screen(table, &view, read.sets, &mut outcomes).await;
         let admission = plan::admit(
             sets,
             view.schema.as_deref(),
@@ -253,33 +264,145 @@ impl Engine {
             log_failure(&table.name, &f, &e);
             outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
         }
-        if admission.admitted.is_empty() {
-            return (outcomes, vec![]);
+        let mut reports = Vec::new();
+        if !admission.admitted.is_empty() {
+            let batch = Batch {
+                changes: &admission.admitted,
+                kinds: admission.kinds.clone(),
+                delete_unmatched_below: None,
+            };
+            let loaded = delta::exists(&view.table).then_some(view.table);
+            reports = self
+                .merge_or_isolate(table, batch, loaded, &mut outcomes)
+                .await;
         }
-        let batch = Batch {
-            changes: &admission.admitted,
-            kinds: admission.kinds.clone(),
-            delete_unmatched_below: None,
-        };
-        let loaded = delta::exists(&view.table).then_some(view.table);
-        let reports = self
-            .merge_or_isolate(table, batch, loaded, &mut outcomes)
-            .await;
+        // Large files after the others, one at a time, slice by slice.
+        for (file, raw) in read.large {
+            match self.merge_large(table, &file, &raw, &mut outcomes).await {
+                Ok(Some(r)) => reports.push(r),
+                Ok(None) => {}
+                Err(e) => {
+                    log_failure(&table.name, &file, &e);
+                    outcomes.push(FileOutcome::failed(file, &table.name, Arc::new(e)));
+                }
+            }
+        }
         (outcomes, reports)
     }
 
-    /// Read and parse files (8 at a time): the change sets, and the files that failed.
+    /// Merge a file of more than `slice_rows` rows: first read all of it, checking every
+    /// slice as a merge would (a bad row anywhere fails the file before any of it is
+    /// applied), then merge it slice by slice, one commit each, in the file's order. A
+    /// slice's rows are a prefix of the file's changes, so every state a reader sees between
+    /// two slices is one the source had; re-merging the file (after a crash between slices)
+    /// applies nothing twice (order keys). A full-load file is recorded as applied with its
+    /// last slice. `None` when screening settled the file (its outcome is pushed).
+    async fn merge_large(
+        &self,
+        table: &TableConfig,
+        file: &Url,
+        raw: &source::RawFile,
+        outcomes: &mut Vec<FileOutcome>,
+    ) -> Result<Option<TableReport>> {
+        tracing::info!(table = %table.name, file = %storage::display(file), slice_rows = table.slice_rows, "more rows than a slice: checking the whole file, then merging it slice by slice");
+        let view = TableView::open(table, &self.options).await?;
+        let open = |view: &TableView| {
+            source::Slices::open(
+                file,
+                raw,
+                table,
+                view.schema.as_deref(),
+                &view.props,
+                table.slice_rows,
+            )
+        };
+        let mut slices = open(&view)?;
+        let mut counts = source::FileCounts::default();
+        let mut first = true;
+        while let Some(mut cs) = slices.next_slice()? {
+            if first {
+                first = false;
+                match self.screen(table, &view, vec![cs], outcomes).await.pop() {
+                    Some(kept) => cs = kept,
+                    None => return Ok(None),
+                }
+            }
+            counts.add(&cs.counts);
+            let mut check = plan::admit(
+                vec![cs],
+                view.schema.as_deref(),
+                view.props.sequence_kinds.as_deref(),
+            );
+            if let Some((_, e)) = check.rejected.pop() {
+                return Err(e);
+            }
+        }
+        drop(slices);
+        let mut total: Option<TableReport> = None;
+        let mut commits = 0;
+        let mut view = view;
+        let mut slices = open(&view)?;
+        while let Some(cs) = slices.next_slice()? {
+            let admission = plan::admit(
+                vec![cs],
+                view.schema.as_deref(),
+                view.props.sequence_kinds.as_deref(),
+            );
+            if let Some((_, e)) = admission.rejected.into_iter().next() {
+                return Err(e);
+            }
+            let batch = Batch {
+                changes: &admission.admitted,
+                kinds: admission.kinds.clone(),
+                delete_unmatched_below: None,
+            };
+            let loaded = delta::exists(&view.table).then_some(view.table);
+            let r = self.merge_batch(table, &batch, loaded).await?;
+            commits += 1;
+            match &mut total {
+                Some(t) => t.absorb(&r),
+                None => total = Some(r),
+            }
+            view = TableView::open(table, &self.options).await?;
+        }
+        outcomes.push(FileOutcome {
+            file: file.clone(),
+            status: FileStatus::Merged {
+                table: table.name.clone(),
+                counts,
+            },
+        });
+        Ok(total.map(|mut t| {
+            t.files = 1;
+            t.slices = commits;
+            t
+        }))
+    }
+
+    /// Read and parse files (8 at a time): the change sets, the files of more than
+    /// `slice_rows` rows (to merge in slices; `None`: read every file whole), and the files
+    /// that failed.
     pub(crate) async fn read_files(
         &self,
         table: &TableConfig,
         files: &[Url],
         view: &TableView,
-    ) -> (Vec<ChangeSet>, Vec<(Url, Error)>) {
+        slice_rows: Option<usize>,
+    ) -> ReadFiles {
+        let limit = slice_rows.unwrap_or(usize::MAX);
         let read = stream::iter(files.iter().cloned())
             .map(|f| async move {
                 let r = async {
                     let raw = self.storage.get_file(&f).await?;
-                    source::read_changes(&f, raw, table, view.schema.as_deref(), &view.props)
+                    let read = source::read_changes(
+                        &f,
+                        &raw,
+                        table,
+                        view.schema.as_deref(),
+                        &view.props,
+                        limit,
+                    )?;
+                    Ok((read, raw))
                 }
                 .await;
                 (f, r)
@@ -287,18 +410,18 @@ impl Engine {
             .buffered(8)
             .collect::<Vec<_>>()
             .await;
-        let mut good = Vec::new();
-        let mut failed = Vec::new();
+        let mut out = ReadFiles::default();
         for (f, r) in read {
             match r {
-                Ok(cs) => good.push(cs),
+                Ok((source::Read::Whole(cs), _)) => out.sets.push(*cs),
+                Ok((source::Read::Large, raw)) => out.large.push((f, raw)),
                 Err(e) => {
                     log_failure(&table.name, &f, &e);
-                    failed.push((f, e));
+                    out.failed.push((f, e));
                 }
             }
         }
-        (good, failed)
+        out
     }
 
     /// Refuse files that cannot be applied safely: written before the tombstone horizon

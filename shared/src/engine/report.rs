@@ -84,6 +84,8 @@ pub struct TableReport {
     /// table has catalog settings: no calls at all unless the schema or the partitions
     /// changed; `error` when an entry could not be synced (the merge stands).
     pub catalog: Option<crate::catalog::CatalogReport>,
+    /// Commits a large file was merged in (0: the files fit one commit).
+    pub slices: usize,
 }
 
 /// Milliseconds per phase of a table merge.
@@ -113,6 +115,43 @@ impl ProcessReport {
 }
 
 impl TableReport {
+    /// Add the next commit's report (the slices of a large file: one report for the file).
+    pub(crate) fn absorb(&mut self, o: &TableReport) {
+        self.version = o.version.or(self.version);
+        self.source_rows += o.source_rows;
+        self.inserted += o.inserted;
+        self.updated += o.updated;
+        self.deleted += o.deleted;
+        self.skipped_stale += o.skipped_stale;
+        self.superseded_in_batch += o.superseded_in_batch;
+        self.blocked_by_tombstone += o.blocked_by_tombstone;
+        self.tombstones_recorded += o.tombstones_recorded;
+        self.files_added += o.files_added;
+        self.files_removed += o.files_removed;
+        self.commit_attempts += o.commit_attempts;
+        self.duration_ms += o.duration_ms;
+        self.manifests_written += o.manifests_written;
+        self.manifests_deleted += o.manifests_deleted;
+        if o.manifest_error.is_some() {
+            self.manifest_error.clone_from(&o.manifest_error);
+        }
+        if let Some(h) = &o.history {
+            match &mut self.history {
+                Some(mine) => {
+                    mine.version = h.version.or(mine.version);
+                    mine.versions_written += h.versions_written;
+                    mine.versions_removed += h.versions_removed;
+                    mine.late_keys += h.late_keys;
+                    mine.commit_attempts += h.commit_attempts;
+                }
+                None => self.history = Some(h.clone()),
+            }
+        }
+        if let Some(c) = &o.catalog {
+            self.catalog.get_or_insert_with(Default::default).absorb(c);
+        }
+    }
+
     /// One log line per commit: the counts to filter on, and the whole report.
     pub(crate) fn log(&self) {
         let report = serde_json::to_string(self).unwrap_or_default();

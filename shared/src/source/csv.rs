@@ -4,37 +4,28 @@ use std::io::Read;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Field, Schema};
-use bytes::Bytes;
 
+use super::{at_least_one, Batches, Body};
 use crate::config::{CsvOptions, TableConfig};
 use crate::error::{Error, Location, Result};
 use crate::source::{convert, FileKind};
 
-/// The file's text: gunzipped when the name ends in `.gz` (a corrupt stream is an error).
-pub(super) fn decompress(name: &str, file_name: &str, bytes: Bytes) -> Result<Bytes> {
-    if !file_name.to_ascii_lowercase().ends_with(".gz") {
-        return Ok(bytes);
+/// A reader over the file's text: gunzipped when the name ends in `.gz`.
+fn text(name: &str, file_name: &str, body: &Body) -> Result<Box<dyn Read + Send>> {
+    let r = body.reader(name)?;
+    if file_name.to_ascii_lowercase().ends_with(".gz") {
+        Ok(Box::new(flate2::read::MultiGzDecoder::new(r)))
+    } else {
+        Ok(r)
     }
-    let mut out = Vec::with_capacity(bytes.len() * 4);
-    flate2::read::MultiGzDecoder::new(bytes.as_ref())
-        .read_to_end(&mut out)
-        .map_err(|e| {
-            Error::bad_input(
-                name,
-                Location::File,
-                format!("not a readable gzip file: {e}"),
-            )
-        })?;
-    Ok(Bytes::from(out))
 }
 
 /// The column names of the file: from the header, or `Op` (when the file carries it) and the
 /// configured columns.
 fn column_names(
     name: &str,
-    bytes: &Bytes,
+    text: impl Read,
     opts: &CsvOptions,
     kind: FileKind,
     table: &TableConfig,
@@ -44,15 +35,13 @@ fn column_names(
             .with_header(true)
             .with_delimiter(opts.delimiter)
             .with_quote(opts.quote);
-        let (inferred, _) = format
-            .infer_schema(std::io::Cursor::new(bytes), Some(0))
-            .map_err(|e| {
-                Error::bad_input(
-                    name,
-                    Location::File,
-                    format!("cannot read the CSV header: {e}"),
-                )
-            })?;
+        let (inferred, _) = format.infer_schema(text, Some(0)).map_err(|e| {
+            Error::bad_input(
+                name,
+                Location::File,
+                format!("cannot read the CSV header: {e}"),
+            )
+        })?;
         return Ok(inferred.fields().iter().map(|f| f.name().clone()).collect());
     }
     let with_op = kind == FileKind::Cdc || opts.include_op_for_full_load;
@@ -63,19 +52,53 @@ fn column_names(
         .collect())
 }
 
-/// Read every field as text (so that a value that does not parse can be reported with its
-/// row, column and text), then type each column exactly: configured type, else the table's
-/// type, else text.
-pub(super) fn read(
-    name: &str,
-    bytes: Bytes,
+/// The file's batches: every field read as text (so that a value that does not parse can be
+/// reported with its row, column and text), then each column typed exactly: configured
+/// type, else the table's type, else text.
+/// A CSV object to read.
+pub(super) struct Input<'a> {
+    /// For messages.
+    pub(super) name: &'a str,
+    /// `*.gz` is gunzipped.
+    pub(super) file_name: &'a str,
+    pub(super) body: &'a Body,
+}
+
+pub(super) fn batches(
+    input: Input<'_>,
     opts: &CsvOptions,
     kind: FileKind,
     table: &TableConfig,
     table_schema: Option<&Schema>,
-) -> Result<RecordBatch> {
+    decode_rows: usize,
+) -> Result<Batches> {
+    let Input {
+        name,
+        file_name,
+        body,
+    } = input;
+    let gz = file_name.to_ascii_lowercase().ends_with(".gz");
     let bad = |m: String| Error::bad_input(name, Location::File, m);
-    let names = column_names(name, &bytes, opts, kind, table)?;
+    let read_error = move |e: arrow::error::ArrowError, names: &[String]| {
+        let m = e.to_string();
+        if gz && (m.contains("gzip") || m.contains("deflate") || m.contains("invalid")) {
+            format!("not a readable gzip file: {m}")
+        } else {
+            format!(
+                "malformed CSV (expected {} fields per line: {}): {m}",
+                names.len(),
+                names.join(", ")
+            )
+        }
+    };
+    let names = column_names(name, text(name, file_name, body)?, opts, kind, table).map_err(
+        |e| match e {
+            Error::BadInput { message, .. } if gz => bad(format!(
+                "not a readable gzip file, or no CSV header: {message}"
+            )),
+            e => e,
+        },
+    )?;
     let text_schema = Arc::new(Schema::new(
         names
             .iter()
@@ -89,42 +112,57 @@ pub(super) fn read(
         .with_delimiter(opts.delimiter)
         .with_quote(opts.quote)
         .with_null_regex(null_regex)
-        .with_batch_size(64 * 1024)
-        .build(std::io::Cursor::new(bytes))
+        .with_batch_size(decode_rows)
+        .build(text(name, file_name, body)?)
         .map_err(|e| bad(format!("cannot read CSV: {e}")))?;
-    let mut batches = Vec::new();
-    for b in reader {
-        batches.push(b.map_err(|e| {
-            bad(format!(
-                "malformed CSV (expected {} fields per line: {}): {e}",
-                names.len(),
-                names.join(", ")
-            ))
-        })?);
-    }
-    let text = concat_batches(&text_schema, &batches)
-        .map_err(|e| bad(format!("cannot combine CSV batches: {e}")))?;
-    let mut fields = Vec::with_capacity(names.len());
-    let mut columns = Vec::with_capacity(names.len());
-    for (i, n) in names.iter().enumerate() {
-        let target = opts
-            .columns
+    let targets: Vec<DataType> = names
+        .iter()
+        .map(|n| {
+            opts.columns
+                .iter()
+                .find(|c| &c.name == n)
+                .map(|c| c.data_type.clone())
+                .or_else(|| {
+                    table_schema
+                        .and_then(|s| s.field_with_name(n).ok())
+                        .map(|f| f.data_type().clone())
+                })
+                .unwrap_or(DataType::Utf8)
+        })
+        .collect();
+    let typed_schema = Arc::new(Schema::new(
+        names
             .iter()
-            .find(|c| &c.name == n)
-            .map(|c| c.data_type.clone())
-            .or_else(|| {
-                table_schema
-                    .and_then(|s| s.field_with_name(n).ok())
-                    .map(|f| f.data_type().clone())
-            })
-            .unwrap_or(DataType::Utf8);
-        columns.push(convert(name, n, text.column(i), &target)?);
-        fields.push(Field::new(n, target, true));
-    }
-    RecordBatch::try_new_with_options(
-        Arc::new(Schema::new(fields)),
-        columns,
-        &arrow::array::RecordBatchOptions::new().with_row_count(Some(text.num_rows())),
-    )
-    .map_err(|e| bad(format!("cannot assemble columns: {e}")))
+            .zip(&targets)
+            .map(|(n, t)| Field::new(n, t.clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let empty_schema = typed_schema.clone();
+    let name = name.to_string();
+    let mut offset = 0usize;
+    let typed = reader.map(move |b| {
+        let text = b.map_err(|e| Error::bad_input(&name, Location::File, read_error(e, &names)))?;
+        let rows = text.num_rows();
+        let columns = names
+            .iter()
+            .zip(&targets)
+            .enumerate()
+            .map(|(i, (n, t))| convert(&name, n, text.column(i), t))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| e.shift_rows(offset))?;
+        offset += rows;
+        RecordBatch::try_new_with_options(
+            typed_schema.clone(),
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(rows)),
+        )
+        .map_err(|e| {
+            Error::bad_input(
+                &name,
+                Location::File,
+                format!("cannot assemble columns: {e}"),
+            )
+        })
+    });
+    Ok(at_least_one(empty_schema, Box::new(typed)))
 }

@@ -63,11 +63,76 @@ pub struct FileCounts {
     pub deletes: usize,
 }
 
-/// A raw object as fetched: its bytes and when it was last written.
+/// Where a fetched object's bytes are.
+#[derive(Debug, Clone)]
+pub(crate) enum Body {
+    Memory(Bytes),
+    /// On local disk: the object itself (`file://`), or a temporary copy of a large object
+    /// (deleted when the last clone of the body goes).
+    Disk {
+        path: std::path::PathBuf,
+        _spilled: Option<Arc<tempfile::TempPath>>,
+    },
+}
+
+impl Body {
+    /// A reader over the whole body.
+    pub(crate) fn reader(&self, name: &str) -> Result<Box<dyn std::io::Read + Send>> {
+        match self {
+            Body::Memory(b) => Ok(Box::new(std::io::Cursor::new(b.clone()))),
+            Body::Disk { path, .. } => std::fs::File::open(path)
+                .map(|f| {
+                    Box::new(std::io::BufReader::with_capacity(1 << 20, f))
+                        as Box<dyn std::io::Read + Send>
+                })
+                .map_err(|e| Error::Io {
+                    path: name.to_string(),
+                    source: e,
+                }),
+        }
+    }
+}
+
+impl FileCounts {
+    pub(crate) fn add(&mut self, o: &FileCounts) {
+        self.rows += o.rows;
+        self.inserts += o.inserts;
+        self.updates += o.updates;
+        self.deletes += o.deletes;
+    }
+}
+
+/// A raw object as fetched: its body and when it was last written.
 #[derive(Debug, Clone)]
 pub(crate) struct RawFile {
-    pub bytes: Bytes,
+    pub body: Body,
     pub last_modified: Option<DateTime<Utc>>,
+}
+
+/// Rows decoded at a time (at most; fewer with a smaller slice); slices are made of whole
+/// decode batches.
+const DECODE_ROWS: usize = 64 * 1024;
+
+/// A file's decoded record batches (raw columns, before curation).
+pub(crate) type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+
+/// `batches`, or one empty batch of `schema` when there are none (an empty file is a
+/// change set of no rows, not nothing).
+fn at_least_one(schema: SchemaRef, batches: Batches) -> Batches {
+    let mut batches = batches.peekable();
+    if batches.peek().is_some() {
+        Box::new(batches)
+    } else {
+        Box::new(std::iter::once(Ok(RecordBatch::new_empty(schema))))
+    }
+}
+
+/// What reading a file gave.
+pub(crate) enum Read {
+    /// The file in one change set (at most `slice_rows` rows).
+    Whole(Box<ChangeSet>),
+    /// A file of more rows: merged alone, slice by slice ([`Slices`]).
+    Large,
 }
 
 /// One file's changes, ready for merge planning.
@@ -94,6 +159,9 @@ pub(crate) struct ChangeSet {
     /// The object's last-modified time (identifies a full-load file's version).
     pub last_modified: Option<DateTime<Utc>>,
     pub counts: FileCounts,
+    /// A slice of a large file other than its last (see [`Slices`]): the file is not
+    /// applied until its last slice is (a full-load file is recorded with that one).
+    pub partial: bool,
 }
 
 impl ChangeSet {
@@ -148,40 +216,161 @@ pub(crate) fn classify(url: &Url, format: &Format) -> std::result::Result<FileCl
     }
 }
 
-/// Parse one file. `table` is what the Delta table says (schema, generations), when it exists:
-/// columns it has are converted to its types.
+/// Read one file: whole when it has at most `slice_rows` rows, else [`Read::Large`].
+/// `table_schema` is what the Delta table says, when it exists: columns it has are
+/// converted to its types.
 pub(crate) fn read_changes(
     file: &Url,
-    raw: RawFile,
+    raw: &RawFile,
     cfg: &TableConfig,
     table_schema: Option<&Schema>,
     props: &TableProps,
-) -> Result<ChangeSet> {
-    let name = storage::display(file);
-    let file_name = storage::file_name(file);
-    let kind = FileKind::of(&file_name);
-    let batch = match &cfg.format {
-        Format::Parquet => parquet::read(&name, raw.bytes)?,
-        Format::Csv(opts) => {
-            let bytes = csv::decompress(&name, &file_name, raw.bytes)?;
-            csv::read(&name, bytes, opts, kind, cfg, table_schema)?
+    slice_rows: usize,
+) -> Result<Read> {
+    let mut slices = Slices::open(file, raw, cfg, table_schema, props, slice_rows)?;
+    if slices.total_rows.is_some_and(|n| n > slice_rows) {
+        return Ok(Read::Large);
+    }
+    let first = slices
+        .next_slice()?
+        .ok_or_else(|| Error::internal("a file reader yielded no batch"))?;
+    if first.partial {
+        return Ok(Read::Large);
+    }
+    Ok(Read::Whole(Box::new(first)))
+}
+
+/// A file read in slices of about `slice_rows` rows (whole decode batches): each slice is a
+/// [`ChangeSet`] numbered as the file's rows (errors and order keys are the same as if the
+/// file were read whole), `partial` on all but the last. Memory holds one slice at a time.
+pub(crate) struct Slices {
+    file: Url,
+    name: String,
+    file_name: String,
+    kind: FileKind,
+    generation: u32,
+    written: Option<DateTime<Utc>>,
+    last_modified: Option<DateTime<Utc>>,
+    cfg: TableConfig,
+    table_schema: Option<Schema>,
+    slice_rows: usize,
+    batches: std::iter::Peekable<Batches>,
+    next_row: usize,
+    /// Rows in the file, when the format says (Parquet).
+    pub(crate) total_rows: Option<usize>,
+}
+
+impl Slices {
+    pub(crate) fn open(
+        file: &Url,
+        raw: &RawFile,
+        cfg: &TableConfig,
+        table_schema: Option<&Schema>,
+        props: &TableProps,
+        slice_rows: usize,
+    ) -> Result<Slices> {
+        let name = storage::display(file);
+        let file_name = storage::file_name(file);
+        let kind = FileKind::of(&file_name);
+        let decode_rows = DECODE_ROWS.min(slice_rows.max(1));
+        let (batches, total_rows) = match &cfg.format {
+            Format::Parquet => parquet::batches(&name, &raw.body, decode_rows)?,
+            Format::Csv(opts) => (
+                csv::batches(
+                    csv::Input {
+                        name: &name,
+                        file_name: &file_name,
+                        body: &raw.body,
+                    },
+                    opts,
+                    kind,
+                    cfg,
+                    table_schema,
+                    decode_rows,
+                )?,
+                None,
+            ),
+        };
+        let written = match kind {
+            FileKind::Cdc => order::dms_file_time(&file_name).or(raw.last_modified),
+            FileKind::FullLoad => raw.last_modified,
+        };
+        Ok(Slices {
+            file: file.clone(),
+            generation: written.map_or(1, |t| props.generation_at(t)),
+            name,
+            file_name,
+            kind,
+            written,
+            last_modified: raw.last_modified,
+            cfg: cfg.clone(),
+            table_schema: table_schema.cloned(),
+            slice_rows: slice_rows.max(1),
+            batches: batches.peekable(),
+            next_row: 0,
+            total_rows,
+        })
+    }
+
+    /// The next slice, `None` after the last.
+    pub(crate) fn next_slice(&mut self) -> Result<Option<ChangeSet>> {
+        let mut parts = Vec::new();
+        let mut rows = 0;
+        while rows < self.slice_rows || parts.is_empty() {
+            match self.batches.next() {
+                Some(b) => {
+                    let b = b?;
+                    rows += b.num_rows();
+                    parts.push(b);
+                }
+                None => break,
+            }
         }
-    };
-    let written = match kind {
-        FileKind::Cdc => order::dms_file_time(&file_name).or(raw.last_modified),
-        FileKind::FullLoad => raw.last_modified,
-    };
-    let file_info = FileInfo {
-        url: file,
-        name: &name,
-        file_name: &file_name,
-        kind,
-        generation: written.map_or(1, |t| props.generation_at(t)),
-    };
-    let mut cs = to_change_set(&file_info, batch, cfg, table_schema)?;
-    cs.written = written;
-    cs.last_modified = raw.last_modified;
-    Ok(cs)
+        // Trailing empty batches do not make a slice partial.
+        while self
+            .batches
+            .peek()
+            .is_some_and(|b| b.as_ref().is_ok_and(|b| b.num_rows() == 0))
+        {
+            self.batches.next();
+        }
+        let Some(first) = parts.first() else {
+            return Ok(None);
+        };
+        let batch = if parts.len() == 1 {
+            first.clone()
+        } else {
+            arrow::compute::concat_batches(&first.schema(), &parts).map_err(|e| {
+                Error::bad_input(
+                    &self.name,
+                    Location::File,
+                    format!("cannot combine the file's batches: {e}"),
+                )
+            })?
+        };
+        drop(parts);
+        let first_row = self.next_row;
+        self.next_row += batch.num_rows();
+        let info = FileInfo {
+            url: &self.file,
+            name: &self.name,
+            file_name: &self.file_name,
+            kind: self.kind,
+            generation: self.generation,
+        };
+        let mut cs = to_change_set(
+            &info,
+            batch,
+            &self.cfg,
+            self.table_schema.as_ref(),
+            first_row,
+        )
+        .map_err(|e| e.shift_rows(first_row))?;
+        cs.written = self.written;
+        cs.last_modified = self.last_modified;
+        cs.partial = self.batches.peek().is_some();
+        Ok(Some(cs))
+    }
 }
 
 /// What the change-set builder needs to know about the file.
@@ -195,16 +384,19 @@ struct FileInfo<'a> {
     generation: u32,
 }
 
+/// One batch of a file (its rows from `first_row` on) as a change set. Row numbers in
+/// errors are the batch's; the caller shifts them.
 fn to_change_set(
     f: &FileInfo<'_>,
     raw: RecordBatch,
     cfg: &TableConfig,
     table_schema: Option<&Schema>,
+    first_row: usize,
 ) -> Result<ChangeSet> {
     check_column_names(f.name, &raw.schema(), cfg)?;
     let ops = parse_ops(f, &raw, cfg)?;
     check_keys(f.name, &raw, cfg)?;
-    let ordering = order_keys(f, &raw, cfg)?;
+    let ordering = order_keys(f, &raw, cfg, first_row)?;
     let data = curated_columns(f.name, &raw, cfg, table_schema)?;
     let mut counts = FileCounts {
         rows: raw.num_rows(),
@@ -229,6 +421,7 @@ fn to_change_set(
         written: None,
         last_modified: None,
         counts,
+        partial: false,
     })
 }
 
@@ -410,7 +603,12 @@ struct Ordering {
     starts: Vec<Option<String>>,
 }
 
-fn order_keys(f: &FileInfo<'_>, raw: &RecordBatch, cfg: &TableConfig) -> Result<Ordering> {
+fn order_keys(
+    f: &FileInfo<'_>,
+    raw: &RecordBatch,
+    cfg: &TableConfig,
+    first_row: usize,
+) -> Result<Ordering> {
     let mut sequences = Vec::new();
     if f.kind == FileKind::Cdc {
         for s in &cfg.sequence_by {
@@ -469,7 +667,14 @@ fn order_keys(f: &FileInfo<'_>, raw: &RecordBatch, cfg: &TableConfig) -> Result<
             )
         }
     };
-    let keys = order::order_keys(f.generation, f.kind, f.file_name, &sequences, rows);
+    let keys = order::order_keys(
+        f.generation,
+        f.kind,
+        f.file_name,
+        &sequences,
+        first_row,
+        rows,
+    );
     Ok(Ordering {
         keys,
         kinds,

@@ -306,6 +306,7 @@ pub(crate) fn order_keys(
     kind: FileKind,
     file_name: &str,
     sequences: &[SeqColumn],
+    first_row: usize,
     rows: usize,
 ) -> Vec<String> {
     let prefix = generation_prefix(generation);
@@ -325,7 +326,7 @@ pub(crate) fn order_keys(
             }
             o.push(' ');
             o.push_str(file_name);
-            o.push_str(&format!(" {:010}", i + 1));
+            o.push_str(&format!(" {:010}", first_row + i + 1));
             o
         })
         .collect()
@@ -438,15 +439,15 @@ mod tests {
             kind: Some(SeqKind::Timestamp),
             values: vec!["2099-01-01 00:00:00.000000".into()],
         }];
-        let old_cdc = &order_keys(1, FileKind::Cdc, "20990101-0000000000.parquet", &seq, 1)[0];
-        let load2 = &order_keys(2, FileKind::FullLoad, "LOAD00000001.parquet", &[], 1)[0];
-        let cdc2 = &order_keys(2, FileKind::Cdc, "20240101-0000000000.parquet", &seq, 1)[0];
-        let load3 = &order_keys(3, FileKind::FullLoad, "LOAD00000001.parquet", &[], 1)[0];
+        let old_cdc = &order_keys(1, FileKind::Cdc, "20990101-0000000000.parquet", &seq, 0, 1)[0];
+        let load2 = &order_keys(2, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)[0];
+        let cdc2 = &order_keys(2, FileKind::Cdc, "20240101-0000000000.parquet", &seq, 0, 1)[0];
+        let load3 = &order_keys(3, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)[0];
         assert!(old_cdc < load2 && load2 < cdc2 && cdc2 < load3);
         assert!(generation_floor(2).as_str() <= load2.as_str());
         assert!(generation_floor(2).as_str() > old_cdc.as_str());
         assert_eq!(
-            order_keys(1, FileKind::FullLoad, "LOAD00000001.parquet", &[], 1)[0],
+            order_keys(1, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)[0],
             "0 LOAD00000001.parquet 0000000001"
         );
     }
