@@ -559,3 +559,147 @@ pub(crate) fn min_max(
         scalar(idx.value(idx.len() - 1))?,
     )))
 }
+
+/// When a plan can be appended instead of merged: every row an upsert, no new column, one
+/// key column of an integer or string type, and no row of the table with a key in the
+/// plan's key range — then MERGE would insert every row, and an append writes the same rows
+/// without reading or rewriting anything. Returns the range predicate (SQL), which the
+/// append's commit declares as what it read: a concurrent commit that adds files whose key
+/// statistics overlap the range makes the append conflict, and the retry merges.
+pub(crate) async fn append_predicate(
+    cfg: &TableConfig,
+    table: &DeltaTable,
+    plan: &MergePlan,
+) -> Result<Option<String>> {
+    let [key] = cfg.primary_key.as_slice() else {
+        return Ok(None);
+    };
+    let Some(tschema) = arrow_schema(table) else {
+        return Ok(None);
+    };
+    if !plan.sparse.is_empty()
+        || plan.batch.num_rows() == 0
+        || plan.ops()?.iter().any(|o| *o != PlanOp::Upsert)
+        || plan
+            .table_schema()
+            .fields()
+            .iter()
+            .any(|f| tschema.field_with_name(f.name()).is_err())
+    {
+        return Ok(None);
+    }
+    let Some(keys) = plan.batch.column_by_name(key) else {
+        return Ok(None);
+    };
+    let Some((lo, hi)) = key_range(keys)? else {
+        return Ok(None);
+    };
+    let ident = format!("\"{}\"", key.replace('"', "\"\""));
+    let predicate = format!("{ident} >= {lo} AND {ident} <= {hi}");
+    let found = query(table, &format!("SELECT 1 FROM t WHERE {predicate} LIMIT 1")).await?;
+    Ok(found.iter().all(|b| b.num_rows() == 0).then_some(predicate))
+}
+
+/// SQL literals of the smallest and largest key (integer and string keys; none for others).
+fn key_range(keys: &ArrayRef) -> Result<Option<(String, String)>> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{DataType, Int64Type};
+    Ok(match keys.data_type() {
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+            let a = arrow::compute::cast(keys, &DataType::Int64).map_err(Error::arrow)?;
+            let a = a.as_primitive::<Int64Type>();
+            match (arrow::compute::min(a), arrow::compute::max(a)) {
+                (Some(lo), Some(hi)) => Some((lo.to_string(), hi.to_string())),
+                _ => None,
+            }
+        }
+        DataType::Utf8 => {
+            let a = keys.as_string::<i32>();
+            let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+            match (arrow::compute::min_string(a), arrow::compute::max_string(a)) {
+                (Some(lo), Some(hi)) => Some((quote(lo), quote(hi))),
+                _ => None,
+            }
+        }
+        _ => None,
+    })
+}
+
+/// Append the plan's rows (see [`append_predicate`]) in one commit that also records
+/// `extras.txns`. Returns the table after it and the files written.
+pub(crate) async fn append(
+    cfg: &TableConfig,
+    table: DeltaTable,
+    plan: &MergePlan,
+    predicate: String,
+    files: &[String],
+    extras: &MergeExtras,
+) -> Result<(DeltaTable, usize)> {
+    use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
+    use deltalake::kernel::Action;
+    use deltalake::table::config::TablePropertiesExt;
+    let label = cfg.name.as_str();
+    let delta_err = |e| Error::delta(label, e);
+    let snapshot = table.snapshot().map_err(delta_err)?;
+    let schema = snapshot.snapshot().arrow_schema();
+    let partition_columns = snapshot.metadata().partition_columns().to_vec();
+    let props = snapshot.table_config();
+    // The plan's rows in the table's schema (columns the plan lacks are null).
+    let rows = plan.batch.num_rows();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| match plan.batch.column_by_name(f.name()) {
+            Some(c) if c.data_type() == f.data_type() => Ok(c.clone()),
+            Some(c) => arrow::compute::cast(c, f.data_type()).map_err(Error::arrow),
+            None => Ok(arrow::array::new_null_array(f.data_type(), rows)),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let batch = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow)?;
+    let config = WriterConfig::new(
+        schema.clone(),
+        partition_columns.clone(),
+        Some(writer_properties(cfg)),
+        None,
+        None,
+        props.num_indexed_cols(),
+        props
+            .data_skipping_stats_columns
+            .as_ref()
+            .map(|v| v.iter().map(|c| c.to_string()).collect()),
+    );
+    let mut writer = DeltaWriter::new(table.log_store().object_store(None), config);
+    writer.write(&batch).await.map_err(delta_err)?;
+    let adds: Vec<Action> = writer
+        .close()
+        .await
+        .map_err(delta_err)?
+        .into_iter()
+        .map(Action::Add)
+        .collect();
+    let written = adds.len();
+    let mut commit = tributary_commit(files);
+    if !extras.txns.is_empty() {
+        commit = commit.with_application_transactions(extras.txns.clone());
+    }
+    let version = CommitBuilder::from(commit)
+        .with_actions(adds)
+        .build(
+            Some(snapshot),
+            table.log_store(),
+            DeltaOperation::Write {
+                mode: SaveMode::Append,
+                partition_by: (!partition_columns.is_empty()).then_some(partition_columns),
+                predicate: Some(predicate),
+            },
+        )
+        .await
+        .map_err(delta_err)?
+        .version();
+    let mut table = table;
+    table
+        .update_incremental(Some(version))
+        .await
+        .map_err(delta_err)?;
+    Ok((table, written))
+}

@@ -141,3 +141,132 @@ async fn csv_errors_and_order_keys_are_numbered_as_the_files_rows() {
     let msg = Fixture::failure(&r, &f).to_string();
     assert!(msg.contains("row 2501") && msg.contains("`val`"), "{msg}");
 }
+
+// ---- appends: what MERGE would insert, written without reading or rewriting the table
+
+fn load(ids: std::ops::RangeInclusive<i64>, val: i64) -> Vec<Change> {
+    ids.map(|id| {
+        c(
+            'I',
+            "2024-01-01 09:00:00.000000",
+            id,
+            ["a", "b"][id as usize % 2],
+            val,
+        )
+    })
+    .collect()
+}
+
+/// (rows, distinct keys) of the items table.
+async fn counts(fx: &Fixture) -> (i64, i64) {
+    let b = fx
+        .query(
+            "curated/items",
+            "SELECT count(*), count(DISTINCT id) FROM t",
+        )
+        .await;
+    let v = column_text(&b);
+    let all = column_text(&[b[0].project(&[1]).expect("project")]);
+    (v[0].parse().expect("n"), all[0].parse().expect("n"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_keys_are_appended_and_anything_else_is_merged() {
+    let fx = Fixture::items();
+    let l = fx.put_items("LOAD00000001.parquet", &load(1..=1000, 1));
+    let r = fx.merge_ok(std::slice::from_ref(&l)).await;
+    assert!(
+        r.tables[0].appended,
+        "a full load into a new table is appended"
+    );
+    assert_eq!(r.tables[0].inserted, 1000);
+    // Re-delivered: its keys are there now, so it is merged (and changes nothing).
+    let r = fx.merge_ok(std::slice::from_ref(&l)).await;
+    assert!(!r.tables[0].appended);
+    assert_eq!(r.tables[0].inserted + r.tables[0].updated, 0);
+    // CDC inserts of keys above every key: appended; with an update among them: merged.
+    let new = fx.put_items(
+        "20240101-1000000000.parquet",
+        &[
+            c('I', "2024-01-01 10:00:00.000000", 1001, "a", 2),
+            c('I', "2024-01-01 10:00:00.000001", 1002, "b", 2),
+        ],
+    );
+    assert!(fx.merge_ok(&[new]).await.tables[0].appended);
+    let mixed = fx.put_items(
+        "20240101-1100000000.parquet",
+        &[
+            c('I', "2024-01-01 11:00:00.000000", 1003, "a", 3),
+            c('U', "2024-01-01 11:00:00.000001", 5, "b", 3),
+        ],
+    );
+    assert!(!fx.merge_ok(&[mixed]).await.tables[0].appended);
+    // A key deleted earlier (a tombstone) and inserted again by an older change: merged,
+    // and the delete stands.
+    let del = fx.put_items(
+        "20240101-1200000000.parquet",
+        &[c('D', "2024-01-01 12:00:00.000000", 2000, "a", 0)],
+    );
+    fx.merge_ok(&[del]).await;
+    let late = fx.put_items(
+        "20240101-1150000000.parquet",
+        &[c('I', "2024-01-01 11:50:00.000000", 2000, "a", 9)],
+    );
+    let r = fx.merge_ok(&[late]).await;
+    assert!(!r.tables[0].appended);
+    assert!(!fx.items_rows().await.iter().any(|r| r.0 == 2000));
+    assert_eq!(counts(&fx).await, (1003, 1003));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_never_duplicate_a_key() {
+    for round in 0..8 {
+        let fx = Fixture::items();
+        // Overlapping key ranges (never from one DMS full load, but a copy or a hand-made
+        // file can): whichever commits second must see the first and merge.
+        let a = fx.put_items("LOAD00000001.parquet", &load(1..=600, 1));
+        let b = fx.put_items("LOAD00000002.parquet", &load(400..=1000, 2));
+        // Disjoint ranges (the parallel full load): both appended, no conflict needed.
+        let d1 = fx.put_items("LOAD00000003.parquet", &load(2001..=2500, 3));
+        let d2 = fx.put_items("LOAD00000004.parquet", &load(3001..=3500, 4));
+        // A CDC change of a key of the first file, racing its append.
+        let cdc = fx.put_items(
+            "20240101-1000000000.parquet",
+            &[c('U', "2024-01-01 10:00:00.000000", 10, "b", 7)],
+        );
+        let (e1, e2, e3, e4, e5) = (
+            fx.another_engine(),
+            fx.another_engine(),
+            fx.another_engine(),
+            fx.another_engine(),
+            fx.another_engine(),
+        );
+        let (r1, r2, r3, r4, r5) = tokio::join!(
+            e1.process(std::slice::from_ref(&a)),
+            e2.process(std::slice::from_ref(&b)),
+            e3.process(std::slice::from_ref(&d1)),
+            e4.process(std::slice::from_ref(&d2)),
+            e5.process(std::slice::from_ref(&cdc)),
+        );
+        for r in [&r1, &r2, &r3, &r4, &r5] {
+            assert!(
+                r.failures().next().is_none(),
+                "round {round}: {:?}",
+                r.files
+            );
+        }
+        assert_eq!(
+            counts(&fx).await,
+            (2000, 2000),
+            "round {round}: no key twice"
+        );
+        let rows = fx.items_rows().await;
+        assert!(
+            rows.contains(&(10, "b".into(), 7)),
+            "round {round}: the CDC change wins"
+        );
+        // LOAD00000002 ranks above LOAD00000001 (same full load: file order)
+        assert!(rows.contains(&(500, "a".into(), 2)), "round {round}");
+        assert!(rows.contains(&(300, "a".into(), 1)), "round {round}");
+    }
+}

@@ -209,14 +209,38 @@ impl Engine {
             Vec::new()
         };
         let t = Instant::now();
-        let (target, m) = delta::merge(table, target, &plan, a.files, a.extras).await?;
+        let append = match &a.extras.delete_unmatched_below {
+            None => delta::append_predicate(table, &target, &plan).await?,
+            Some(_) => None,
+        };
+        let target = match append {
+            // No row of the table can match: append (what MERGE would insert, without
+            // reading or rewriting a file).
+            Some(predicate) => {
+                let rows = plan.batch.num_rows();
+                let (target, written) =
+                    delta::append(table, target, &plan, predicate, a.files, a.extras).await?;
+                report.appended = true;
+                report.inserted = rows;
+                report.updated = 0;
+                report.deleted = 0;
+                report.files_added = written;
+                report.files_removed = 0;
+                target
+            }
+            None => {
+                let (target, m) = delta::merge(table, target, &plan, a.files, a.extras).await?;
+                report.appended = false;
+                report.inserted = m.num_target_rows_inserted;
+                report.updated = m.num_target_rows_updated;
+                report.deleted = m.num_target_rows_deleted;
+                report.files_added = m.num_target_files_added;
+                report.files_removed = m.num_target_files_removed;
+                target
+            }
+        };
         report.phases_ms.merge = ms_since(t);
         report.blocked_by_tombstone = blocked;
-        report.inserted = m.num_target_rows_inserted;
-        report.updated = m.num_target_rows_updated;
-        report.deleted = m.num_target_rows_deleted;
-        report.files_added = m.num_target_files_added;
-        report.files_removed = m.num_target_files_removed;
         let t = Instant::now();
         let target =
             recheck_tombstones(table, target, &mut plan, tombstones, a.files, report).await?;

@@ -86,6 +86,9 @@ pub struct TableReport {
     pub catalog: Option<crate::catalog::CatalogReport>,
     /// Commits a large file was merged in (0: the files fit one commit).
     pub slices: usize,
+    /// The (last) commit appended the rows instead of merging them: no row of the table had
+    /// a key in the batch's key range (a full load into a new table, new keys).
+    pub appended: bool,
 }
 
 /// Milliseconds per phase of a table merge.
@@ -118,6 +121,7 @@ impl TableReport {
     /// Add the next commit's report (the slices of a large file: one report for the file).
     pub(crate) fn absorb(&mut self, o: &TableReport) {
         self.version = o.version.or(self.version);
+        self.appended = o.appended;
         self.source_rows += o.source_rows;
         self.inserted += o.inserted;
         self.updated += o.updated;
