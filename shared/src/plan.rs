@@ -132,6 +132,21 @@ impl KeyEncoder {
         })
     }
 
+    /// Encoded keys of every row of `batch`, in one buffer.
+    pub(crate) fn rows(&self, batch: &RecordBatch) -> Result<arrow::row::Rows> {
+        let cols = self
+            .columns
+            .iter()
+            .map(|k| {
+                batch
+                    .column_by_name(k)
+                    .cloned()
+                    .ok_or_else(|| Error::internal(format!("key column {k} missing")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.converter.convert_columns(&cols).map_err(Error::arrow)
+    }
+
     /// Encoded keys of every row of `batch` (which must have the key columns).
     pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Vec<OwnedRow>> {
         let cols = self
@@ -262,22 +277,50 @@ struct Rows<'a> {
 pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePlan> {
     let rows = combine(changes)?;
     let enc = KeyEncoder::new(&rows.all.schema(), &table.primary_key)?;
-    let keys = enc.encode(&rows.all)?;
-    let mut groups: HashMap<&OwnedRow, Vec<usize>> = HashMap::with_capacity(keys.len());
-    for (i, k) in keys.iter().enumerate() {
-        groups.entry(k).or_default().push(i);
+    let keys = enc.rows(&rows.all)?;
+    let n = keys.num_rows();
+    // Latest change per key (the largest order key; order keys are unique in a batch), in
+    // row order of the batch (deterministic output). The rows of each key are kept only
+    // when sparse columns need their history.
+    let later = |a: usize, b: usize| rows.order[a] > rows.order[b];
+    let mut groups: HashMap<arrow::row::Row<'_>, Vec<usize>> = HashMap::new();
+    let mut best: HashMap<arrow::row::Row<'_>, usize> = HashMap::new();
+    if rows.present.is_empty() {
+        best.reserve(n);
+        for i in 0..n {
+            match best.entry(keys.row(i)) {
+                std::collections::hash_map::Entry::Occupied(mut e) => {
+                    if later(i, *e.get()) {
+                        e.insert(i);
+                    }
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(i);
+                }
+            }
+        }
+    } else {
+        groups.reserve(n);
+        for i in 0..n {
+            groups.entry(keys.row(i)).or_default().push(i);
+        }
     }
-    // Latest change per key, in row order of the batch (deterministic output).
-    let mut chosen: Vec<(usize, &Vec<usize>)> = groups
-        .values()
-        .map(|g| {
-            let last = *g
-                .iter()
-                .max_by(|a, b| rows.order[**a].cmp(rows.order[**b]))
-                .unwrap_or(&g[0]);
-            (last, g)
-        })
-        .collect();
+    let empty = Vec::new();
+    let mut chosen: Vec<(usize, &Vec<usize>)> = if rows.present.is_empty() {
+        best.values().map(|&i| (i, &empty)).collect()
+    } else {
+        groups
+            .values()
+            .map(|g| {
+                let last = g
+                    .iter()
+                    .copied()
+                    .reduce(|a, b| if later(b, a) { b } else { a })
+                    .unwrap_or(g[0]);
+                (last, g)
+            })
+            .collect()
+    };
     chosen.sort_unstable_by_key(|(i, _)| *i);
     let idx: Vec<u32> = chosen.iter().map(|(i, _)| *i as u32).collect();
     let indices = UInt32Array::from(idx.clone());
@@ -387,7 +430,7 @@ fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
         ops: changes.iter().flat_map(|c| c.ops.iter().copied()).collect(),
         order: changes
             .iter()
-            .flat_map(|c| c.order.iter().map(String::as_str))
+            .flat_map(|c| (0..c.order.len()).map(|i| c.order.value(i)))
             .collect(),
         present,
     })

@@ -316,6 +316,7 @@ impl Engine {
                 table.slice_rows,
             )
         };
+        let checking = std::time::Instant::now();
         let mut slices = open(&view)?;
         let mut counts = source::FileCounts::default();
         let mut first = true;
@@ -338,6 +339,7 @@ impl Engine {
             }
         }
         drop(slices);
+        tracing::info!(table = %table.name, file = %storage::display(file), rows = counts.rows, ms = checking.elapsed().as_millis() as u64, "checked; merging slice by slice");
         let mut total: Option<TableReport> = None;
         let mut commits = 0;
         let mut view = view;

@@ -51,7 +51,7 @@ pub(super) fn rows(changes: &[ChangeSet], columns: &[Field]) -> Result<RecordBat
                 None => Ok(arrow::array::new_null_array(f.data_type(), n)),
             })
             .collect::<Result<_>>()?;
-        cols.push(Arc::new(StringArray::from_iter_values(cs.order.iter())));
+        cols.push(Arc::new(cs.order.clone()));
         cols.push(Arc::new(StringArray::from(cs.starts.clone())));
         cols.push(Arc::new(StringArray::from_iter_values(cs.ops.iter().map(
             |o| {

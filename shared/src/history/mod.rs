@@ -521,7 +521,7 @@ impl<'a> Work<'a> {
                     origin: Origin::Change,
                     version: None,
                     step: Some(Step {
-                        seq: cs.order[i].clone(),
+                        seq: cs.order.value(i).to_string(),
                         start: cs.starts[i].clone(),
                         delete: cs.ops[i] == ChangeOp::Delete,
                         row: base + i,

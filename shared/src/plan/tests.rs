@@ -32,7 +32,7 @@ fn cs(name: &str, rows: &[(ChangeOp, &str, i64)], cols: Vec<(&str, ArrayRef)>) -
         kind: FileKind::of(name),
         data: RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap(),
         ops: rows.iter().map(|r| r.0).collect(),
-        order: rows.iter().map(|r| r.1.to_string()).collect(),
+        order: rows.iter().map(|r| Some(r.1)).collect(),
         seq_kinds: vec![Some(SeqKind::Timestamp)],
         starts: rows.iter().map(|r| Some(r.1.to_string())).collect(),
         generation: 1,

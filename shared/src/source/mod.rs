@@ -145,7 +145,7 @@ pub(crate) struct ChangeSet {
     pub data: RecordBatch,
     pub ops: Vec<ChangeOp>,
     /// Order key per row: larger means later. See [`order`].
-    pub order: Vec<String>,
+    pub order: arrow::array::StringArray,
     /// Kind of each `sequence_by` column (`None` when the file does not tell).
     pub seq_kinds: Vec<Option<SeqKind>>,
     /// Each row's normalised value of the first `sequence_by` column (when the change
@@ -598,7 +598,7 @@ fn normalize_zero(a: ArrayRef) -> ArrayRef {
 
 /// Order keys, sequence kinds and the first sequence column's normalised values.
 struct Ordering {
-    keys: Vec<String>,
+    keys: arrow::array::StringArray,
     kinds: Vec<Option<SeqKind>>,
     starts: Vec<Option<String>>,
 }

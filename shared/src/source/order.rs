@@ -22,7 +22,7 @@
 
 use std::fmt;
 
-use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::array::{Array, ArrayRef, AsArray, StringArray, StringBuilder};
 use arrow::datatypes::{DataType, Date32Type, Date64Type, Int64Type, TimeUnit, UInt64Type};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 
@@ -308,28 +308,30 @@ pub(crate) fn order_keys(
     sequences: &[SeqColumn],
     first_row: usize,
     rows: usize,
-) -> Vec<String> {
+) -> StringArray {
+    use std::fmt::Write;
     let prefix = generation_prefix(generation);
-    (0..rows)
-        .map(|i| {
-            let mut o = String::with_capacity(64);
-            o.push_str(&prefix);
-            match kind {
-                FileKind::FullLoad => o.push('0'),
-                FileKind::Cdc => {
-                    o.push('1');
-                    for s in sequences {
-                        o.push(' ');
-                        o.push_str(&s.values[i]);
-                    }
+    let mut out = StringBuilder::with_capacity(rows, rows * (prefix.len() + file_name.len() + 40));
+    for i in 0..rows {
+        // Parts of one value written in turn; `append_value("")` ends it (`fmt::Write` on a
+        // string builder cannot fail).
+        let _ = out.write_str(&prefix);
+        match kind {
+            FileKind::FullLoad => {
+                let _ = out.write_str("0");
+            }
+            FileKind::Cdc => {
+                let _ = out.write_str("1");
+                for s in sequences {
+                    let _ = out.write_str(" ");
+                    let _ = out.write_str(&s.values[i]);
                 }
             }
-            o.push(' ');
-            o.push_str(file_name);
-            o.push_str(&format!(" {:010}", first_row + i + 1));
-            o
-        })
-        .collect()
+        }
+        let _ = write!(out, " {file_name} {:010}", first_row + i + 1);
+        out.append_value("");
+    }
+    out.finish()
 }
 
 /// When DMS wrote a CDC file, from its name (`20221025-2105000000.parquet`: date, time,
@@ -439,15 +441,25 @@ mod tests {
             kind: Some(SeqKind::Timestamp),
             values: vec!["2099-01-01 00:00:00.000000".into()],
         }];
-        let old_cdc = &order_keys(1, FileKind::Cdc, "20990101-0000000000.parquet", &seq, 0, 1)[0];
-        let load2 = &order_keys(2, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)[0];
-        let cdc2 = &order_keys(2, FileKind::Cdc, "20240101-0000000000.parquet", &seq, 0, 1)[0];
-        let load3 = &order_keys(3, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)[0];
+        let old_cdc = order_keys(1, FileKind::Cdc, "20990101-0000000000.parquet", &seq, 0, 1)
+            .value(0)
+            .to_string();
+        let load2 = order_keys(2, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)
+            .value(0)
+            .to_string();
+        let cdc2 = order_keys(2, FileKind::Cdc, "20240101-0000000000.parquet", &seq, 0, 1)
+            .value(0)
+            .to_string();
+        let load3 = order_keys(3, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)
+            .value(0)
+            .to_string();
         assert!(old_cdc < load2 && load2 < cdc2 && cdc2 < load3);
         assert!(generation_floor(2).as_str() <= load2.as_str());
         assert!(generation_floor(2).as_str() > old_cdc.as_str());
         assert_eq!(
-            order_keys(1, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)[0],
+            order_keys(1, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)
+                .value(0)
+                .to_string(),
             "0 LOAD00000001.parquet 0000000001"
         );
     }
