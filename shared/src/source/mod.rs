@@ -636,10 +636,13 @@ fn order_keys(
         }
     }
     let rows = raw.num_rows();
+    // Each row's start (the first sequence value) serves only a history table.
+    let history = cfg.history.is_some();
     let (kinds, starts) = match f.kind {
         FileKind::Cdc => (
             sequences.iter().map(|s| s.kind).collect(),
             match sequences.first() {
+                _ if !history => Vec::new(),
                 Some(s) => s.values.iter().cloned().map(Some).collect(),
                 None => vec![None; rows],
             },
@@ -649,12 +652,18 @@ fn order_keys(
         // recorded when the full load creates the table) and their value is when the row
         // was read (the start of its first version in a history table).
         FileKind::FullLoad => {
+            // Without a history table only the kind matters: one value tells it.
+            let sample = |a: ArrayRef| match (0..a.len()).find(|&i| !a.is_null(i)) {
+                Some(i) if !history => a.slice(i, 1),
+                _ => a,
+            };
             let loaded: Vec<Option<order::SeqColumn>> = cfg
                 .sequence_by
                 .iter()
-                .map(|s| column(raw, s).and_then(|a| order::sequence_column(&a).ok()))
+                .map(|s| column(raw, s).and_then(|a| order::sequence_column(&sample(a)).ok()))
                 .collect();
             let starts = match loaded.first() {
+                _ if !history => Vec::new(),
                 Some(Some(s)) => s.values.iter().cloned().map(Some).collect(),
                 _ => vec![None; rows],
             };
