@@ -381,7 +381,7 @@ async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()
     let request = tributary::maintenance::Request {
         tables: tables.to_vec(),
         force,
-        reload: None,
+        ..Default::default()
     };
     let summary = tributary::maintenance::handle(&engine, &request).await?;
     for m in &summary.maintained {

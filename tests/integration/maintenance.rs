@@ -225,6 +225,27 @@ fn maintenance_requests_from_events() {
     assert_eq!(r.tables, vec!["a".to_string(), "b".to_string()]);
     let r = maintenance::Request::from_event(&json!({"reload":"items"}));
     assert_eq!(r.reload.as_deref(), Some("items"));
+    assert!(maintenance::Request::from_event(&json!({"list": true})).list);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_request_names_every_table_and_maintains_none() {
+    let fx = Fixture::new(&format!(
+        "{ITEMS_TABLE}\n[[table]]\nname = \"other\"\nsource = \"raw/shop/other/\"\ntarget = \"curated/other\"\nprimary_key = [\"id\"]\n"
+    ));
+    let s = maintenance::handle(
+        &fx.engine,
+        &maintenance::Request::from_event(&serde_json::json!({"list": true})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.tables,
+        Some(vec!["items".to_string(), "other".to_string()])
+    );
+    assert!(s.maintained.is_empty() && s.failed.is_empty());
+    let out = serde_json::to_value(&s).unwrap();
+    assert_eq!(out["tables"], serde_json::json!(["items", "other"]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -469,6 +469,9 @@ pub struct Request {
     pub force: bool,
     /// Apply this table's DMS reload (`{"reload": "table"}`) instead of maintaining.
     pub reload: Option<String>,
+    /// Only list the configured tables (`{"list": true}`): the scheduled state machine
+    /// maintains each in an invocation of its own.
+    pub list: bool,
 }
 
 impl Request {
@@ -490,6 +493,9 @@ impl Request {
             if let Some(t) = v.get("reload").and_then(|t| t.as_str()) {
                 r.reload = Some(t.to_string());
             }
+            if v.get("list").and_then(|f| f.as_bool()) == Some(true) {
+                r.list = true;
+            }
         }
         r.tables.dedup();
         r
@@ -506,6 +512,9 @@ pub struct Summary {
     /// What a `reload` request did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reloaded: Option<crate::reload::ReloadReport>,
+    /// The configured tables (a `list` request).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tables: Option<Vec<String>>,
     /// The catalog reconciliation of each table with catalog settings (a failed one has
     /// its `error`; it does not fail the run: `CatalogSyncFailed` is the alarm).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -534,6 +543,19 @@ impl Summary {
 /// Run maintenance for a request with the engine's configuration and storage. Per-table
 /// failures are in the summary; an error means nothing was attempted (an unknown table).
 pub async fn handle(engine: &crate::Engine, request: &Request) -> Result<Summary> {
+    if request.list {
+        return Ok(Summary {
+            tables: Some(
+                engine
+                    .config()
+                    .tables
+                    .iter()
+                    .map(|t| t.name.clone())
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+    }
     if let Some(table) = &request.reload {
         let mut s = Summary::default();
         // Boxed like the upkeep below (future nesting depth).
