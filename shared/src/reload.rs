@@ -178,7 +178,7 @@ pub async fn reload(engine: &Engine, table_name: &str) -> Result<ReloadReport> {
         .collect();
     // A reload is all or nothing: the first file that cannot be applied fails it.
     // A reload is one commit: its files are read whole (not in slices).
-    let read = engine.read_files(cfg, &urls, &view, None).await;
+    let read = engine.read_files(cfg, &urls, &view, false).await;
     let (sets, failures) = (read.sets, read.failed);
     let admission = plan::admit(
         sets,

@@ -270,3 +270,23 @@ async fn concurrent_appends_never_duplicate_a_key() {
         assert!(rows.contains(&(300, "a".into(), 1)), "round {round}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_rows_make_shorter_slices() {
+    // 5000 rows are fewer than `slice_rows`, but more decoded bytes than `slice_mb`.
+    let fx = Fixture::new(&format!(
+        "{ITEMS_TABLE}slice_rows = 100000\nslice_mb = 0.02\n"
+    ));
+    let (load, cdc) = scenario(5000);
+    let files = [
+        fx.put_items("LOAD00000001.parquet", &load),
+        fx.put_items("20240101-1000000000.parquet", &cdc),
+    ];
+    let r = fx.merge_ok(&files).await;
+    assert!(
+        r.tables.iter().all(|t| t.slices >= 4),
+        "{:?}",
+        r.tables.iter().map(|t| t.slices).collect::<Vec<_>>()
+    );
+    assert_eq!(fx.items_rows().await, model(&[load, cdc].concat()));
+}

@@ -90,6 +90,9 @@ pub struct TableConfig {
     /// Files of more rows are merged alone, in slices of about this many rows (one commit
     /// each, after the whole file was checked): memory depends on this, not on the file.
     pub slice_rows: usize,
+    /// … or of about this many bytes of decoded (Arrow) data, whichever comes first: wide
+    /// tables get shorter slices.
+    pub slice_bytes: usize,
     /// Keep `_symlink_format_manifest` up to date after every merge (Athena / Spectrum).
     pub manifests: bool,
     pub maintenance: MaintenanceConfig,

@@ -17,6 +17,8 @@ use crate::source::RESERVED_PREFIX;
 
 /// Rows of a large file merged per commit (see `TableConfig::slice_rows`).
 const DEFAULT_SLICE_ROWS: usize = 500_000;
+/// Decoded megabytes of a large file merged per commit (see `TableConfig::slice_bytes`).
+const DEFAULT_SLICE_MB: f64 = 64.0;
 use crate::tombstones::DELETED_AT_COLUMN;
 
 type Msg<T> = std::result::Result<T, String>;
@@ -44,6 +46,7 @@ macro_rules! with_tuning_fields {
             tombstone_retention_days: Option<f64>,
             max_commit_attempts: Option<u32>,
             slice_rows: Option<usize>,
+            slice_mb: Option<f64>,
             op_column: Option<String>,
             sequence_column: Option<String>,
             manifests: Option<bool>,
@@ -123,6 +126,7 @@ impl RawTable {
             tombstone_retention_days: self.tombstone_retention_days,
             max_commit_attempts: self.max_commit_attempts,
             slice_rows: self.slice_rows,
+            slice_mb: self.slice_mb,
             op_column: self.op_column.clone(),
             sequence_column: self.sequence_column.clone(),
             manifests: self.manifests,
@@ -222,6 +226,10 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
             "`slice_rows` is {slice_rows}; use at least 1024 (the default, {DEFAULT_SLICE_ROWS}, keeps a merge near 0.5 GB for a table of ten columns)"
         ));
     }
+    let slice_mb = positive(
+        pick(&tuning.slice_mb, &d.slice_mb).unwrap_or(DEFAULT_SLICE_MB),
+        "slice_mb",
+    )?;
     let maintenance = maintenance(&tuning, d)?;
 
     Ok(TableConfig {
@@ -241,6 +249,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         ),
         max_commit_attempts,
         slice_rows,
+        slice_bytes: (slice_mb * 1024.0 * 1024.0) as usize,
         manifests,
         maintenance,
         history,

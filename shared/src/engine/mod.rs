@@ -248,9 +248,7 @@ impl Engine {
                 return (failed, vec![]);
             }
         };
-        let read = self
-            .read_files(table, &files, &view, Some(table.slice_rows))
-            .await;
+        let read = self.read_files(table, &files, &view, true).await;
         for (f, e) in read.failed {
             outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
         }
@@ -314,6 +312,7 @@ impl Engine {
                 view.schema.as_deref(),
                 &view.props,
                 table.slice_rows,
+                table.slice_bytes,
             )
         };
         let checking = std::time::Instant::now();
@@ -381,17 +380,20 @@ impl Engine {
         }))
     }
 
-    /// Read and parse files (8 at a time): the change sets, the files of more than
-    /// `slice_rows` rows (to merge in slices; `None`: read every file whole), and the files
+    /// Read and parse files (8 at a time): the change sets, the files larger than a slice
+    /// (to merge in slices; with `sliced` false every file is read whole), and the files
     /// that failed.
     pub(crate) async fn read_files(
         &self,
         table: &TableConfig,
         files: &[Url],
         view: &TableView,
-        slice_rows: Option<usize>,
+        sliced: bool,
     ) -> ReadFiles {
-        let limit = slice_rows.unwrap_or(usize::MAX);
+        let (rows, bytes) = match sliced {
+            true => (table.slice_rows, table.slice_bytes),
+            false => (usize::MAX, usize::MAX),
+        };
         let read = stream::iter(files.iter().cloned())
             .map(|f| async move {
                 let r = async {
@@ -402,7 +404,8 @@ impl Engine {
                         table,
                         view.schema.as_deref(),
                         &view.props,
-                        limit,
+                        rows,
+                        bytes,
                     )?;
                     Ok((read, raw))
                 }

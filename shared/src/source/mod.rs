@@ -216,7 +216,8 @@ pub(crate) fn classify(url: &Url, format: &Format) -> std::result::Result<FileCl
     }
 }
 
-/// Read one file: whole when it has at most `slice_rows` rows, else [`Read::Large`].
+/// Read one file: whole when it has at most `slice_rows` rows and `slice_bytes` of decoded
+/// data, else [`Read::Large`].
 /// `table_schema` is what the Delta table says, when it exists: columns it has are
 /// converted to its types.
 pub(crate) fn read_changes(
@@ -226,8 +227,9 @@ pub(crate) fn read_changes(
     table_schema: Option<&Schema>,
     props: &TableProps,
     slice_rows: usize,
+    slice_bytes: usize,
 ) -> Result<Read> {
-    let mut slices = Slices::open(file, raw, cfg, table_schema, props, slice_rows)?;
+    let mut slices = Slices::open(file, raw, cfg, table_schema, props, slice_rows, slice_bytes)?;
     if slices.total_rows.is_some_and(|n| n > slice_rows) {
         return Ok(Read::Large);
     }
@@ -254,6 +256,7 @@ pub(crate) struct Slices {
     cfg: TableConfig,
     table_schema: Option<Schema>,
     slice_rows: usize,
+    slice_bytes: usize,
     batches: std::iter::Peekable<Batches>,
     next_row: usize,
     /// Rows in the file, when the format says (Parquet).
@@ -268,13 +271,16 @@ impl Slices {
         table_schema: Option<&Schema>,
         props: &TableProps,
         slice_rows: usize,
+        slice_bytes: usize,
     ) -> Result<Slices> {
         let name = storage::display(file);
         let file_name = storage::file_name(file);
         let kind = FileKind::of(&file_name);
+        // Decode batches of at most a quarter of a slice (rows, and bytes as estimated).
         let decode_rows = DECODE_ROWS.min(slice_rows.max(1));
+        let decode_bytes = (slice_bytes / 4).max(1);
         let (batches, total_rows) = match &cfg.format {
-            Format::Parquet => parquet::batches(&name, &raw.body, decode_rows)?,
+            Format::Parquet => parquet::batches(&name, &raw.body, decode_rows, decode_bytes)?,
             Format::Csv(opts) => (
                 csv::batches(
                     csv::Input {
@@ -286,7 +292,8 @@ impl Slices {
                     kind,
                     cfg,
                     table_schema,
-                    decode_rows,
+                    // CSV rows are assumed to decode to at most 4 KB.
+                    decode_rows.min((decode_bytes / 4096).max(1024)),
                 )?,
                 None,
             ),
@@ -306,6 +313,7 @@ impl Slices {
             cfg: cfg.clone(),
             table_schema: table_schema.cloned(),
             slice_rows: slice_rows.max(1),
+            slice_bytes: slice_bytes.max(1),
             batches: batches.peekable(),
             next_row: 0,
             total_rows,
@@ -315,12 +323,13 @@ impl Slices {
     /// The next slice, `None` after the last.
     pub(crate) fn next_slice(&mut self) -> Result<Option<ChangeSet>> {
         let mut parts = Vec::new();
-        let mut rows = 0;
-        while rows < self.slice_rows || parts.is_empty() {
+        let (mut rows, mut bytes) = (0, 0);
+        while (rows < self.slice_rows && bytes < self.slice_bytes) || parts.is_empty() {
             match self.batches.next() {
                 Some(b) => {
                     let b = b?;
                     rows += b.num_rows();
+                    bytes += b.get_array_memory_size();
                     parts.push(b);
                 }
                 None => break,
