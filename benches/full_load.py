@@ -1,7 +1,7 @@
 """Full-load benchmark helpers: write a DMS full-load file in the walkthrough's shape, and
 append it to a new Delta table with Python deltalake (the comparison).
 
-  python full_load.py make --rows N --out FILE      # LOAD00000001.parquet, DMS row groups
+  python full_load.py make --rows N --out FILE [--first K]   # DMS row groups; ids K+1..K+N
   python full_load.py append --file FILE --table DIR
 
 `append` prints one JSON line: seconds and peak RSS (MB) of this process.
@@ -24,7 +24,7 @@ CITIES = ["Seattle", "New York", "New Jersey", "Los Angeles", "Las Vegas", "Tucs
 ROW_GROUP = 10_000
 
 
-def make(rows, out):
+def make(rows, out, first=0):
     rng = random.Random(1)
     schema = pa.schema([("update_ts_dms", pa.string()), ("schema_name", pa.string()),
                         ("table_name", pa.string()), ("trip_id", pa.int32()),
@@ -33,8 +33,8 @@ def make(rows, out):
     cities = pa.array(CITIES)
     routes = pa.array([chr(65 + i) for i in range(10)])
     with pq.ParquetWriter(out, schema, compression="snappy") as w:
-        for start in range(0, rows, 1_000_000):
-            n = min(1_000_000, rows - start)
+        for start in range(first, first + rows, 1_000_000):
+            n = min(1_000_000, first + rows - start)
             ids = pa.array(range(start + 1, start + n + 1), pa.int32())
             pick = lambda: pc.take(cities, pa.array([rng.randrange(10) for _ in range(n)]))
             t = pa.table({
@@ -64,11 +64,12 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("cmd", choices=["make", "append"])
     p.add_argument("--rows", type=int)
+    p.add_argument("--first", type=int, default=0, help="trip_id of the first row minus one")
     p.add_argument("--out")
     p.add_argument("--file")
     p.add_argument("--table")
     a = p.parse_args()
     if a.cmd == "make":
-        make(a.rows, a.out)
+        make(a.rows, a.out, a.first)
     else:
         append(a.file, a.table)
