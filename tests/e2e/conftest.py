@@ -117,9 +117,31 @@ def stack(aws):
                        "Action": "sqs:SendMessage", "Resource": queue_arn,
                        "Condition": {"ArnLike": {"aws:SourceArn": f"arn:aws:s3:::{raw}"}}}],
     })})
+    # One writer per table: notifications under fifo/ go to a standard "route" queue whose
+    # messages the merge function forwards to a FIFO queue (table = message group); files it
+    # cannot merge are moved to a dead queue at once (TRIBUTARY_DEAD_LETTER_TO).
+    attrs = lambda url: aws.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    route_url = aws.sqs.create_queue(QueueName=f"tributary-route-{run}", Attributes={"VisibilityTimeout": "3"})["QueueUrl"]
+    route_arn = attrs(route_url)
+    fifo_dlq_url = aws.sqs.create_queue(QueueName=f"tributary-dlq-{run}.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    fifo_url = aws.sqs.create_queue(QueueName=f"tributary-merge-{run}.fifo", Attributes={
+        "FifoQueue": "true", "VisibilityTimeout": "3",
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": attrs(fifo_dlq_url), "maxReceiveCount": "3"}),
+    })["QueueUrl"]
+    dead_url = aws.sqs.create_queue(QueueName=f"tributary-dead-{run}")["QueueUrl"]
+    aws.sqs.set_queue_attributes(QueueUrl=route_url, Attributes={"Policy": json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"},
+                       "Action": "sqs:SendMessage", "Resource": route_arn,
+                       "Condition": {"ArnLike": {"aws:SourceArn": f"arn:aws:s3:::{raw}"}}}],
+    })})
     aws.s3.put_bucket_notification_configuration(Bucket=raw, NotificationConfiguration={
-        "QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"],
-                                 "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "dms/"}]}}}],
+        "QueueConfigurations": [
+            {"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"],
+             "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "dms/"}]}}},
+            {"QueueArn": route_arn, "Events": ["s3:ObjectCreated:*"],
+             "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "fifo/"}]}}},
+        ],
     })
     extra = {"csvgz": CSV_TABLE, "hist": HISTORY_TABLE.format(curated=curated),
              "cat": CATALOG_TABLE.format(curated=curated, database=GLUE_DATABASE),
@@ -128,9 +150,12 @@ def stack(aws):
              # streamed to a temporary file instead of memory)
              "big": "slice_rows = 50000\n"}
     config = "".join(table_config(raw, curated, t, extra.get(t, "")) for t in TABLES)
+    config += table_config(raw, curated, "serial").replace(f"s3://{raw}/dms/serial/", f"s3://{raw}/fifo/serial/")
     aws.s3.put_object(Bucket=curated, Key="config/tributary.toml", Body=config.encode())
     return SimpleNamespace(raw=raw, curated=curated, queue_url=queue_url, queue_arn=queue_arn,
-                           dlq_url=dlq_url, config=f"s3://{curated}/config/tributary.toml")
+                           dlq_url=dlq_url, config=f"s3://{curated}/config/tributary.toml",
+                           route_url=route_url, route_arn=route_arn, fifo_url=fifo_url,
+                           fifo_arn=attrs(fifo_url), fifo_dlq_url=fifo_dlq_url, dead_url=dead_url)
 
 
 def free_port():
@@ -249,6 +274,8 @@ class Functions:
             f"AWS_ENDPOINT_URL={ENDPOINT}", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
             f"AWS_REGION={REGION}", f"TRIBUTARY_CONFIG={stack.config}",
             f"AWS_ENDPOINT_URL_GLUE={glue.endpoint}", "TRIBUTARY_SPILL_MB=0.4",
+            f"TRIBUTARY_ROUTE_TO={stack.fifo_url}", f"TRIBUTARY_ROUTE_FROM={stack.route_arn}",
+            f"TRIBUTARY_DEAD_LETTER_TO={stack.dead_url}",
         ])
         (ROOT / "target").mkdir(exist_ok=True)
         self.log = open(ROOT / "target" / "e2e-cargo-lambda.log", "w")
@@ -299,13 +326,15 @@ def functions(stack, glue):
 class Poller:
     """Plays Lambda's SQS event source mapping with ReportBatchItemFailures."""
 
-    def __init__(self, aws, stack, functions):
+    def __init__(self, aws, stack, functions, queue_url=None, queue_arn=None):
         self.aws, self.stack, self.functions = aws, stack, functions
+        self.queue_url = queue_url or stack.queue_url
+        self.queue_arn = queue_arn or stack.queue_arn
         self.invocations = 0
 
     def receive(self, max_messages=10, wait=1):
         r = self.aws.sqs.receive_message(
-            QueueUrl=self.stack.queue_url, MaxNumberOfMessages=max_messages, WaitTimeSeconds=wait,
+            QueueUrl=self.queue_url, MaxNumberOfMessages=max_messages, WaitTimeSeconds=wait,
             AttributeNames=["All"])
         return r.get("Messages", [])
 
@@ -314,7 +343,7 @@ class Poller:
             "messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"], "body": m["Body"],
             "attributes": m.get("Attributes", {}), "messageAttributes": {},
             "md5OfBody": m["MD5OfBody"], "eventSource": "aws:sqs",
-            "eventSourceARN": self.stack.queue_arn, "awsRegion": REGION,
+            "eventSourceARN": self.queue_arn, "awsRegion": REGION,
         } for m in messages]}
 
     def deliver(self, messages, times=1):
@@ -328,7 +357,7 @@ class Poller:
             failed |= {f["itemIdentifier"] for f in payload.get("batchItemFailures", [])}
         done = [m for m in messages if m["MessageId"] not in failed]
         if done:
-            self.aws.sqs.delete_message_batch(QueueUrl=self.stack.queue_url, Entries=[
+            self.aws.sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
                 {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)])
         return failed
 

@@ -737,24 +737,50 @@ async fn files_older_than_the_tombstone_horizon_are_refused() {
         .await;
 }
 
-/// The default tombstone retention outlasts everything the template lets a message wait.
+/// The default tombstone retention outlasts everything the template lets a message wait,
+/// along every path a notification can take through its queues.
 #[test]
 fn default_tombstone_retention_outlasts_the_templates_queues() {
     let template =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).unwrap();
-    let waits: Vec<u64> = template
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("MessageRetentionPeriod:"))
-        .map(|v| v.trim().parse().unwrap())
-        .collect();
-    assert_eq!(waits.len(), 2, "queue and dead-letter queue");
+    // MessageRetentionPeriod of each queue resource (its block: indented under `  Name:`).
+    let mut retention_of = std::collections::HashMap::new();
+    let mut current = String::new();
+    for line in template.lines() {
+        if line.starts_with("  ") && !line.starts_with("   ") && line.trim_end().ends_with(':') {
+            current = line.trim().trim_end_matches(':').to_string();
+        }
+        if let Some(v) = line.trim().strip_prefix("MessageRetentionPeriod:") {
+            retention_of.insert(current.clone(), v.trim().parse::<u64>().unwrap());
+        }
+    }
+    let wait = |path: &[&str]| -> u64 {
+        path.iter()
+            .map(|q| {
+                *retention_of
+                    .get(*q)
+                    .unwrap_or_else(|| panic!("no queue {q}"))
+            })
+            .sum()
+    };
+    let paths: [&[&str]; 3] = [
+        // the queue, then (after a redrive) its dead-letter queue
+        &["MergeQueue", "MergeDeadLetterQueue"],
+        // one writer per table: forwarded to the FIFO queue, then its dead-letter queue,
+        // or moved to the dead-letter queue as unmergeable
+        &["MergeQueue", "TableQueue", "TableDeadLetterQueue"],
+        &["MergeQueue", "TableQueue", "MergeDeadLetterQueue"],
+    ];
+    assert_eq!(retention_of.len(), 4, "{retention_of:?}");
     let config = tributary::Config::from_toml(T_TABLE, "t", None).unwrap();
     let retention = config.tables[0].tombstone_retention.as_secs();
-    // a message waits at most its queue's retention, and again as long after a DLQ redrive
-    assert!(
-        retention > waits.iter().sum::<u64>(),
-        "{retention} vs {waits:?}"
-    );
+    for path in paths {
+        assert!(
+            retention > wait(path),
+            "{retention} vs {path:?}: {}",
+            wait(path)
+        );
+    }
 }
 
 // ---- logs ---------------------------------------------------------------------------------

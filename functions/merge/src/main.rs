@@ -1,15 +1,24 @@
 //! Lambda: merge the DMS files announced by S3 notifications (direct or through SQS) and
 //! EventBridge "Object Created" events into their Delta tables.
 //!
+//! Fed by the standard queue with `TRIBUTARY_ROUTE_TO` set, it forwards each notification to
+//! that FIFO queue with the table as message group, and merges what the FIFO queue feeds
+//! it: one writer per table (`tributary::lambda::queues`).
+//!
 //! Environment: `TRIBUTARY_CONFIG` (path or s3:// URI of the table configuration, required),
 //! `RUST_LOG`, `AWS_ENDPOINT_URL` for emulators, `TRIBUTARY_LOCAL_S3_ROOT` to serve
-//! `s3://bucket/key` from `<root>/bucket/key` when running locally.
+//! `s3://bucket/key` from `<root>/bucket/key` when running locally, `TRIBUTARY_ROUTE_TO`,
+//! `TRIBUTARY_ROUTE_FROM`, `TRIBUTARY_DEAD_LETTER_TO`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
+use tributary::lambda::queues::Queues;
 use tributary::lambda::{self, events, metrics, FunctionError};
 use tributary::Engine;
+
+/// The queues, read from the environment once per cold start.
+static QUEUES: OnceLock<Queues> = OnceLock::new();
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {
@@ -17,7 +26,11 @@ async fn main() -> Result<(), lambda_runtime::Error> {
 }
 
 async fn handle(engine: Arc<Engine>, event: Value) -> Result<Value, FunctionError> {
-    let handled = events::handle(&engine, &event).await?;
+    let queues = QUEUES.get_or_init(Queues::from_env);
+    if queues.forwards(&event) {
+        return queues.forward(&engine, &event).await;
+    }
+    let handled = events::handle_with(&engine, Some(queues), &event).await?;
     for line in metrics::emf(&handled.report, lambda::now_ms()) {
         println!("{line}");
     }

@@ -34,17 +34,27 @@ fn ms_since(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
 }
 
-/// A commit as the post-commit steps (manifests, catalog) see it.
+/// The table as the batch's first attempt read it: what the post-commit steps (manifests,
+/// catalog) compare the final table with. The first attempt's, not the last's: an attempt
+/// that committed (a MERGE) and then failed (its tombstone re-check conflicted) leaves its
+/// commit in the table, and the retry's own "before" already contains it.
+#[derive(Clone)]
+struct Before {
+    version: Option<u64>,
+    schema: Option<arrow::datatypes::SchemaRef>,
+    /// Live files (only when manifests are on: nothing else needs them).
+    files: Vec<manifest::LiveFile>,
+}
+
+/// A commit as the post-commit steps see it.
 pub(crate) struct Committed {
-    /// The schema of the version the commit was based on.
-    schema_before: Option<arrow::datatypes::SchemaRef>,
-    /// Its live files (only when manifests are on: nothing else needs them).
-    files_before: Vec<manifest::LiveFile>,
+    before: Before,
     after: DeltaTable,
 }
 
 /// The state a commit attempt starts from.
 struct Attempt<'a> {
+    batch: &'a Batch<'a>,
     base_plan: &'a MergePlan,
     files: &'a [String],
     extras: &'a MergeExtras,
@@ -90,20 +100,22 @@ impl Engine {
             delete_unmatched_below: batch.delete_unmatched_below.clone(),
         };
         let attempt = Attempt {
+            batch,
             base_plan: &base_plan,
             files: &files,
             extras: &extras,
         };
         let mut retry = Retry::new(&table.name, table.max_commit_attempts);
+        let mut first_read: Option<Before> = None;
         let committed = loop {
             let res = self
                 .try_merge(
                     table,
-                    batch,
                     &attempt,
                     loaded.take(),
                     &mut tombstones,
                     &mut report,
+                    &mut first_read,
                 )
                 .await;
             match res {
@@ -116,7 +128,7 @@ impl Engine {
             let t = Instant::now();
             let for_catalog = table.catalog.is_some().then(|| c.after.clone());
             if table.manifests {
-                self.update_manifests(table, &c.files_before, c.after, &mut report)
+                self.update_manifests(table, &c.before.files, c.after, &mut report)
                     .await;
             }
             report.phases_ms.manifests = ms_since(t);
@@ -127,8 +139,8 @@ impl Engine {
                     .after_commit(
                         table,
                         false,
-                        c.schema_before.as_ref(),
-                        &c.files_before,
+                        c.before.schema.as_ref(),
+                        &c.before.files,
                         &after,
                     )
                     .await;
@@ -171,12 +183,13 @@ impl Engine {
     async fn try_merge(
         &self,
         table: &TableConfig,
-        batch: &Batch<'_>,
         a: &Attempt<'_>,
         loaded: Option<DeltaTable>,
         tombstones: &mut Tombstones<'_>,
         report: &mut TableReport,
+        first_read: &mut Option<Before>,
     ) -> Result<Option<Committed>> {
+        let batch = a.batch;
         let t = Instant::now();
         let target = match loaded {
             Some(t) => t,
@@ -202,12 +215,17 @@ impl Engine {
             (hook.0)().await;
         }
         let read_version = target.version();
-        let schema_before = delta::arrow_schema(&target);
-        let before = if table.manifests {
-            manifest::live_files(&target)?
-        } else {
-            Vec::new()
-        };
+        if first_read.is_none() {
+            *first_read = Some(Before {
+                version: read_version,
+                schema: delta::arrow_schema(&target),
+                files: if table.manifests {
+                    manifest::live_files(&target)?
+                } else {
+                    Vec::new()
+                },
+            });
+        }
         let t = Instant::now();
         let append = match &a.extras.delete_unmatched_below {
             None => delta::append_predicate(table, &target, &plan).await?,
@@ -249,10 +267,13 @@ impl Engine {
         let applied = report.inserted + report.updated + report.deleted;
         report.skipped_stale = plan.batch.num_rows().saturating_sub(applied);
         report.version = target.version();
-        let committed = target.version() != read_version;
+        let before = first_read
+            .clone()
+            .ok_or_else(|| crate::error::Error::internal("no first read"))?;
+        // Any commit since the first read (this attempt's or an earlier one's).
+        let committed = target.version() != before.version;
         Ok(committed.then_some(Committed {
-            schema_before,
-            files_before: before,
+            before,
             after: target,
         }))
     }

@@ -168,6 +168,9 @@ pub struct Handled {
     pub report: ProcessReport,
     /// Message ids to report as failed (SQS), with reasons.
     pub failed_messages: Vec<(Option<String>, String)>,
+    /// FIFO messages whose files cannot be merged (not retryable), moved to the dead-letter
+    /// queue so that they do not hold up their table: (message id, reason).
+    pub dead_lettered: Vec<(String, String)>,
 }
 
 impl Handled {
@@ -203,6 +206,16 @@ impl Handled {
 
 /// Parse the event, merge every announced file, and work out which messages failed.
 pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, FunctionError> {
+    handle_with(engine, None, event).await
+}
+
+/// [`handle`], moving FIFO messages that cannot be merged to the dead-letter queue when
+/// `queues` says so (see [`super::queues`]).
+pub async fn handle_with(
+    engine: &Engine,
+    queues: Option<&super::queues::Queues>,
+    event: &Value,
+) -> Result<Handled, FunctionError> {
     let inv = parse(event).map_err(FunctionError::Event)?;
     let mut all = Vec::new();
     for m in &inv.messages {
@@ -211,19 +224,23 @@ pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, FunctionE
         }
     }
     let report = engine.process(&all).await;
-    let errors: HashMap<&Url, String> = report
+    let errors: HashMap<&Url, (String, bool)> = report
         .files
         .iter()
         .filter_map(|f| match &f.status {
-            FileStatus::Failed { error, .. } => Some((&f.file, error.to_string())),
+            FileStatus::Failed { error, .. } => {
+                Some((&f.file, (error.to_string(), error.is_retryable())))
+            }
             _ => None,
         })
         .collect();
-    let errors: HashMap<Url, &String> = all
+    let errors: HashMap<Url, &(String, bool)> = all
         .iter()
         .filter_map(|o| errors.get(&engine.resolve(o)).map(|e| (o.clone(), e)))
         .collect();
+    let dead_letters = queues.is_some_and(|q| q.dead_letters(event));
     let mut failed = Vec::new();
+    let mut dead_lettered = Vec::new();
     for m in &inv.messages {
         match &m.objects {
             Err(reason) => {
@@ -231,13 +248,30 @@ pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, FunctionE
                 failed.push((m.id.clone(), reason.clone()));
             }
             Ok(objs) => {
-                let reasons: Vec<&str> = objs
-                    .iter()
-                    .filter_map(|o| errors.get(o).map(|e| e.as_str()))
-                    .collect();
-                if !reasons.is_empty() {
-                    failed.push((m.id.clone(), reasons.join("; ")));
+                let errs: Vec<&(String, bool)> =
+                    objs.iter().filter_map(|o| errors.get(o).copied()).collect();
+                if errs.is_empty() {
+                    continue;
                 }
+                let reason = errs
+                    .iter()
+                    .map(|(e, _)| e.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let retryable = errs.iter().any(|(_, r)| *r);
+                if let (true, false, Some(q), Some(id)) = (dead_letters, retryable, queues, &m.id) {
+                    match q.dead_letter(event, id, &reason).await {
+                        Ok(()) => {
+                            tracing::error!(message_id = %id, error = %reason, "moved to the dead-letter queue (cannot be merged; its table goes on)");
+                            dead_lettered.push((id.clone(), reason));
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::error!(message_id = %id, error = %e, "could not move the message to the dead-letter queue; reporting it failed");
+                        }
+                    }
+                }
+                failed.push((m.id.clone(), reason));
             }
         }
     }
@@ -245,6 +279,7 @@ pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, FunctionE
         trigger: inv.trigger,
         report,
         failed_messages: failed,
+        dead_lettered,
     })
 }
 

@@ -5,6 +5,7 @@
 
 pub mod events;
 pub mod metrics;
+pub mod queues;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
