@@ -1,5 +1,7 @@
 //! CloudWatch Embedded Metric Format (EMF) lines: printed to stdout by the Lambdas, they
-//! become metrics (namespace `tributary`, dimension `Table`) that alarms can watch.
+//! become metrics that alarms can watch: per table (dimension `Table`) and, for alarms on
+//! any table, without dimension. The namespace is `TRIBUTARY_METRICS_NAMESPACE` (the
+//! template sets `tributary/<stack>`, so that two stacks stay apart), else `tributary`.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +10,16 @@ use serde_json::{json, Map, Value};
 use crate::engine::{FileStatus, ProcessReport};
 use crate::maintenance::{MaintenanceReport, Summary};
 
+/// The namespace when `TRIBUTARY_METRICS_NAMESPACE` is not set.
 pub const NAMESPACE: &str = "tributary";
+
+/// The metrics' namespace.
+pub fn namespace() -> String {
+    std::env::var("TRIBUTARY_METRICS_NAMESPACE")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| NAMESPACE.to_string())
+}
 
 const COUNT: &str = "Count";
 const MS: &str = "Milliseconds";
@@ -21,8 +32,9 @@ fn document(table: &str, now_ms: i64, metrics: &[(&str, &str, u64)]) -> Value {
         json!({
             "Timestamp": now_ms,
             "CloudWatchMetrics": [{
-                "Namespace": NAMESPACE,
-                "Dimensions": [["Table"]],
+                "Namespace": namespace(),
+                // per table, and the same values without dimension (summed over tables)
+                "Dimensions": [["Table"], []],
                 "Metrics": metrics.iter().map(|(n, u, _)| json!({"Name": n, "Unit": u})).collect::<Vec<_>>(),
             }]
         }),
@@ -160,5 +172,10 @@ mod tests {
         let declared = &d["_aws"]["CloudWatchMetrics"][0]["Metrics"];
         assert_eq!(declared[1], json!({"Name": "B", "Unit": "Milliseconds"}));
         assert_eq!(d["_aws"]["Timestamp"], 7);
+        // per table, and without dimension (what an alarm over all tables watches)
+        assert_eq!(
+            d["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["Table"], []])
+        );
     }
 }
