@@ -182,6 +182,24 @@ impl Storage {
         Ok(store)
     }
 
+    /// The object's version tag (ETag, or what the local file system derives from the file),
+    /// `None` when the store gives none.
+    pub(crate) async fn version_tag(&self, url: &Url) -> Result<Option<String>> {
+        let store = self.store(url)?;
+        let path = object_path(url)?;
+        let meta = store
+            .head(&path)
+            .await
+            .map_err(|e| Error::storage(display(url), e))?;
+        Ok(meta.e_tag.or_else(|| {
+            Some(format!(
+                "{}-{}",
+                meta.last_modified.timestamp_micros(),
+                meta.size
+            ))
+        }))
+    }
+
     /// Read a whole object into memory.
     pub async fn get(&self, url: &Url) -> Result<Bytes> {
         let store = self.store(url)?;

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -29,7 +30,7 @@ ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
 REGION = "us-east-1"
 CREDS = dict(aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION)
 TIMINGS = []
-TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist", "cat", "big"]
+TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist", "cat", "big", "known"]
 GLUE_DATABASE = "tributary_e2e"
 # Glue entries for the table and its history table (the database created on first use).
 CATALOG_TABLE = """[table.catalog]
@@ -276,6 +277,8 @@ class Functions:
             f"AWS_ENDPOINT_URL_GLUE={glue.endpoint}", "TRIBUTARY_SPILL_MB=0.4",
             f"TRIBUTARY_ROUTE_TO={stack.fifo_url}", f"TRIBUTARY_ROUTE_FROM={stack.route_arn}",
             f"TRIBUTARY_DEAD_LETTER_TO={stack.dead_url}",
+            # configuration uploads in force at the next invocation (test_reload.py)
+            "TRIBUTARY_CONFIG_CHECK_SECONDS=0",
         ])
         (ROOT / "target").mkdir(exist_ok=True)
         self.log = open(ROOT / "target" / "e2e-cargo-lambda.log", "w")
@@ -298,9 +301,12 @@ class Functions:
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/2015-03-31/functions/{function}/invocations",
             data=json.dumps(event).encode(), method="POST")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read()
-            error = resp.headers.get("X-Amz-Function-Error")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                body = resp.read()
+                error = resp.headers.get("X-Amz-Function-Error")
+        except urllib.error.HTTPError as e:  # cargo lambda answers a function error with 500
+            body, error = e.read(), "Unhandled"
         payload = json.loads(body) if body else None
         return payload, error
 

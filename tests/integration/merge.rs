@@ -679,3 +679,130 @@ async fn a_catalog_failure_never_fails_a_merge() {
     );
     assert!(plain.merge_ok(&[f]).await.tables[0].catalog.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_configuration_is_picked_up_and_a_broken_one_is_not() {
+    use std::sync::Arc;
+    use tributary::lambda::live::LiveEngine;
+    use tributary::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    std::fs::write(&path, ITEMS_TABLE).unwrap();
+    let loc = path.to_str().unwrap().to_string();
+    let live = LiveEngine::new(
+        Engine::from_config_location(&loc).await.unwrap(),
+        &loc,
+        std::time::Duration::ZERO,
+        |l| {
+            let l = l.to_string();
+            Box::pin(async move { Engine::from_config_location(&l).await })
+        },
+    )
+    .await;
+    let first = live.engine().await;
+    assert_eq!(first.config().tables.len(), 1);
+    assert!(
+        Arc::ptr_eq(&first, &live.engine().await),
+        "unchanged: no reload"
+    );
+    // A second table uploaded: in force at the next invocation.
+    std::fs::write(
+        &path,
+        format!("{ITEMS_TABLE}\n[[table]]\nname = \"other\"\nsource = \"raw/other/\"\ntarget = \"curated/other\"\nprimary_key = [\"id\"]\n"),
+    )
+    .unwrap();
+    assert_eq!(live.engine().await.config().tables.len(), 2);
+    // A broken upload: logged, and the previous configuration stays in force.
+    std::fs::write(&path, "[[table]]\nname = 3\n").unwrap();
+    assert_eq!(live.engine().await.config().tables.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_of_a_table_just_added_is_neither_ignored_nor_lost() {
+    use tributary::lambda::live::LiveEngine;
+    use tributary::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.toml");
+    let table = |name: &str| {
+        format!("[[table]]\nname = \"{name}\"\nsource = \"s3://raw/dms/{name}/\"\ntarget = \"curated/{name}\"\nprimary_key = [\"id\"]\n")
+    };
+    let event = |table: &str| {
+        serde_json::json!({"Records":[{"eventSource":"aws:s3","eventTime":"2024-01-01T00:00:00Z",
+            "eventName":"ObjectCreated:Put","s3":{"bucket":{"name":"raw"},"object":{"key":format!("dms/{table}/1.parquet")}}}]})
+    };
+    std::fs::write(&path, table("a")).unwrap();
+    let loc = path.to_str().unwrap().to_string();
+    // Checks due only once an hour: what follows is forced by the files.
+    let live = LiveEngine::new(
+        Engine::from_config_location(&loc).await.unwrap(),
+        &loc,
+        std::time::Duration::from_secs(3600),
+        |l| {
+            let l = l.to_string();
+            Box::pin(async move { Engine::from_config_location(&l).await })
+        },
+    )
+    .await;
+    // A prefix no configuration has: the configuration in force decides (ignored later).
+    assert_eq!(
+        live.engine_for(&event("b"))
+            .await
+            .unwrap()
+            .config()
+            .tables
+            .len(),
+        1
+    );
+    // Table b added: its first file brings the new configuration in at once.
+    std::fs::write(&path, format!("{}{}", table("a"), table("b"))).unwrap();
+    assert_eq!(
+        live.engine_for(&event("a"))
+            .await
+            .unwrap()
+            .config()
+            .tables
+            .len(),
+        1,
+        "not due"
+    );
+    assert_eq!(
+        live.engine_for(&event("b"))
+            .await
+            .unwrap()
+            .config()
+            .tables
+            .len(),
+        2
+    );
+    // A broken configuration: files of known tables go on; a file no table owns fails
+    // (retried until the configuration is fixed) instead of being ignored.
+    std::fs::write(
+        &path,
+        format!("{}{}{}x", table("a"), table("b"), table("c")),
+    )
+    .unwrap();
+    assert_eq!(
+        live.engine_for(&event("a"))
+            .await
+            .unwrap()
+            .config()
+            .tables
+            .len(),
+        2
+    );
+    let err = live.engine_for(&event("c")).await.unwrap_err().to_string();
+    assert!(
+        err.contains("s3://raw/dms/c/1.parquet") && err.contains("does not load"),
+        "{err}"
+    );
+    std::fs::write(&path, format!("{}{}{}", table("a"), table("b"), table("c"))).unwrap();
+    assert_eq!(
+        live.engine_for(&event("c"))
+            .await
+            .unwrap()
+            .config()
+            .tables
+            .len(),
+        3
+    );
+}

@@ -46,6 +46,23 @@ fn document(table: &str, now_ms: i64, metrics: &[(&str, &str, u64)]) -> Value {
     Value::Object(doc)
 }
 
+/// The document counting one rejected configuration change (`ConfigRejected`, no
+/// dimension): an uploaded configuration that does not load, while the previous one stays
+/// in force.
+pub fn config_rejected_emf(now_ms: i64) -> Value {
+    json!({
+        "_aws": {
+            "Timestamp": now_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": namespace(),
+                "Dimensions": [[]],
+                "Metrics": [{"Name": "ConfigRejected", "Unit": COUNT}],
+            }]
+        },
+        "ConfigRejected": 1,
+    })
+}
+
 /// One EMF document per table touched by a merge call.
 pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
     #[derive(Default)]

@@ -4,6 +4,7 @@
 //! diagnostic with the `lambda` feature).
 
 pub mod events;
+pub mod live;
 pub mod metrics;
 pub mod queues;
 
@@ -28,12 +29,22 @@ pub fn init_tracing() {
 /// Load and validate the configuration named by `TRIBUTARY_CONFIG`; with
 /// `TRIBUTARY_LOCAL_S3_ROOT`, serve `s3://bucket/key` from `<root>/bucket/key` (local loop).
 pub async fn engine_from_env() -> Result<Engine> {
-    let location = std::env::var("TRIBUTARY_CONFIG").map_err(|_| {
+    engine_at(&config_location()?).await
+}
+
+/// `TRIBUTARY_CONFIG`.
+fn config_location() -> Result<String> {
+    std::env::var("TRIBUTARY_CONFIG").map_err(|_| {
         Error::config(
             "environment",
             "TRIBUTARY_CONFIG is not set: point it at the table configuration (s3://bucket/key or a file path)",
         )
-    })?;
+    })
+}
+
+/// The engine of the configuration at `location` (with `TRIBUTARY_LOCAL_S3_ROOT` applied).
+async fn engine_at(location: &str) -> Result<Engine> {
+    let location = location.to_string();
     let mut engine = Engine::from_config_location(&location).await?;
     if let Ok(root) = std::env::var("TRIBUTARY_LOCAL_S3_ROOT") {
         engine = engine.with_local_s3_root(root);
@@ -42,8 +53,9 @@ pub async fn engine_from_env() -> Result<Engine> {
     Ok(engine)
 }
 
-/// A function's life: JSON logs, the engine built once per cold start (a bad configuration
-/// fails the init with the reason), then `handler` for every invocation's payload.
+/// A function's life: JSON logs, the engine built at cold start (a bad configuration fails
+/// the init with the reason) and again when the configuration changes ([`live`]), then
+/// `handler` for every invocation's payload.
 #[cfg(feature = "lambda")]
 pub async fn run<F, Fut>(handler: F) -> std::result::Result<(), lambda_runtime::Error>
 where
@@ -51,10 +63,29 @@ where
     Fut: std::future::Future<Output = std::result::Result<serde_json::Value, FunctionError>>,
 {
     init_tracing();
-    let engine = std::sync::Arc::new(engine_from_env().await?);
+    let location = config_location()?;
+    let engine = engine_at(&location).await?;
+    let live = std::sync::Arc::new(
+        live::LiveEngine::new(
+            engine,
+            &location,
+            live::LiveEngine::interval_from_env(),
+            |l| {
+                let l = l.to_string();
+                Box::pin(async move { engine_at(&l).await })
+            },
+        )
+        .await,
+    );
+    let handler = std::sync::Arc::new(handler);
     lambda_runtime::run(lambda_runtime::service_fn(
         move |ev: lambda_runtime::LambdaEvent<serde_json::Value>| {
-            handler(engine.clone(), ev.payload)
+            let live = live.clone();
+            let handler = handler.clone();
+            async move {
+                let engine = live.engine_for(&ev.payload).await?;
+                handler(engine, ev.payload).await
+            }
         },
     ))
     .await

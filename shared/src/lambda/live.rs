@@ -1,0 +1,214 @@
+//! The configuration in force, picked up again when it changes: warm function instances
+//! live for hours, and an uploaded configuration must not wait for their cold start. At most
+//! every `TRIBUTARY_CONFIG_CHECK_SECONDS` (default 60) an invocation asks the store for the
+//! object's version tag (a HEAD request, no download); a new tag loads, validates and swaps
+//! the engine. A new configuration that does not load is logged as an error and the
+//! previous one stays in force (a bad upload does not stop the merges); metric
+//! `ConfigRejected` counts such checks, for an alarm.
+//!
+//! A file that no table of the configuration in force owns would be ignored; it may belong
+//! to a table just added, so such an invocation checks at once, whatever the interval
+//! ([`LiveEngine::engine_for`]). If the newest configuration does not load, the invocation
+//! fails instead of ignoring the file (retried, then dead-lettered: not lost).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use url::Url;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+
+/// The engine of the configuration in force.
+#[derive(Debug)]
+pub struct LiveEngine {
+    location: String,
+    url: Option<Url>,
+    every: Duration,
+    storage: Storage,
+    state: Mutex<State>,
+    /// Serialises reloads (one at a time; the others keep using the current engine).
+    reloading: tokio::sync::Mutex<()>,
+    build: fn(&str) -> BuildFuture,
+}
+
+/// What building an engine returns.
+pub type BuildFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Engine>> + Send>>;
+
+#[derive(Debug)]
+struct State {
+    engine: Arc<Engine>,
+    tag: Option<String>,
+    checked: Instant,
+    /// The newest version seen, when it does not load, and why.
+    rejected: Option<(Option<String>, String)>,
+}
+
+/// The configuration's URL (`s3://`, `file://`, or a local path).
+fn config_url(location: &str) -> Option<Url> {
+    if location.contains("://") {
+        return Url::parse(location).ok();
+    }
+    let p = std::path::Path::new(location);
+    let abs = std::fs::canonicalize(p).ok()?;
+    Url::from_file_path(abs).ok()
+}
+
+impl LiveEngine {
+    /// Start from `engine`, built from the configuration at `location`; `build` makes a new
+    /// engine from it when it changes (the functions: [`super::engine_from_env`]'s way).
+    pub async fn new(
+        engine: Engine,
+        location: &str,
+        every: Duration,
+        build: fn(&str) -> BuildFuture,
+    ) -> Self {
+        let url = config_url(location);
+        let storage = Storage::new();
+        let tag = match &url {
+            Some(u) => storage.version_tag(u).await.ok().flatten(),
+            None => None,
+        };
+        tracing::info!(config = %location, version = tag.as_deref().unwrap_or("-"), tables = engine.config().tables.len(), "configuration in force");
+        LiveEngine {
+            location: location.to_string(),
+            url,
+            every,
+            storage,
+            state: Mutex::new(State {
+                engine: Arc::new(engine),
+                tag,
+                checked: Instant::now(),
+                rejected: None,
+            }),
+            reloading: tokio::sync::Mutex::new(()),
+            build,
+        }
+    }
+
+    /// The check interval from `TRIBUTARY_CONFIG_CHECK_SECONDS` (default 60; 0 checks on
+    /// every invocation).
+    pub fn interval_from_env() -> Duration {
+        let secs = std::env::var("TRIBUTARY_CONFIG_CHECK_SECONDS")
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|v| *v >= 0.0)
+            .unwrap_or(60.0);
+        Duration::from_secs_f64(secs)
+    }
+
+    fn current_engine(&self) -> Arc<Engine> {
+        match self.state.lock() {
+            Ok(s) => s.engine.clone(),
+            Err(p) => p.into_inner().engine.clone(),
+        }
+    }
+
+    /// The engine to serve this invocation with, after a check when one is due.
+    pub async fn engine(&self) -> Arc<Engine> {
+        let due = self
+            .state
+            .lock()
+            .map(|s| s.checked.elapsed() >= self.every)
+            .unwrap_or(true);
+        if !due {
+            return self.current_engine();
+        }
+        let Ok(_guard) = self.reloading.try_lock() else {
+            return self.current_engine();
+        };
+        self.check_logged().await;
+        self.current_engine()
+    }
+
+    /// The engine for an invocation with this payload: [`Self::engine`], and when the
+    /// payload announces a file that no table of the configuration in force owns, a check
+    /// now (the file may belong to a table just added). An error when such a file remains
+    /// unowned while a newer configuration exists that does not load: whether the file is
+    /// to be merged cannot be known until that configuration is fixed.
+    pub async fn engine_for(&self, payload: &serde_json::Value) -> Result<Arc<Engine>> {
+        let engine = self.engine().await;
+        let Some(unowned) = unowned(&engine, payload) else {
+            return Ok(engine);
+        };
+        {
+            let _guard = self.reloading.lock().await;
+            self.check_logged().await;
+        }
+        let engine = self.current_engine();
+        if self::unowned(&engine, payload).is_none() {
+            return Ok(engine);
+        }
+        let rejected = match self.state.lock() {
+            Ok(s) => s.rejected.clone(),
+            Err(p) => p.into_inner().rejected.clone(),
+        };
+        match rejected {
+            None => Ok(engine),
+            Some((_, why)) => Err(Error::config(
+                &self.location,
+                format!(
+                    "no table of the configuration in force owns {unowned}, and the newer configuration does not load ({why}); the file is not ignored while that is so: fix the configuration and the retried message is merged or ignored by it"
+                ),
+            )),
+        }
+    }
+
+    async fn check_logged(&self) {
+        if let Err(e) = self.check().await {
+            tracing::error!(config = %self.location, error = %e, kind = e.kind(), "the configuration changed but does not load; the previous one stays in force");
+            println!("{}", super::metrics::config_rejected_emf(super::now_ms()));
+        }
+    }
+
+    async fn check(&self) -> Result<()> {
+        let Some(url) = &self.url else {
+            return Ok(());
+        };
+        let tag = self.storage.version_tag(url).await?;
+        let known = {
+            let mut s = self
+                .state
+                .lock()
+                .map_err(|_| Error::internal("configuration state poisoned"))?;
+            s.checked = Instant::now();
+            if tag == s.tag {
+                s.rejected = None;
+            }
+            s.tag.clone()
+        };
+        if tag == known {
+            return Ok(());
+        }
+        let engine = match (self.build)(&self.location).await {
+            Ok(e) => e,
+            Err(e) => {
+                if let Ok(mut s) = self.state.lock() {
+                    s.rejected = Some((tag, e.to_string()));
+                }
+                return Err(e);
+            }
+        };
+        tracing::info!(config = %self.location, version = tag.as_deref().unwrap_or("-"), previous = known.as_deref().unwrap_or("-"), tables = engine.config().tables.len(), "configuration changed: now in force");
+        let mut s = self
+            .state
+            .lock()
+            .map_err(|_| Error::internal("configuration state poisoned"))?;
+        s.engine = Arc::new(engine);
+        s.tag = tag;
+        s.rejected = None;
+        Ok(())
+    }
+}
+
+/// The first file the payload announces that no table of `engine`'s configuration owns.
+fn unowned(engine: &Engine, payload: &serde_json::Value) -> Option<String> {
+    let inv = super::events::parse(payload).ok()?;
+    inv.messages
+        .iter()
+        .filter_map(|m| m.objects.as_ref().ok())
+        .flatten()
+        .find(|f| engine.config().table_for(&engine.resolve(f)).is_none())
+        .map(crate::storage::display)
+}
