@@ -20,6 +20,8 @@ pub(crate) const SEQUENCE_KINDS: &str = "tributary.sequenceKinds";
 pub(crate) const LOAD_TRACKING: &str = "tributary.loadTracking";
 pub(crate) const GENERATION: &str = "tributary.generation";
 pub(crate) const TOMBSTONE_HORIZON: &str = "tributary.tombstoneHorizon";
+/// Delta's own property that turns the change data feed on.
+pub(crate) const CHANGE_DATA_FEED: &str = "delta.enableChangeDataFeed";
 
 fn generation_start_key(g: u32) -> String {
     format!("tributary.generation.{g}.start")
@@ -37,6 +39,8 @@ pub struct TableProps {
     /// Tombstones recorded up to this time may have been expired by maintenance: a file
     /// written before it could revive a deleted row and is refused.
     pub tombstone_horizon: Option<DateTime<Utc>>,
+    /// `delta.enableChangeDataFeed` is on.
+    pub change_data_feed: bool,
 }
 
 impl TableProps {
@@ -60,6 +64,9 @@ impl TableProps {
             load_tracking: conf.get(LOAD_TRACKING).is_some_and(|v| v == "true"),
             generations,
             tombstone_horizon: conf.get(TOMBSTONE_HORIZON).and_then(|v| rfc3339(v)),
+            change_data_feed: conf
+                .get(CHANGE_DATA_FEED)
+                .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         }
     }
 
@@ -99,6 +106,11 @@ impl TableProps {
     /// The property that moves the tombstone horizon to `t`.
     pub fn for_horizon(t: DateTime<Utc>) -> HashMap<String, String> {
         HashMap::from([(TOMBSTONE_HORIZON.to_string(), format_time(t))])
+    }
+
+    /// The property that turns the change data feed on.
+    pub fn for_change_data_feed() -> HashMap<String, String> {
+        HashMap::from([(CHANGE_DATA_FEED.to_string(), "true".to_string())])
     }
 
     /// The properties that record sequence kinds on a table that has none yet.

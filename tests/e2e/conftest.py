@@ -30,7 +30,7 @@ ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
 REGION = "us-east-1"
 CREDS = dict(aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION)
 TIMINGS = []
-TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist", "cat", "big", "known"]
+TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist", "cat", "big", "known", "cdf"]
 GLUE_DATABASE = "tributary_e2e"
 # Glue entries for the table and its history table (the database created on first use).
 CATALOG_TABLE = """[table.catalog]
@@ -149,7 +149,8 @@ def stack(aws):
              "burst": f'[table.catalog]\ndatabase = "{GLUE_DATABASE}"\ncreate_database = true\n',
              # large files: merged in slices of 50k rows (and, with TRIBUTARY_SPILL_MB=0.4 below,
              # streamed to a temporary file instead of memory)
-             "big": "slice_rows = 50000\n"}
+             "big": "slice_rows = 50000\n",
+             "cdf": "change_data_feed = true\n"}
     config = "".join(table_config(raw, curated, t, extra.get(t, "")) for t in TABLES)
     config += table_config(raw, curated, "serial").replace(f"s3://{raw}/dms/serial/", f"s3://{raw}/fifo/serial/")
     aws.s3.put_object(Bucket=curated, Key="config/tributary.toml", Body=config.encode())

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import dms
+import pyarrow
 from conftest import ROOT, TABLES, catalog_partitions, manifests_exact, read_history, read_table, record_timing
 
 
@@ -185,6 +186,29 @@ def test_history_table_from_files_in_reverse_order(aws, stack, poller):
         f"history has {len(read_history(stack, 'hist'))} versions, the model {len(want)}"
     closed = [v for v in want if not v[4]]
     assert closed, "the scenario has updates and deletes"
+
+
+def test_change_data_feed_read_back_by_another_reader(aws, stack, poller):
+    """`change_data_feed = true`: Python deltalake's CDF reader (`load_cdf`) sees each
+    merge's inserts, updates and deletes; replayed from an empty table they give the
+    source state."""
+    source = dms.Source(seed=9)
+    files = dms.seed_files(source, full_load_rows=1500, new_rows=60)
+    start = time.time()
+    upload(aws, stack, "cdf", files)
+    converge(aws, stack, poller, "cdf", source.state(), "change data feed", start, batch=1)
+    dt, _ = read_table(stack, "cdf")
+    assert dt.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
+    feed = pyarrow.table(dt.load_cdf(starting_version=0).read_all()).to_pylist()
+    kinds = {r["_change_type"] for r in feed}
+    assert {"insert", "update_postimage", "delete"} <= kinds, kinds
+    state = {}
+    for r in sorted(feed, key=lambda r: r["_commit_version"]):
+        if r["_change_type"] in ("insert", "update_postimage"):
+            state[r["trip_id"]] = (r["route_id"], r["destination"], r["source_location"])
+        elif r["_change_type"] == "delete":
+            state.pop(r["trip_id"], None)
+    assert state == source.state(), f"replayed feed: {len(state)} rows, source {len(source.state())}"
 
 
 def test_large_files_spilled_to_disk_and_merged_in_slices(aws, stack, poller, functions):

@@ -806,3 +806,139 @@ async fn a_file_of_a_table_just_added_is_neither_ignored_nor_lost() {
         3
     );
 }
+
+/// The change data feed of `table` from `version` on, read with delta-rs's CDF reader:
+/// (commit version, change type, row), in commit order.
+async fn change_feed(table: &url::Url, version: u64) -> Vec<(i64, String, Row)> {
+    use std::sync::Arc;
+    use tributary::deltalake::arrow::array::AsArray;
+    use tributary::deltalake::arrow::compute::cast;
+    use tributary::deltalake::arrow::datatypes::{DataType, Int64Type};
+    use tributary::deltalake::datafusion::prelude::SessionContext;
+    use tributary::deltalake::delta_datafusion::DeltaCdfTableProvider;
+    let t = delta::open(table, &Default::default()).await.unwrap();
+    let provider =
+        DeltaCdfTableProvider::try_new(t.scan_cdf().with_starting_version(version as _)).unwrap();
+    let ctx = SessionContext::new();
+    ctx.register_table("cdf", Arc::new(provider)).unwrap();
+    let batches = ctx
+        .sql("SELECT _commit_version, _change_type, id, part, val FROM cdf")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for b in batches {
+        let col = |i: usize, ty: &DataType| cast(b.column(i), ty).unwrap();
+        let (v, kind, id, part, val) = (
+            col(0, &DataType::Int64),
+            col(1, &DataType::Utf8),
+            col(2, &DataType::Int64),
+            col(3, &DataType::Utf8),
+            col(4, &DataType::Int64),
+        );
+        for i in 0..b.num_rows() {
+            out.push((
+                v.as_primitive::<Int64Type>().value(i),
+                kind.as_string::<i32>().value(i).to_string(),
+                (
+                    id.as_primitive::<Int64Type>().value(i),
+                    part.as_string::<i32>().value(i).to_string(),
+                    val.as_primitive::<Int64Type>().value(i),
+                ),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_change_data_feed_replays_to_the_table() {
+    let fx = Fixture::items();
+    let table = fx.url("curated/items");
+    let load = fx.put_items(
+        "LOAD00000001.parquet",
+        &[
+            c('I', "2024-01-01 09:00:00.000000", 1, "a", 10),
+            c('I', "2024-01-01 09:00:00.000000", 2, "a", 20),
+            c('I', "2024-01-01 09:00:00.000000", 3, "b", 30),
+        ],
+    );
+    fx.merge_ok(&[load]).await;
+    let before = fx.items_rows().await;
+    let v0 = delta::open(&table, &Default::default())
+        .await
+        .unwrap()
+        .version()
+        .unwrap();
+    assert!(
+        !delta::props(&delta::open(&table, &Default::default()).await.unwrap()).change_data_feed
+    );
+    // The option turned on for the existing table: the next merge turns the feed on first.
+    std::fs::write(
+        fx.path("tributary.toml"),
+        format!("{ITEMS_TABLE}change_data_feed = true\n"),
+    )
+    .unwrap();
+    let on = Fixture {
+        dir: tempfile::tempdir().unwrap(),
+        engine: fx.another_engine(),
+    };
+    let cdc = fx.put_items(
+        "2024/01/01/20240101-0800000000.parquet",
+        &[
+            c('U', "2024-01-01 08:00:00.000001", 1, "a", 11),
+            c('D', "2024-01-01 08:00:00.000002", 2, "a", 20),
+            c('I', "2024-01-01 08:00:00.000003", 4, "b", 40),
+        ],
+    );
+    on.merge_ok(&[cdc]).await;
+    // Inserts of new keys only (the append path: add actions, no change files).
+    let new = fx.put_items(
+        "2024/01/01/20240101-0900000000.parquet",
+        &[
+            c('I', "2024-01-01 09:00:00.000001", 7, "a", 70),
+            c('I', "2024-01-01 09:00:00.000002", 8, "b", 80),
+        ],
+    );
+    on.merge_ok(&[new]).await;
+    assert!(
+        delta::props(&delta::open(&table, &Default::default()).await.unwrap()).change_data_feed
+    );
+    let feed = change_feed(&table, v0 + 1).await;
+    let kinds = |id: i64| -> Vec<&str> {
+        feed.iter()
+            .filter(|(_, _, r)| r.0 == id)
+            .map(|(_, k, _)| k.as_str())
+            .collect()
+    };
+    assert_eq!(kinds(1), vec!["update_postimage", "update_preimage"]);
+    assert_eq!(kinds(2), vec!["delete"]);
+    assert_eq!(
+        kinds(3),
+        Vec::<&str>::new(),
+        "untouched rows are not in the feed"
+    );
+    assert_eq!(kinds(4), vec!["insert"]);
+    assert_eq!(kinds(7), vec!["insert"]);
+    // Replaying the feed on the rows before gives the table.
+    let mut state: std::collections::BTreeMap<i64, Row> =
+        before.into_iter().map(|r| (r.0, r)).collect();
+    for (_, kind, row) in &feed {
+        match kind.as_str() {
+            "insert" | "update_postimage" => {
+                state.insert(row.0, row.clone());
+            }
+            "delete" => {
+                state.remove(&row.0);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        state.into_values().collect::<Vec<_>>(),
+        fx.items_rows().await
+    );
+}

@@ -95,6 +95,9 @@ pub struct TableConfig {
     pub slice_bytes: usize,
     /// Keep `_symlink_format_manifest` up to date after every merge (Athena / Spectrum).
     pub manifests: bool,
+    /// Turn on Delta's change data feed (`delta.enableChangeDataFeed`): each merge's
+    /// inserts, updates and deletes readable with `table_changes` / `load_cdf`.
+    pub change_data_feed: bool,
     pub maintenance: MaintenanceConfig,
     /// The history (SCD type 2) output, when configured.
     pub history: Option<HistoryConfig>,

@@ -50,6 +50,7 @@ macro_rules! with_tuning_fields {
             op_column: Option<String>,
             sequence_column: Option<String>,
             manifests: Option<bool>,
+            change_data_feed: Option<bool>,
             target_file_size_mb: Option<f64>,
             vacuum_retention_hours: Option<f64>,
             min_vacuum_retention_hours: Option<f64>,
@@ -130,6 +131,7 @@ impl RawTable {
             op_column: self.op_column.clone(),
             sequence_column: self.sequence_column.clone(),
             manifests: self.manifests,
+            change_data_feed: self.change_data_feed,
             target_file_size_mb: self.target_file_size_mb,
             vacuum_retention_hours: self.vacuum_retention_hours,
             min_vacuum_retention_hours: self.min_vacuum_retention_hours,
@@ -202,6 +204,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         None => None,
     };
     let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
+    let change_data_feed = pick(&tuning.change_data_feed, &d.change_data_feed).unwrap_or(false);
     let catalog = catalog(
         &t.name,
         tuning.catalog.as_ref(),
@@ -251,6 +254,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         slice_rows,
         slice_bytes: (slice_mb * 1024.0 * 1024.0) as usize,
         manifests,
+        change_data_feed,
         maintenance,
         history,
         catalog,

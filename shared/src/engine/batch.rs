@@ -203,6 +203,7 @@ impl Engine {
             }
         };
         let target = record_kinds(target, batch).await?;
+        let target = enable_change_data_feed(table, target).await?;
         report.phases_ms.load_table = ms_since(t);
         let t = Instant::now();
         let mut plan = a.base_plan.clone();
@@ -288,13 +289,17 @@ impl Engine {
             Some(k) => k.iter().copied().map(Some).collect(),
             None => vec![None; table.sequence_by.len()],
         };
+        let mut props = TableProps::for_new_table(&kinds);
+        if table.change_data_feed {
+            props.extend(TableProps::for_change_data_feed());
+        }
         delta::open_or_create(
             &table.target,
             &self.options,
             &table.name,
             &plan.table_schema(),
             &table.partition_by,
-            TableProps::for_new_table(&kinds),
+            props,
         )
         .await
     }
@@ -349,6 +354,17 @@ async fn record_kinds(target: DeltaTable, batch: &Batch<'_>) -> Result<DeltaTabl
         return Ok(target);
     }
     delta::set_properties(target, TableProps::for_kinds(kinds)).await
+}
+
+/// `change_data_feed = true` on a table that does not have the feed on yet: turned on (a
+/// metadata commit) before this merge, so that the merge's changes are in the feed. Never
+/// turned off by tributary (a table property other tools may rely on).
+async fn enable_change_data_feed(table: &TableConfig, target: DeltaTable) -> Result<DeltaTable> {
+    if !table.change_data_feed || delta::props(&target).change_data_feed {
+        return Ok(target);
+    }
+    tracing::info!(table = %table.name, "turning on the change data feed (delta.enableChangeDataFeed)");
+    delta::set_properties(target, TableProps::for_change_data_feed()).await
 }
 
 /// Full-load files whose rows changed nothing produce no MERGE commit; their versions are
