@@ -942,3 +942,67 @@ async fn the_change_data_feed_replays_to_the_table() {
         fx.items_rows().await
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csv_with_a_header_in_the_full_load_only() {
+    let fx = Fixture::new(
+        r#"
+[[table]]
+name = "policies"
+source = "raw/ins/policies/"
+target = "curated/policies"
+primary_key = ["policy_id"]
+format = "csv"
+[table.csv]
+full_load_header = true
+cdc_header = false
+columns = [
+  { name = "policy_id", type = "int64" }, { name = "expiry_date", type = "date" },
+  { name = "location_name", type = "string" }, { name = "state_code", type = "string" },
+  { name = "region_name", type = "string" }, { name = "insured_value", type = "decimal(12,2)" },
+  { name = "business_type", type = "string" }, { name = "earthquake", type = "string" },
+  { name = "flood", type = "string" },
+]
+"#,
+    );
+    let fixture = |name: &str| {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/policies")
+            .join(name);
+        fx.put_raw("ins/policies", name, &std::fs::read(p).unwrap())
+    };
+    let load = fixture("LOAD00000001.csv");
+    let cdc = fixture("20181106-183011209.csv");
+    fx.merge_ok(&[load, cdc]).await;
+    let t = delta::open(&fx.url("curated/policies"), &Default::default())
+        .await
+        .unwrap();
+    let b = delta::query(&t, "SELECT policy_id, CAST(expiry_date AS VARCHAR) AS e, CAST(insured_value AS VARCHAR) AS v, business_type FROM t ORDER BY policy_id").await.unwrap();
+    let text = tributary::deltalake::arrow::util::pretty::pretty_format_batches(&b)
+        .unwrap()
+        .to_string();
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.contains("policy_id"))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            "| 100462    | 2022-01-01 | 1800000.00  | Retail        |",
+            "| 223238    | 2021-01-01 |             | Farming       |",
+            "| 333743    | 2021-01-01 | 17580000.00 | Office Bldg   |",
+            "| 400101    | 2022-06-30 | 250000.00   | Farming       |",
+        ],
+        "{text}"
+    );
+    // A CDC file with a header although the table says it has none: the header row is
+    // named as a bad row, not merged.
+    let with_header = fx.put_raw(
+        "ins/policies",
+        "20181106-190000000.csv",
+        b"Op,policy_id,expiry_date,location_name,state_code,region_name,insured_value,business_type,earthquake,flood\nU,100462,2023-01-01,Urban,NY,East,1,Retail,N,N\n",
+    );
+    let r = fx.engine.process(&[with_header.clone()]).await;
+    let e = Fixture::failure(&r, &with_header).to_string();
+    assert!(e.contains("20181106-190000000.csv, row 1"), "{e}");
+}

@@ -42,8 +42,11 @@ pub enum Format {
 /// How to read DMS CSV files.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CsvOptions {
-    /// Whether files start with a header row (DMS `AddColumnName=true`).
-    pub header: bool,
+    /// Whether full-load files start with a header row (DMS `AddColumnName=true`, or a
+    /// load exported with a header while the CDC feed has none).
+    pub full_load_header: bool,
+    /// Whether CDC files start with a header row.
+    pub cdc_header: bool,
     /// Field delimiter (DMS `CsvDelimiter`, default `,`).
     pub delimiter: u8,
     /// Quote character (DMS writes RFC 4180 quoting with `"`).
@@ -56,6 +59,16 @@ pub struct CsvOptions {
     /// Required without a header; with a header it gives types by name (others are read
     /// with the Delta table's type when the table exists, else as strings).
     pub columns: Vec<ColumnSpec>,
+}
+
+impl CsvOptions {
+    /// Whether files of this kind start with a header row.
+    pub(crate) fn header(&self, kind: crate::source::FileKind) -> bool {
+        match kind {
+            crate::source::FileKind::FullLoad => self.full_load_header,
+            crate::source::FileKind::Cdc => self.cdc_header,
+        }
+    }
 }
 
 /// A column name and its type, for CSV.
@@ -353,6 +366,11 @@ mod tests {
         assert!(e.contains("`primary_key` is empty"), "{e}");
         let e = err_with("format = \"csv\"\n[table.csv]\nheader = false");
         assert!(e.contains("needs csv.columns"), "{e}");
+        let e = err_with("format = \"csv\"\n[table.csv]\nheader = true\ncdc_header = false");
+        assert!(
+            e.contains("csv.cdc_header = false needs csv.columns"),
+            "{e}"
+        );
         let e = err_with("drop_columns = [\"id\"]");
         assert!(e.contains("cannot also be dropped"), "{e}");
         let e = err_with("primary_kee = [\"x\"]");

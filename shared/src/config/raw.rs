@@ -144,6 +144,10 @@ impl RawTable {
 struct RawCsv {
     #[serde(default)]
     header: bool,
+    /// Overrides `header` for full-load (`LOAD*`) files.
+    full_load_header: Option<bool>,
+    /// Overrides `header` for CDC files.
+    cdc_header: Option<bool>,
     delimiter: Option<String>,
     quote: Option<String>,
     null_value: Option<String>,
@@ -524,11 +528,19 @@ fn csv_options(raw: Option<RawCsv>) -> Msg<CsvOptions> {
         &columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
         "csv.columns",
     )?;
-    if !raw.header && columns.is_empty() {
-        return Err("csv.header = false needs csv.columns: list the file's columns after `Op`, in order, e.g. columns = [{ name = \"id\", type = \"int64\" }]".into());
+    let full_load_header = raw.full_load_header.unwrap_or(raw.header);
+    let cdc_header = raw.cdc_header.unwrap_or(raw.header);
+    if (!full_load_header || !cdc_header) && columns.is_empty() {
+        let which = match (full_load_header, cdc_header) {
+            (false, false) => "csv.header = false",
+            (false, true) => "csv.full_load_header = false",
+            _ => "csv.cdc_header = false",
+        };
+        return Err(format!("{which} needs csv.columns: list the file's columns after `Op`, in order, e.g. columns = [{{ name = \"id\", type = \"int64\" }}]"));
     }
     Ok(CsvOptions {
-        header: raw.header,
+        full_load_header,
+        cdc_header,
         delimiter,
         quote,
         null_value: raw.null_value.unwrap_or_else(|| "NULL".to_string()),

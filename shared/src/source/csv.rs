@@ -30,7 +30,7 @@ fn column_names(
     kind: FileKind,
     table: &TableConfig,
 ) -> Result<Vec<String>> {
-    if opts.header {
+    if opts.header(kind) {
         let format = arrow::csv::reader::Format::default()
             .with_header(true)
             .with_delimiter(opts.delimiter)
@@ -108,7 +108,7 @@ pub(super) fn batches(
     let null_regex = regex::Regex::new(&format!("^{}$", regex::escape(&opts.null_value)))
         .map_err(|e| bad(format!("the null marker cannot be matched: {e}")))?;
     let reader = arrow::csv::ReaderBuilder::new(text_schema.clone())
-        .with_header(opts.header)
+        .with_header(opts.header(kind))
         .with_delimiter(opts.delimiter)
         .with_quote(opts.quote)
         .with_null_regex(null_regex)

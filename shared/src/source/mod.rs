@@ -797,7 +797,8 @@ mod tests {
     fn classification_fails_unknown_files_and_ignores_only_folder_markers() {
         let p = Format::Parquet;
         let csv = Format::Csv(CsvOptions {
-            header: true,
+            full_load_header: true,
+            cdc_header: true,
             delimiter: b',',
             quote: b'"',
             null_value: "NULL".into(),
