@@ -1002,7 +1002,7 @@ columns = [
         "20181106-190000000.csv",
         b"Op,policy_id,expiry_date,location_name,state_code,region_name,insured_value,business_type,earthquake,flood\nU,100462,2023-01-01,Urban,NY,East,1,Retail,N,N\n",
     );
-    let r = fx.engine.process(&[with_header.clone()]).await;
+    let r = fx.engine.process(std::slice::from_ref(&with_header)).await;
     let e = Fixture::failure(&r, &with_header).to_string();
     assert!(e.contains("20181106-190000000.csv, row 1"), "{e}");
 }
