@@ -37,6 +37,7 @@ macro_rules! err {
 }
 
 mod demo_cmd;
+mod status_cmd;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -44,11 +45,25 @@ use clap::{Parser, Subcommand};
 use tributary::{demo, storage, Engine, FileStatus};
 use url::Url;
 
+const EXAMPLES: &str = "\
+Examples:
+  tributary demo                                          the walkthrough's scenario on a local folder
+  tributary status --config s3://curated/config/tributary.toml
+  tributary status --config tributary.toml orders --json
+  tributary merge --config tributary.toml s3://raw/dms/sales/orders/2024/05/01/20240501-1200000000.parquet
+  tributary merge --config tributary.toml s3://raw/dms/sales/orders/    every file under a prefix
+  tributary maintain --config tributary.toml              compact, checkpoint, vacuum, manifests
+  tributary reload --config tributary.toml orders         apply a DMS table reload
+  tributary catalog sync --config tributary.toml
+
+Configuration reference: docs/configuration.md";
+
 #[derive(Parser)]
 #[command(
     name = "tributary",
     version,
-    about = "Merge AWS DMS CDC files into Delta Lake tables"
+    about = "Merge AWS DMS CDC files into Delta Lake tables",
+    after_help = EXAMPLES
 )]
 struct Cli {
     /// Log filter for diagnostics on stderr (RUST_LOG syntax, e.g. `info` or `debug`).
@@ -126,6 +141,19 @@ enum Command {
         /// Tables to maintain (default: all).
         tables: Vec<String>,
     },
+    /// Each table's state: version and last commit, rows and files (small files), freshness
+    /// (the newest change applied and how far behind now it is), tombstones, whether the
+    /// symlink manifests match the live files, the catalog entries. Read only.
+    Status {
+        /// Table configuration (path or s3:// URI).
+        #[arg(long)]
+        config: String,
+        /// JSON (an array, one object per table) instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Tables to show (default: all).
+        tables: Vec<String>,
+    },
     /// The Glue Data Catalog entries of the tables with catalog settings.
     Catalog {
         #[command(subcommand)]
@@ -183,6 +211,11 @@ async fn run() -> Result<()> {
             tables,
         } => run_maintain(&config, force, &tables).await,
         Command::Reload { config, table } => run_reload(&config, &table).await,
+        Command::Status {
+            config,
+            json,
+            tables,
+        } => status_cmd::run(&config, &tables, json).await,
         Command::Catalog {
             command: CatalogCommand::Sync { config, tables },
         } => run_catalog_sync(&config, &tables).await,

@@ -40,6 +40,7 @@ mod props;
 pub mod reload;
 mod retry;
 mod source;
+pub mod status;
 pub mod storage;
 mod tombstones;
 

@@ -5,6 +5,9 @@ and a Glue outage that fails no merge and is repaired afterwards."""
 
 import decimal
 import io
+import json
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import dms
-from conftest import read_table, record_timing, storage_options
+from conftest import ENDPOINT, REGION, ROOT, read_table, record_timing, storage_options
 from deltalake import DeltaTable
 from test_pipeline import converge, upload
 
@@ -129,6 +132,34 @@ def test_catalog_follows_the_table(aws, stack, poller, functions, glue, source):
     assert report["entries_created"] == 2 and "error" not in report, report
     assert entry(glue, TABLE)[1] == delta_columns(stack, TABLE)
     assert set(partitions(glue, f"{TABLE}_manifest")) == routes(stack)
+
+    # `tributary status` reads the same state: every entry in step; a partition removed by
+    # hand is counted (and maintenance puts it back).
+    st = status(stack, glue)
+    states = {e["entry"]: e["state"] for e in st["catalog"]}
+    assert set(states.values()) == {"in step"} and len(states) == 4, states
+    manifest = next(e for e in st["catalog"] if e["entry"].endswith(f".{TABLE}_manifest"))
+    assert manifest["partitions"] == {"in_catalog": len(routes(stack)), "in_table": len(routes(stack)),
+                                      "differing": 0}, manifest
+    assert st["rows"] == len(source.state()) and st["manifests"]["exact"], st
+    assert st["freshness"]["newest_file"] == "20221026-0000000011.parquet", st["freshness"]
+    glue.client.batch_delete_partition(DatabaseName=glue.database, TableName=f"{TABLE}_manifest",
+                                       PartitionsToDelete=[{"Values": ["K"]}])
+    manifest = next(e for e in status(stack, glue)["catalog"] if e["entry"].endswith(f".{TABLE}_manifest"))
+    assert manifest["partitions"]["differing"] == 1, manifest
+    maintain(functions)
+
+
+def status(stack, glue):
+    """`tributary status --json` for the table, run as an operator would (the CLI binary)."""
+    env = dict(os.environ, AWS_ENDPOINT_URL=ENDPOINT, AWS_ENDPOINT_URL_GLUE=glue.endpoint,
+               AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_REGION=REGION)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    out = subprocess.run([str(target / "debug" / "tributary"), "status", "--json", "--config", stack.config, TABLE],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    (st,) = json.loads(out.stdout)
+    return st
 
 
 def failed_syncs(functions):

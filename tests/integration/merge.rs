@@ -1006,3 +1006,85 @@ columns = [
     let e = Fixture::failure(&r, &with_header).to_string();
     assert!(e.contains("20181106-190000000.csv, row 1"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_each_figure_of_the_table() {
+    use tributary::status::table_status;
+    let fx = Fixture::items();
+    let cfg = fx.engine.config().tables[0].clone();
+    let now = chrono::DateTime::parse_from_rfc3339("2024-01-01T09:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let status = || async {
+        table_status(
+            &cfg,
+            fx.engine.storage_options(),
+            fx.engine.storage(),
+            None,
+            now,
+        )
+        .await
+        .unwrap()
+    };
+    let st = status().await;
+    assert!(!st.exists && st.version.is_none() && st.rows == 0);
+    let load = fx.put_items(
+        "LOAD00000001.parquet",
+        &[
+            c('I', "2024-01-01 00:00:00.000000", 1, "a", 10),
+            c('I', "2024-01-01 00:00:00.000000", 2, "a", 20),
+            c('I', "2024-01-01 00:00:00.000000", 3, "b", 30),
+        ],
+    );
+    fx.merge_ok(&[load]).await;
+    let st = status().await;
+    assert!(st.exists && st.freshness.full_load_only, "{st:?}");
+    let cdc = fx.put_items(
+        "2024/01/01/20240101-0800000000.parquet",
+        &[
+            c('U', "2024-01-01 08:00:00.000001", 1, "a", 11),
+            c('I', "2024-01-01 08:00:00.000002", 4, "c", 40),
+            c('D', "2024-01-01 08:30:00.000000", 2, "a", 20),
+        ],
+    );
+    let r = fx.merge_ok(&[cdc]).await;
+    let st = status().await;
+    let table = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let files = tributary::manifest::live_files(&table).unwrap();
+    assert_eq!(st.version, r.tables[0].version.map(|v| v as u64));
+    assert_eq!(st.version, table.version().map(|v| v as u64));
+    let commit = st.last_commit.expect("last commit time");
+    assert!(
+        (chrono::Utc::now() - commit).num_seconds().abs() < 60,
+        "{commit}"
+    );
+    assert_eq!(st.rows, 3);
+    assert_eq!(st.files, files.len() as u64);
+    assert_eq!(st.bytes, files.iter().map(|f| f.size as u64).sum::<u64>());
+    assert_eq!(st.small_files, st.files, "every file is far below 128 MB");
+    assert_eq!(st.partitions, 3, "a, b, c");
+    // The newest change is the delete (only in the tombstones), 30 minutes before `now`.
+    assert_eq!(
+        st.freshness.newest_sequence.as_deref(),
+        Some("2024-01-01 08:30:00.000000")
+    );
+    assert_eq!(
+        st.freshness.newest_file.as_deref(),
+        Some("20240101-0800000000.parquet")
+    );
+    assert_eq!(st.freshness.behind_seconds, Some(1800.0));
+    assert_eq!(st.tombstones, 1);
+    assert!(!st.change_data_feed && st.catalog.is_none());
+    let m = st.manifests.as_ref().unwrap();
+    assert!(m.exact, "{m:?}");
+    // A manifest removed behind tributary's back: named.
+    std::fs::remove_file(fx.path("curated/items/_symlink_format_manifest/part=c/manifest"))
+        .unwrap();
+    let m = status().await.manifests.unwrap();
+    assert!(
+        !m.exact && m.differing_partitions == vec!["part=c".to_string()],
+        "{m:?}"
+    );
+}

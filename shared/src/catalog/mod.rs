@@ -43,6 +43,26 @@ use glue::{Failure, Glue};
 /// Attempts of an entry's read-compare-write when another writer changes it in between.
 const ENTRY_ATTEMPTS: usize = 3;
 
+/// The state of one Glue entry ([`Catalog::status`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EntryStatus {
+    /// `database.name`.
+    pub entry: String,
+    /// `in step`, `missing`, `drifted …`, …
+    pub state: String,
+    /// For manifest entries: partitions in the catalog and in the table.
+    pub partitions: Option<PartitionCounts>,
+}
+
+/// A manifest entry's partitions against the table's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PartitionCounts {
+    pub in_catalog: usize,
+    pub in_table: usize,
+    /// Partitions missing, left over or at a wrong location.
+    pub differing: usize,
+}
+
 /// What a catalog sync did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CatalogReport {
@@ -262,6 +282,71 @@ impl Catalog {
         }
         report.calls = glue.calls();
         Some(report)
+    }
+
+    /// The state of the table's entries (and its history table's), read only: nothing is
+    /// created or corrected. `None` when the table has no catalog settings.
+    pub async fn status(
+        &self,
+        cfg: &TableConfig,
+        options: &HashMap<String, String>,
+    ) -> Result<Option<Vec<EntryStatus>>> {
+        let Some(c) = cfg.catalog.as_ref() else {
+            return Ok(None);
+        };
+        let glue = self.glue().await;
+        let mut out = Vec::new();
+        let mut targets = vec![(false, &cfg.target)];
+        if let Some(h) = &cfg.history {
+            targets.push((true, &h.target));
+        }
+        for (history, url) in targets {
+            let table = delta::open(url, options).await?;
+            for (name, kind) in entries(cfg, c, history) {
+                let entry = format!("{}.{name}", c.database);
+                let mut st = EntryStatus {
+                    entry: entry.clone(),
+                    state: String::new(),
+                    partitions: None,
+                };
+                if !delta::exists(&table) {
+                    st.state = "table not created yet".into();
+                    out.push(st);
+                    continue;
+                }
+                let d = entry::desired(&table, &name, kind)?;
+                st.state = match glue.get_table(&c.database, &name).await {
+                    Err(Failure::NotFound) => "missing".into(),
+                    Err(f) => return Err(f.into_error(&entry, "GetTable")),
+                    Ok(existing) => match existing.verdict(&d, c.adopt) {
+                        Verdict::UpToDate => "in step".into(),
+                        Verdict::Update => "drifted (the next sync corrects it)".into(),
+                        Verdict::Newer => "written from a newer table version".into(),
+                        Verdict::NotOurs => "not created by tributary (adopt = false)".into(),
+                    },
+                };
+                if matches!(kind, EntryKind::Manifest { .. }) && st.state != "missing" {
+                    let have: BTreeSet<(Vec<String>, String)> = glue
+                        .get_partitions(&c.database, &name)
+                        .await
+                        .map_err(|f| f.into_error(&entry, "GetPartitions"))?
+                        .into_iter()
+                        .map(|p| (p.values, p.location))
+                        .collect();
+                    let want: BTreeSet<(Vec<String>, String)> = entry::partitions(&table)?
+                        .into_iter()
+                        .map(|p| (p.values, p.location))
+                        .collect();
+                    st.partitions = Some(PartitionCounts {
+                        in_catalog: have.len(),
+                        in_table: want.len(),
+                        differing: have.symmetric_difference(&want).count(),
+                    });
+                }
+                out.push(st);
+            }
+        }
+        Ok(Some(out))
     }
 
     /// Bring every entry of the table (and of its history table) in step with the tables

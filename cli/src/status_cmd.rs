@@ -1,0 +1,182 @@
+//! `tributary status`: each table's state, for people (default) or scripts (`--json`).
+
+use anyhow::{bail, Result};
+use chrono::{DateTime, Utc};
+use tributary::status::{table_status, TableStatus};
+use tributary::Engine;
+
+pub(crate) async fn run(config: &str, tables: &[String], json: bool) -> Result<()> {
+    let engine = Engine::from_config_location(config).await?;
+    for t in tables {
+        if engine.config().table(t).is_none() {
+            bail!("table `{t}` is not configured");
+        }
+    }
+    let now = Utc::now();
+    let mut all = Vec::new();
+    for cfg in engine
+        .config()
+        .tables
+        .iter()
+        .filter(|c| tables.is_empty() || tables.contains(&c.name))
+    {
+        let catalog = cfg.catalog.as_ref().map(|_| engine.catalog());
+        let st = table_status(
+            cfg,
+            engine.storage_options(),
+            engine.storage(),
+            catalog,
+            now,
+        )
+        .await?;
+        if !json {
+            print(&st, now);
+        }
+        all.push(st);
+    }
+    if json {
+        out!("{}", serde_json::to_string_pretty(&all)?);
+    }
+    Ok(())
+}
+
+/// `1234567` → `1,234,567`.
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn ago(seconds: f64) -> String {
+    let s = seconds.abs();
+    let text = if s < 120.0 {
+        format!("{s:.1} s")
+    } else if s < 7200.0 {
+        format!("{:.1} min", s / 60.0)
+    } else if s < 172_800.0 {
+        format!("{:.1} h", s / 3600.0)
+    } else {
+        format!("{:.1} days", s / 86_400.0)
+    };
+    if seconds < 0.0 {
+        format!("{text} ahead of this clock")
+    } else {
+        format!("{text} behind")
+    }
+}
+
+fn print(st: &TableStatus, now: DateTime<Utc>) {
+    out!("{}  {}", st.table, st.target);
+    if !st.exists {
+        out!("  not created yet (no file merged)");
+        return;
+    }
+    let commit = st
+        .last_commit
+        .map(|t| {
+            format!(
+                ", last commit {} ({})",
+                t.format("%Y-%m-%d %H:%M:%S UTC"),
+                ago((now - t).num_milliseconds() as f64 / 1000.0).replace("behind", "ago")
+            )
+        })
+        .unwrap_or_default();
+    out!(
+        "  version     {}{commit}",
+        st.version.map(|v| v.to_string()).unwrap_or_default()
+    );
+    out!(
+        "  rows        {} in {} files, {} ({} small), {} partition(s)",
+        thousands(st.rows),
+        thousands(st.files),
+        bytes(st.bytes),
+        thousands(st.small_files),
+        st.partitions
+    );
+    let f = &st.freshness;
+    let fresh = if f.full_load_only {
+        "full load only (no CDC change applied yet)".to_string()
+    } else {
+        let mut parts = Vec::new();
+        if let Some(s) = &f.newest_sequence {
+            parts.push(format!("newest change {s}"));
+        }
+        if let Some(file) = &f.newest_file {
+            parts.push(format!("from {file}"));
+        }
+        if let Some(b) = f.behind_seconds {
+            parts.push(ago(b));
+        }
+        if parts.is_empty() {
+            "-".into()
+        } else {
+            parts.join(", ")
+        }
+    };
+    out!("  freshness   {fresh}");
+    out!("  tombstones  {}", thousands(st.tombstones));
+    match &st.manifests {
+        None => out!("  manifests   off"),
+        Some(m) if m.exact => out!("  manifests   exact (list the live files)"),
+        Some(m) => out!(
+            "  manifests   DIFFER in {} partition(s): {} (maintenance regenerates them)",
+            m.differing_partitions.len(),
+            m.differing_partitions.join(", ")
+        ),
+    }
+    out!(
+        "  change feed {}",
+        if st.change_data_feed { "on" } else { "off" }
+    );
+    if let Some(entries) = &st.catalog {
+        for e in entries {
+            let parts = e
+                .partitions
+                .as_ref()
+                .map(|p| {
+                    format!(
+                        ", partitions {} in the catalog / {} in the table, {} differing",
+                        p.in_catalog, p.in_table, p.differing
+                    )
+                })
+                .unwrap_or_default();
+            out!("  catalog     {}: {}{parts}", e.entry, e.state);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_read_well() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(3 * 1024 * 1024 + 512 * 1024), "3.5 MB");
+        assert_eq!(ago(29.5), "29.5 s behind");
+        assert_eq!(ago(7200.0), "2.0 h behind");
+    }
+}

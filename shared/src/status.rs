@@ -1,0 +1,273 @@
+//! A table's state for the operator (`tributary status`): version and last commit, rows
+//! and files (small files: below the maintenance target size, what OPTIMIZE would
+//! compact), freshness (the newest change applied, from the order keys of the table's rows
+//! and of its delete tombstones, and how far it is behind now), tombstones, whether the
+//! symlink manifests list exactly the live files, and the Glue catalog entries' state.
+//! Read-only: nothing is written, nothing is repaired.
+
+use std::collections::HashMap;
+
+use arrow::array::{Array, AsArray};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Int64Type};
+use chrono::{DateTime, NaiveDateTime, Utc};
+use serde::Serialize;
+
+use crate::catalog::{Catalog, EntryStatus};
+use crate::config::TableConfig;
+use crate::delta;
+use crate::error::{Error, Result};
+use crate::manifest;
+use crate::source::order::dms_file_time;
+use crate::source::SeqKind;
+use crate::storage::{self, Storage};
+
+/// One table's state.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TableStatus {
+    pub table: String,
+    pub target: String,
+    /// `false` when no file was merged yet (the other figures are then empty).
+    pub exists: bool,
+    pub version: Option<u64>,
+    /// When the last commit was written.
+    pub last_commit: Option<DateTime<Utc>>,
+    pub rows: u64,
+    pub files: u64,
+    pub bytes: u64,
+    /// Live files below the maintenance target size (`target_file_size_mb`).
+    pub small_files: u64,
+    pub partitions: u64,
+    pub freshness: Freshness,
+    /// Delete tombstones kept (rows of the tombstone table, duplicates included).
+    pub tombstones: u64,
+    /// `None` when the table keeps no manifests (`manifests = false`).
+    pub manifests: Option<ManifestStatus>,
+    /// `None` without `[table.catalog]`.
+    pub catalog: Option<Vec<EntryStatus>>,
+    /// `delta.enableChangeDataFeed` is on.
+    pub change_data_feed: bool,
+}
+
+/// The newest change the table reflects.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Freshness {
+    /// The sequence value(s) (`sequence_by`) of the newest applied CDC change, as written in
+    /// the order key (timestamps as `YYYY-MM-DD HH:MM:SS.ffffff` UTC); `None` when only
+    /// full-load rows were applied.
+    pub newest_sequence: Option<String>,
+    /// The DMS file that change came from.
+    pub newest_file: Option<String>,
+    /// The newest change's time: its sequence value when that is a timestamp, else the
+    /// time in its DMS file name.
+    pub newest_change_at: Option<DateTime<Utc>>,
+    /// How far behind now that is, in seconds.
+    pub behind_seconds: Option<f64>,
+    /// Only full-load rows were applied so far.
+    pub full_load_only: bool,
+}
+
+/// Whether `_symlink_format_manifest/` lists exactly the live files.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ManifestStatus {
+    pub exact: bool,
+    /// Partition folders whose manifest is missing, stale or left over.
+    pub differing_partitions: Vec<String>,
+}
+
+/// The state of `cfg`'s table at `now`. `catalog` reads the Glue entries (when the table
+/// has catalog settings).
+pub async fn table_status(
+    cfg: &TableConfig,
+    options: &HashMap<String, String>,
+    storage: &Storage,
+    catalog: Option<&Catalog>,
+    now: DateTime<Utc>,
+) -> Result<TableStatus> {
+    let mut st = TableStatus {
+        table: cfg.name.clone(),
+        target: storage::display(&cfg.target),
+        exists: false,
+        version: None,
+        last_commit: None,
+        rows: 0,
+        files: 0,
+        bytes: 0,
+        small_files: 0,
+        partitions: 0,
+        freshness: Freshness::default(),
+        tombstones: 0,
+        manifests: None,
+        catalog: None,
+        change_data_feed: false,
+    };
+    let table = delta::open(&cfg.target, options).await?;
+    if !delta::exists(&table) {
+        return Ok(st);
+    }
+    let label = storage::display(&cfg.target);
+    st.exists = true;
+    st.version = table.version().map(|v| v as u64);
+    st.last_commit = {
+        use futures::StreamExt;
+        let mut history = table.history(Some(1));
+        match history.next().await {
+            Some(Ok(info)) => info.timestamp.and_then(DateTime::from_timestamp_millis),
+            _ => None,
+        }
+    };
+    let props = delta::props(&table);
+    st.change_data_feed = props.change_data_feed;
+    let files = manifest::live_files(&table)?;
+    st.files = files.len() as u64;
+    st.bytes = files.iter().map(|f| f.size.max(0) as u64).sum();
+    let target = cfg.maintenance.target_file_size.max(1);
+    st.small_files = files.iter().filter(|f| (f.size as u64) < target).count() as u64;
+    st.partitions = files
+        .iter()
+        .map(|f| &f.partition)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len() as u64;
+    let seq = quoted(&cfg.sequence_column);
+    let (rows, newest_row) = count_and_max(&table, &seq).await?;
+    st.rows = rows;
+    let tombs = delta::open(&cfg.tombstones, options).await?;
+    let (tombstones, newest_delete) = if delta::exists(&tombs) {
+        count_and_max(&tombs, &seq).await?
+    } else {
+        (0, None)
+    };
+    st.tombstones = tombstones;
+    let newest = newest_row.into_iter().chain(newest_delete).max();
+    let kind = props
+        .sequence_kinds
+        .as_ref()
+        .and_then(|k| k.first().copied());
+    st.freshness = freshness(newest.as_deref(), kind, now);
+    if cfg.manifests {
+        let want = manifest::expected_manifests(&table)?;
+        let have = manifest::read_manifests(storage, &table).await?;
+        let mut differing: Vec<String> = want
+            .iter()
+            .filter(|(k, v)| have.get(*k) != Some(*v))
+            .map(|(k, _)| k.clone())
+            .chain(have.keys().filter(|k| !want.contains_key(*k)).cloned())
+            .collect();
+        differing.sort();
+        differing.dedup();
+        st.manifests = Some(ManifestStatus {
+            exact: differing.is_empty(),
+            differing_partitions: differing,
+        });
+    }
+    if let Some(catalog) = catalog {
+        st.catalog = catalog.status(cfg, options).await.map_err(|e| {
+            Error::catalog(
+                &label,
+                format!("cannot read the catalog entries: {e}"),
+                true,
+            )
+        })?;
+    }
+    Ok(st)
+}
+
+fn quoted(column: &str) -> String {
+    format!("\"{}\"", column.replace('"', "\"\""))
+}
+
+/// Rows and the greatest value of the order-key column.
+async fn count_and_max(table: &deltalake::DeltaTable, seq: &str) -> Result<(u64, Option<String>)> {
+    let batches = delta::query(table, &format!("SELECT count(*), max({seq}) FROM t")).await?;
+    let mut rows = 0;
+    let mut newest = None;
+    for b in batches.iter().filter(|b| b.num_rows() > 0) {
+        let n = cast(b.column(0), &DataType::Int64).map_err(Error::arrow)?;
+        rows += n.as_primitive::<Int64Type>().value(0).max(0) as u64;
+        let m = cast(b.column(1), &DataType::Utf8).map_err(Error::arrow)?;
+        let m = m.as_string::<i32>();
+        if m.is_valid(0) {
+            newest = newest.max(Some(m.value(0).to_string()));
+        }
+    }
+    Ok((rows, newest))
+}
+
+/// Freshness from the greatest order key (source/order.rs has the layout).
+fn freshness(key: Option<&str>, kind: Option<SeqKind>, now: DateTime<Utc>) -> Freshness {
+    let Some(key) = key else {
+        return Freshness::default();
+    };
+    // Generation ≥ 2: `2 <g> ` before the generation-1 layout.
+    let rest = match key.strip_prefix("2 ") {
+        Some(r) => r.split_once(' ').map_or("", |(_, r)| r),
+        None => key,
+    };
+    let Some(cdc) = rest.strip_prefix("1 ") else {
+        return Freshness {
+            full_load_only: true,
+            ..Freshness::default()
+        };
+    };
+    // `<sequence values> <file name> <row>`; no sequence values without `sequence_by`.
+    let mut parts = cdc.rsplitn(3, ' ');
+    let _row = parts.next();
+    let file = parts.next().map(str::to_string);
+    let values = parts.next().map(str::to_string).filter(|v| !v.is_empty());
+    let at = match (&values, kind) {
+        (Some(v), Some(SeqKind::Timestamp)) => {
+            NaiveDateTime::parse_from_str(v.get(..26).unwrap_or(v), "%Y-%m-%d %H:%M:%S%.6f")
+                .ok()
+                .map(|t| t.and_utc())
+        }
+        _ => None,
+    }
+    .or_else(|| file.as_deref().and_then(dms_file_time));
+    Freshness {
+        newest_sequence: values,
+        newest_file: file,
+        newest_change_at: at,
+        behind_seconds: at.map(|t| (now - t).num_milliseconds() as f64 / 1000.0),
+        full_load_only: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freshness_reads_the_order_key() {
+        let now = DateTime::parse_from_rfc3339("2024-01-01T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let f = freshness(
+            Some("1 2024-01-01 09:59:30.500000 20240101-0959000000.parquet 0000000007"),
+            Some(SeqKind::Timestamp),
+            now,
+        );
+        assert_eq!(
+            f.newest_sequence.as_deref(),
+            Some("2024-01-01 09:59:30.500000")
+        );
+        assert_eq!(
+            f.newest_file.as_deref(),
+            Some("20240101-0959000000.parquet")
+        );
+        assert_eq!(f.behind_seconds, Some(29.5));
+        // Integer sequences: the time comes from the DMS file name.
+        let f = freshness(
+            Some("2 00000002 1 00000000000000000042 20240101-0958000000.csv 0000000001"),
+            Some(SeqKind::Integer),
+            now,
+        );
+        assert_eq!(f.newest_sequence.as_deref(), Some("00000000000000000042"));
+        assert_eq!(f.behind_seconds, Some(120.0));
+        // No sequence_by.
+        let f = freshness(Some("1 20240101-0959000000.csv 0000000001"), None, now);
+        assert_eq!(f.newest_sequence, None);
+        assert_eq!(f.behind_seconds, Some(60.0));
+        assert!(freshness(Some("0 LOAD00000001.parquet 0000000001"), None, now).full_load_only);
+        assert_eq!(freshness(None, None, now), Freshness::default());
+    }
+}
