@@ -107,7 +107,7 @@ pub async fn table_status(
     }
     let label = storage::display(&cfg.target);
     st.exists = true;
-    st.version = table.version().map(|v| v as u64);
+    st.version = table.version();
     st.last_commit = {
         use futures::StreamExt;
         let mut history = table.history(Some(1));
