@@ -37,6 +37,7 @@ macro_rules! err {
 }
 
 mod demo_cmd;
+mod progress;
 mod status_cmd;
 use std::time::Instant;
 
@@ -263,9 +264,11 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
     let mut failed = 0usize;
     let mut merged = 0usize;
     let mut ignored = 0usize;
+    let mut progress = progress::Progress::new("files", files.len());
     for chunk in files.chunks(batch) {
         let t0 = Instant::now();
         let report = engine.process(chunk).await;
+        progress.clear();
         for f in &report.files {
             match &f.status {
                 FileStatus::Merged { .. } => merged += 1,
@@ -306,7 +309,10 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
                 print_catalog(&t.table, c, "  ");
             }
         }
+        let rows = report.tables.iter().map(|t| t.source_rows as u64).sum();
+        progress.advance(chunk.len(), rows);
     }
+    progress.clear();
     out!("{merged} merged, {ignored} ignored, {failed} failed");
     if failed > 0 {
         bail!("{failed} file(s) could not be merged (they are unchanged; fix and replay them)");
@@ -411,23 +417,53 @@ pub(crate) fn print_catalog(table: &str, r: &tributary::catalog::CatalogReport, 
 
 async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()> {
     let engine = Engine::from_config_location(config).await?;
-    let request = tributary::maintenance::Request {
-        tables: tables.to_vec(),
-        force,
-        ..Default::default()
-    };
-    let summary = tributary::maintenance::handle(&engine, &request).await?;
-    for m in &summary.maintained {
-        print_maintenance(m, "");
+    for t in tables {
+        if engine.config().table(t).is_none() {
+            let known: Vec<&str> = engine
+                .config()
+                .tables
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect();
+            bail!(
+                "table `{t}` is not configured (tables: {})",
+                known.join(", ")
+            );
+        }
     }
-    for (t, e) in &summary.failed {
-        err!("FAILED {t}: {e}");
+    // One table at a time (what the scheduled fan-out does), with progress between them.
+    let names: Vec<String> = engine
+        .config()
+        .tables
+        .iter()
+        .map(|t| t.name.clone())
+        .filter(|n| tables.is_empty() || tables.contains(n))
+        .collect();
+    let mut progress = progress::Progress::new("tables", names.len());
+    let mut failed = 0usize;
+    for name in names {
+        let request = tributary::maintenance::Request {
+            tables: vec![name],
+            force,
+            ..Default::default()
+        };
+        let summary = tributary::maintenance::handle(&engine, &request).await?;
+        progress.clear();
+        for m in &summary.maintained {
+            print_maintenance(m, "");
+        }
+        for (t, e) in &summary.failed {
+            err!("FAILED {t}: {e}");
+        }
+        for (t, r) in &summary.catalog {
+            print_catalog(t, r, "");
+        }
+        failed += summary.failed.len();
+        progress.advance(1, 0);
     }
-    for (t, r) in &summary.catalog {
-        print_catalog(t, r, "");
-    }
-    if !summary.failed.is_empty() {
-        bail!("maintenance failed for {} table(s)", summary.failed.len());
+    progress.clear();
+    if failed > 0 {
+        bail!("maintenance failed for {failed} table(s)");
     }
     Ok(())
 }

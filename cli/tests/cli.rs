@@ -60,3 +60,49 @@ fn a_closed_stdout_does_not_stop_the_work() {
     assert!(!text.contains("inserted=1"), "{text}");
     assert!(text.contains(" 0 failed"), "{text}");
 }
+
+/// Long runs show progress on a terminal (a pseudo-terminal made by util-linux `script`)
+/// and nothing extra when stderr is piped.
+#[test]
+fn progress_appears_on_a_terminal_and_not_in_a_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = tributary(
+        &["demo", "--dir", "d", "--rows", "40", "--new-rows", "5"],
+        dir.path(),
+    )
+    .stdout(Stdio::null())
+    .status()
+    .unwrap();
+    assert!(demo.success());
+    let args = [
+        "merge",
+        "--config",
+        "d/tributary.toml",
+        "--batch",
+        "1",
+        "d/raw/",
+    ];
+    let command = std::iter::once(env!("CARGO_BIN_EXE_tributary"))
+        .chain(args)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let tty = Command::new("script")
+        .args(["-qefc", &command, "/dev/null"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("util-linux `script` (Debian: bsdutils) runs the command on a pseudo-terminal");
+    let shown = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.status.success(), "{shown}");
+    assert!(
+        shown.contains("\r\x1b[2K1/5 files (20%)") && shown.contains("files/s, ETA"),
+        "{shown:?}"
+    );
+    let piped = tributary(&args, dir.path()).output().unwrap();
+    assert!(piped.status.success());
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert!(!err.contains("files/s") && !err.contains('\r'), "{err:?}");
+    let out = String::from_utf8_lossy(&piped.stdout);
+    assert!(!out.contains("files/s") && !out.contains('\r'), "{out:?}");
+    assert!(out.contains("5 merged, 0 ignored, 0 failed"), "{out}");
+}
