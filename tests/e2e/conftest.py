@@ -269,10 +269,12 @@ def glue():
 class Functions:
     """The function binaries under `cargo lambda watch` (its Lambda runtime API emulator)."""
 
-    def __init__(self, stack, glue):
+    def __init__(self, stack, glue, environment=None, log="e2e-cargo-lambda.log"):
+        """`environment` (a dict): the functions' environment instead of the one for `stack`
+        (passed in a file: values may contain commas)."""
         self.port = free_port()
         env = dict(os.environ)
-        env_vars = ",".join([
+        env_vars = "" if environment is not None else ",".join([
             f"AWS_ENDPOINT_URL={ENDPOINT}", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
             f"AWS_REGION={REGION}", f"TRIBUTARY_CONFIG={stack.config}",
             f"AWS_ENDPOINT_URL_GLUE={glue.endpoint}", "TRIBUTARY_SPILL_MB=0.4",
@@ -282,10 +284,16 @@ class Functions:
             "TRIBUTARY_CONFIG_CHECK_SECONDS=0",
         ])
         (ROOT / "target").mkdir(exist_ok=True)
-        self.log = open(ROOT / "target" / "e2e-cargo-lambda.log", "w")
+        self.log = open(ROOT / "target" / log, "w")
+        env_args = ["--env-var", env_vars]
+        if environment is not None:
+            env_file = ROOT / "target" / (log + ".env")
+            quoted = {k: '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for k, v in environment.items()}
+            env_file.write_text("".join(f"{k}={v}\n" for k, v in quoted.items()))
+            env_args = ["--env-file", str(env_file)]
         self.proc = subprocess.Popen(
             ["cargo", "lambda", "watch", "--ignore-changes", "-A", "127.0.0.1", "-P", str(self.port),
-             "--concurrency", "8", "--env-var", env_vars],
+             "--concurrency", "8", *env_args],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 120
         while time.time() < deadline:

@@ -1,0 +1,218 @@
+"""template.yaml deployed to LocalStack's CloudFormation, without what cannot run there.
+
+The SAM template is transformed with the SAM translator (as `sam deploy` does), then the
+Lambda functions and what only exists around them (event source mappings, the maintenance
+schedule and state machine, the Glue database: LocalStack's free edition has neither
+Lambda without Docker nor Glue) are removed; references to them become placeholders. What
+remains — buckets and their policies, the S3 notification configuration, the queues with
+their redrive policies, queue policies, the EventBridge rule, IAM roles, log groups,
+alarms, dashboard — is created by CloudFormation from the template itself, and the
+end-to-end tests run the real function binaries against it."""
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import boto3
+from cfnlint.decode import decode_str
+from samtranslator.translator.transform import transform
+
+ROOT = Path(__file__).resolve().parents[2]
+REMOVED_TYPES = ("AWS::Lambda::", "AWS::Scheduler::", "AWS::StepFunctions::", "AWS::Glue::")
+ACCOUNT = "000000000000"
+
+
+class _Policies:
+    """AWS managed policy names → ARNs (the translator asks IAM otherwise)."""
+
+    def load(self):
+        class Arns(dict):
+            def __missing__(self, name):
+                return f"arn:aws:iam::aws:policy/service-role/{name}"
+        return Arns()
+
+
+def deployable(region):
+    """The transformed template without the resources LocalStack cannot create."""
+    os.environ.setdefault("AWS_DEFAULT_REGION", region)  # the translator reads it
+    template, errors = decode_str((ROOT / "template.yaml").read_text())
+    assert not errors, errors
+    template = json.loads(json.dumps(template))
+    template["Globals"]["Function"]["CodeUri"] = "s3://placeholder/bootstrap.zip"
+    for r in template["Resources"].values():
+        if r["Type"] == "AWS::Serverless::Function":
+            r["Properties"].pop("CodeUri", None)
+    out = transform(template, {"AWS::Region": region, "AWS::AccountId": ACCOUNT,
+                               "AWS::Partition": "aws"}, _Policies())
+    removed = {n for n, r in out["Resources"].items() if r["Type"].startswith(REMOVED_TYPES)}
+    functions = {n: out["Resources"][n] for n in removed
+                 if out["Resources"][n]["Type"] == "AWS::Lambda::Function"}
+    for n in removed:
+        del out["Resources"][n]
+    out = _replace_refs(out, removed)
+    for r in out["Resources"].values():
+        deps = r.get("DependsOn")
+        if isinstance(deps, str):
+            deps = [deps]
+        if deps is not None:
+            deps = [d for d in deps if d not in removed]
+            if deps:
+                r["DependsOn"] = deps
+            else:
+                r.pop("DependsOn")
+    out["Functions"] = functions  # not a template section: deploy() takes it out
+    return out, sorted(removed)
+
+
+def _replace_refs(node, removed):
+    if isinstance(node, dict):
+        if set(node) == {"Ref"} and node["Ref"] in removed:  # some are ARNs (state machine)
+            return f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:removed-{node['Ref']}"
+        if set(node) == {"Fn::GetAtt"}:
+            target = node["Fn::GetAtt"]
+            name = target[0] if isinstance(target, list) else target.split(".")[0]
+            if name in removed:
+                return f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:removed-{name}"
+        if set(node) == {"Fn::Sub"}:
+            sub = node["Fn::Sub"]
+            pattern = re.compile(r"\$\{(" + "|".join(map(re.escape, removed)) + r")(\.[A-Za-z]+)?\}") if removed else None
+            if isinstance(sub, str) and pattern:
+                return {"Fn::Sub": pattern.sub(lambda m: f"removed-{m.group(1)}", sub)}
+            if isinstance(sub, list) and pattern:
+                return {"Fn::Sub": [pattern.sub(lambda m: f"removed-{m.group(1)}", sub[0]),
+                                    _replace_refs(sub[1], removed)]}
+        return {k: _replace_refs(v, removed) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_replace_refs(v, removed) for v in node]
+    return node
+
+
+class Resolver:
+    """Values of the template's expressions in a deployed stack: what CloudFormation would
+    give the functions (their environment), so that the functions run here exactly as the
+    template configures them."""
+
+    def __init__(self, template, parameters, resources, stack_name, region):
+        self.t, self.resources, self.region = template, resources, region
+        self.params = {k: v.get("Default", "") for k, v in template.get("Parameters", {}).items()}
+        self.params.update(parameters or {})
+        self.params.update({"AWS::StackName": stack_name, "AWS::Region": region,
+                            "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws",
+                            "AWS::NoValue": None})
+
+    def condition(self, name):
+        return bool(self.value(self.t["Conditions"][name]))
+
+    def arn(self, name):
+        phys = self.resources[name]
+        kind = self.t["Resources"][name]["Type"]
+        if kind == "AWS::SQS::Queue":
+            return f"arn:aws:sqs:{self.region}:{ACCOUNT}:{phys.rsplit('/', 1)[1]}"
+        if kind == "AWS::S3::Bucket":
+            return f"arn:aws:s3:::{phys}"
+        raise NotImplementedError(kind)
+
+    def value(self, node, local=None):
+        local = local or {}
+        if isinstance(node, list):
+            return [self.value(v, local) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if len(node) != 1:
+            return {k: self.value(v, local) for k, v in node.items()}
+        (fn, arg), = node.items()
+        if fn == "Ref":
+            return self.params[arg] if arg in self.params else self.resources[arg]
+        if fn == "Fn::GetAtt":
+            name, attr = arg if isinstance(arg, list) else arg.split(".", 1)
+            assert attr == "Arn", attr
+            return self.arn(name)
+        if fn == "Fn::If":
+            return self.value(arg[1] if self.condition(arg[0]) else arg[2], local)
+        if fn == "Condition":
+            return self.condition(arg)
+        if fn == "Fn::Equals":
+            a, b = self.value(arg, local)
+            return str(a) == str(b)
+        if fn == "Fn::Not":
+            return not self.value(arg[0], local)
+        if fn == "Fn::And":
+            return all(self.value(a, local) for a in arg)
+        if fn == "Fn::Or":
+            return any(self.value(a, local) for a in arg)
+        if fn == "Fn::Join":
+            return arg[0].join(str(v) for v in self.value(arg[1], local))
+        if fn == "Fn::Select":
+            return self.value(arg[1], local)[int(arg[0])]
+        if fn == "Fn::Split":
+            return self.value(arg[1], local).split(arg[0])
+        if fn == "Fn::Sub":
+            text, extra = (arg, {}) if isinstance(arg, str) else (arg[0], arg[1])
+            names = dict(local, **{k: self.value(v, local) for k, v in extra.items()})
+
+            def one(m):
+                key = m.group(1)
+                if key in names:
+                    return str(names[key])
+                if key.endswith(".Arn"):
+                    return self.arn(key[:-4])
+                return str(self.value({"Ref": key}))
+            return re.sub(r"\$\{([^}]+)\}", one, text)
+        return {fn: self.value(arg, local)}
+
+    def environment(self, function):
+        """The environment variables CloudFormation would give `function`."""
+        variables = self.t["Functions"][function]["Properties"]["Environment"]["Variables"]
+        return {k: str(self.value(v)) for k, v in variables.items()}
+
+
+def _decide_conditions(body, resolver):
+    """The template with its conditions decided for these parameters, as CloudFormation
+    decides them: the branch of each `Fn::If`, without the resources and outputs whose
+    condition is false. (LocalStack 4.9 refuses a reference to a resource left out by its
+    condition even inside the `Fn::If` that guards it.)"""
+    def walk(node):
+        if isinstance(node, dict):
+            if set(node) == {"Fn::If"}:
+                c, yes, no = node["Fn::If"]
+                return walk(yes if resolver.condition(c) else no)
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+    out = dict(body)
+    for section in ("Resources", "Outputs"):
+        out[section] = {k: walk(v) for k, v in body.get(section, {}).items()
+                        if "Condition" not in v or resolver.condition(v["Condition"])}
+    return out
+
+
+def deploy(endpoint, creds, region, name, parameters=None, timeout=240):
+    """Create the stack; its outputs, physical resource ids and a [`Resolver`]."""
+    body, _ = deployable(region)
+    template = dict(body)
+    body = _decide_conditions({k: v for k, v in body.items() if k != "Functions"},
+                              Resolver(template, parameters, {}, name, region))
+    cfn = boto3.client("cloudformation", endpoint_url=endpoint, region_name=region, **creds)
+    cfn.create_stack(
+        StackName=name, TemplateBody=json.dumps(body),
+        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in (parameters or {}).items()],
+        Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"])
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        stack = cfn.describe_stacks(StackName=name)["Stacks"][0]
+        status = stack["StackStatus"]
+        if status == "CREATE_COMPLETE":
+            resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
+                         for r in cfn.describe_stack_resources(StackName=name)["StackResources"]}
+            outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+            return outputs, resources, Resolver(template, parameters, resources, name, region)
+        if status.endswith("FAILED") or status.startswith("ROLLBACK"):
+            events = cfn.describe_stack_events(StackName=name)["StackEvents"]
+            reasons = [f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason')}" for e in events
+                       if "FAILED" in e["ResourceStatus"]]
+            raise AssertionError(f"stack {name}: {status}: {reasons}")
+        time.sleep(1)
+    raise AssertionError(f"stack {name} not created in {timeout} s")
