@@ -26,14 +26,15 @@ def test_two_stacks_and_the_pipeline_through_the_templates_resources(aws):
     out, res, resolve = template_stack.deploy(ENDPOINT, creds, REGION, f"tributary-e2e-{run}")
     # A second stack beside it: an upper-case, long name, on the first stack's raw bucket
     # (the existing-bucket variant: an EventBridge rule instead of S3 notifications).
-    out2, res2, _ = template_stack.deploy(ENDPOINT, creds, REGION, f"Tributary-E2E-{run}-Second-Stack-With-A-Long-Name",
-                                          {"RawBucketName": out["RawBucket"]})
+    out2, res2, resolve2 = template_stack.deploy(ENDPOINT, creds, REGION, f"Tributary-E2E-{run}-Second-Stack-With-A-Long-Name",
+                                          {"RawBucketName": out["RawBucket"], "TablesPrefix": "delta/"})
     record_timing("template: two stacks created", time.time() - start, f"{len(res)} + {len(res2)} resources")
     # (LocalStack names every dashboard "unknown": not a name of the template's.)
     shared = {r for r in set(res.values()) & set(res2.values()) if r != "unknown"}
     assert not shared, f"the stacks share resource names: {shared}"
     assert "ObjectCreatedRule" in res2 and "RawBucket" not in res2 and "RawBucket" in res
     assert out2["CuratedBucket"] == out2["CuratedBucket"].lower() and out2["RawBucket"] == out["RawBucket"]
+    assert resolve2.environment("MergeFunction")["TRIBUTARY_TABLES_LOCATION"] == f"s3://{out2['CuratedBucket']}/delta/"
     # The outputs the README's commands use.
     for key in ("RawBucket", "CuratedBucket", "ConfigLocation", "MergeQueueUrl", "MergeQueueArn",
                 "DeadLetterQueueUrl", "DeadLetterQueueArn", "TableQueueUrl", "MetricsNamespace"):

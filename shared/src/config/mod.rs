@@ -283,6 +283,38 @@ impl Config {
         self.tables.iter().find(|t| t.owns(object))
     }
 
+    /// Every location a table writes (its target, tombstones, history table and change log)
+    /// lies under `root` (the functions' `TRIBUTARY_TABLES_LOCATION`: where the stack's
+    /// policies let them write); otherwise an error naming the table and location.
+    pub fn check_within(&self, root: &Url) -> Result<()> {
+        let mut root = root.clone();
+        if !root.path().ends_with('/') {
+            root.set_path(&format!("{}/", root.path()));
+        }
+        let inside = |u: &Url| {
+            u.scheme() == root.scheme()
+                && u.host_str() == root.host_str()
+                && format!("{}/", u.path().trim_end_matches('/')).starts_with(root.path())
+        };
+        for t in &self.tables {
+            let mut places = vec![("target", &t.target), ("tombstones", &t.tombstones)];
+            if let Some(h) = &t.history {
+                places.push(("history target", &h.target));
+                places.push(("history change log", &h.changes));
+            }
+            if let Some((what, url)) = places.into_iter().find(|(_, u)| !inside(u)) {
+                return Err(Error::config(
+                    &self.origin,
+                    format!(
+                        "table `{}`: its {what} {url} is outside {root}, the only place the functions may write (stack parameter TablesPrefix); put the table under it or change the parameter",
+                        t.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// A table by name.
     pub fn table(&self, name: &str) -> Option<&TableConfig> {
         self.tables.iter().find(|t| t.name == name)
@@ -355,6 +387,25 @@ mod tests {
     /// The error for table `t` (source `s3://b/raw/`, target `s3://c/t`) with extra lines.
     fn err_with(extra: &str) -> String {
         err_of(&test_table("t", "s3://b/raw/", "s3://c/t", extra))
+    }
+
+    #[test]
+    fn tables_outside_the_writable_prefix_are_refused() {
+        let text = test_table("t", "s3://b/raw/", "s3://c/delta/t", "");
+        let config = Config::from_toml(&text, "test", None).unwrap();
+        let at = |u: &str| config.check_within(&Url::parse(u).unwrap());
+        assert!(at("s3://c/").is_ok());
+        assert!(at("s3://c/delta/").is_ok());
+        assert!(at("s3://c/delta").is_ok());
+        let e = at("s3://c/tables/").unwrap_err().to_string();
+        assert!(
+            e.contains("table `t`: its target s3://c/delta/t is outside s3://c/tables/"),
+            "{e}"
+        );
+        assert!(at("s3://other/").is_err());
+        assert!(at("s3://c/delta/t/x/").is_err());
+        // A prefix is a folder, not a string prefix: s3://c/del does not hold s3://c/delta/t.
+        assert!(at("s3://c/del").is_err());
     }
 
     #[test]

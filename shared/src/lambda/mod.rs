@@ -10,6 +10,7 @@ pub mod queues;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use url::Url;
 
 /// JSON logs on stdout (CloudWatch), filtered by `RUST_LOG` or [`crate::LOG_FILTER`].
 pub fn init_tracing() {
@@ -46,6 +47,20 @@ fn config_location() -> Result<String> {
 async fn engine_at(location: &str) -> Result<Engine> {
     let location = location.to_string();
     let mut engine = Engine::from_config_location(&location).await?;
+    if let Some(root) = std::env::var("TRIBUTARY_TABLES_LOCATION")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    {
+        let root = Url::parse(root.trim()).map_err(|e| {
+            Error::config(
+                "environment",
+                format!(
+                    "TRIBUTARY_TABLES_LOCATION={root} is not a URL ({e}): use s3://bucket/prefix/"
+                ),
+            )
+        })?;
+        engine.config().check_within(&root)?;
+    }
     if let Ok(root) = std::env::var("TRIBUTARY_LOCAL_S3_ROOT") {
         engine = engine.with_local_s3_root(root);
     }
