@@ -269,7 +269,7 @@ def glue():
 class Functions:
     """The function binaries under `cargo lambda watch` (its Lambda runtime API emulator)."""
 
-    def __init__(self, stack, glue, environment=None, log="e2e-cargo-lambda.log"):
+    def __init__(self, stack, glue, environment=None, log="e2e-cargo-lambda.log", release=False, concurrency=8):
         """`environment` (a dict): the functions' environment instead of the one for `stack`
         (passed in a file: values may contain commas)."""
         self.port = free_port()
@@ -293,7 +293,7 @@ class Functions:
             env_args = ["--env-file", str(env_file)]
         self.proc = subprocess.Popen(
             ["cargo", "lambda", "watch", "--ignore-changes", "-A", "127.0.0.1", "-P", str(self.port),
-             "--concurrency", "8", *env_args],
+             "--concurrency", str(concurrency), *(["--release"] if release else []), *env_args],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 120
         while time.time() < deadline:
