@@ -238,8 +238,10 @@ fn to_url(input: &str) -> Result<Url> {
     url.map_err(|_| anyhow::anyhow!("cannot turn {} into a URL", abs.display()))
 }
 
-async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> {
-    let engine = Engine::from_config_location(config).await?;
+/// The files named, and those under the prefixes named: full load first, then CDC in
+/// file-name order (what DMS intends; the engine converges in any order, this just keeps
+/// commits small and meaningful).
+async fn files_to_merge(engine: &Engine, inputs: &[String]) -> Result<Vec<Url>> {
     let mut files = Vec::new();
     for i in inputs {
         let url = to_url(i)?;
@@ -254,13 +256,17 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
             files.push(url);
         }
     }
-    // Full load first, then CDC in file-name order (what DMS intends; the engine converges
-    // in any order, this just keeps commits small and meaningful).
     files.sort_by_key(|u| {
         let name = storage::file_name(u);
         (!name.starts_with("LOAD"), name, u.to_string())
     });
     files.dedup();
+    Ok(files)
+}
+
+async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> {
+    let engine = Engine::from_config_location(config).await?;
+    let files = files_to_merge(&engine, inputs).await?;
     let mut failed = 0usize;
     let mut merged = 0usize;
     let mut ignored = 0usize;

@@ -9,11 +9,8 @@ fn tributary(args: &[&str], dir: &Path) -> Command {
     c
 }
 
-/// `tributary merge … | head` closes stdout early: the command must keep merging every
-/// batch and exit 0 (before: a panic on the broken pipe, exit 101, remaining batches
-/// skipped).
-#[test]
-fn a_closed_stdout_does_not_stop_the_work() {
+/// A folder with the demo's files and table under `d/` (40 rows, 5 new).
+fn demo() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let demo = tributary(
         &["demo", "--dir", "d", "--rows", "40", "--new-rows", "5"],
@@ -23,6 +20,15 @@ fn a_closed_stdout_does_not_stop_the_work() {
     .status()
     .unwrap();
     assert!(demo.success());
+    dir
+}
+
+/// `tributary merge … | head` closes stdout early: the command must keep merging every
+/// batch and exit 0 (before: a panic on the broken pipe, exit 101, remaining batches
+/// skipped).
+#[test]
+fn a_closed_stdout_does_not_stop_the_work() {
+    let dir = demo();
     std::fs::remove_dir_all(dir.path().join("d/curated")).unwrap();
     let mut child = tributary(
         &[
@@ -65,15 +71,7 @@ fn a_closed_stdout_does_not_stop_the_work() {
 /// and nothing extra when stderr is piped.
 #[test]
 fn progress_appears_on_a_terminal_and_not_in_a_pipe() {
-    let dir = tempfile::tempdir().unwrap();
-    let demo = tributary(
-        &["demo", "--dir", "d", "--rows", "40", "--new-rows", "5"],
-        dir.path(),
-    )
-    .stdout(Stdio::null())
-    .status()
-    .unwrap();
-    assert!(demo.success());
+    let dir = demo();
     let args = [
         "merge",
         "--config",

@@ -115,23 +115,7 @@ pub(crate) async fn create(
 }
 
 /// Create the table unless it exists; if a concurrent writer created it first (whatever
-/// error delta-rs reports for that), use theirs.
-pub(crate) async fn create_or_open(
-    url: &Url,
-    options: &HashMap<String, String>,
-    name: &str,
-    schema: &Schema,
-    partition_by: &[String],
-    properties: HashMap<String, String>,
-) -> Result<DeltaTable> {
-    Ok(
-        open_or_create(url, options, name, schema, partition_by, properties)
-            .await?
-            .0,
-    )
-}
-
-/// [`create_or_open`], also telling whether this call created the table.
+/// error delta-rs reports for that), use theirs. Also tells whether this call created it.
 pub(crate) async fn open_or_create(
     url: &Url,
     options: &HashMap<String, String>,
@@ -218,6 +202,29 @@ pub(crate) fn tributary_commit(files: &[String]) -> CommitProperties {
         meta.push(("tributary.files".to_string(), serde_json::json!(files)));
     }
     CommitProperties::default().with_metadata(meta)
+}
+
+/// How delta-rs's writer lays out data files of the table at `snapshot` (its schema,
+/// partitioning and statistics columns), with these Parquet settings and target file size.
+pub(crate) fn writer_config(
+    snapshot: &deltalake::table::state::DeltaTableState,
+    properties: Option<WriterProperties>,
+    target_file_size: Option<std::num::NonZeroU64>,
+) -> deltalake::datafile::writer::WriterConfig {
+    use deltalake::table::config::TablePropertiesExt;
+    let props = snapshot.table_config();
+    deltalake::datafile::writer::WriterConfig::new(
+        snapshot.snapshot().arrow_schema(),
+        snapshot.metadata().partition_columns().to_vec(),
+        properties,
+        target_file_size,
+        None,
+        props.num_indexed_cols(),
+        props
+            .data_skipping_stats_columns
+            .as_ref()
+            .map(|v| v.iter().map(|c| c.to_string()).collect()),
+    )
 }
 
 /// Parquet settings of the files a MERGE writes: delta-rs's defaults (Snappy, dictionary
@@ -635,15 +642,13 @@ pub(crate) async fn append(
     files: &[String],
     extras: &MergeExtras,
 ) -> Result<(DeltaTable, usize)> {
-    use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
+    use deltalake::datafile::writer::DeltaWriter;
     use deltalake::kernel::Action;
-    use deltalake::table::config::TablePropertiesExt;
     let label = cfg.name.as_str();
     let delta_err = |e| Error::delta(label, e);
     let snapshot = table.snapshot().map_err(delta_err)?;
     let schema = snapshot.snapshot().arrow_schema();
     let partition_columns = snapshot.metadata().partition_columns().to_vec();
-    let props = snapshot.table_config();
     // The plan's rows in the table's schema (columns the plan lacks are null).
     let rows = plan.batch.num_rows();
     let columns = schema
@@ -656,18 +661,7 @@ pub(crate) async fn append(
         })
         .collect::<Result<Vec<_>>>()?;
     let batch = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow)?;
-    let config = WriterConfig::new(
-        schema.clone(),
-        partition_columns.clone(),
-        Some(writer_properties(cfg)),
-        None,
-        None,
-        props.num_indexed_cols(),
-        props
-            .data_skipping_stats_columns
-            .as_ref()
-            .map(|v| v.iter().map(|c| c.to_string()).collect()),
-    );
+    let config = writer_config(snapshot, Some(writer_properties(cfg)), None);
     let mut writer = DeltaWriter::new(table.log_store().object_store(None), config);
     writer.write(&batch).await.map_err(delta_err)?;
     let adds: Vec<Action> = writer

@@ -154,7 +154,7 @@ pub fn dms_batch(rows: &[DmsRow]) -> Result<RecordBatch> {
     cols.push(Arc::new(StringArray::from_iter_values(
         rows.iter().map(|r| r.3.source_location.as_str()),
     )));
-    RecordBatch::try_new(schema(with_op), cols).map_err(|e| Error::Internal(e.to_string()))
+    RecordBatch::try_new(schema(with_op), cols).map_err(Error::arrow)
 }
 
 /// Encode a batch as a Parquet file (as DMS would, snappy-compressed).
@@ -163,10 +163,10 @@ pub fn to_parquet(batch: &RecordBatch) -> Result<Bytes> {
         .set_compression(parquet::basic::Compression::SNAPPY)
         .build();
     let mut buf = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props))
-        .map_err(|e| Error::Internal(e.to_string()))?;
-    w.write(batch).map_err(|e| Error::Internal(e.to_string()))?;
-    w.close().map_err(|e| Error::Internal(e.to_string()))?;
+    let pq = |e: parquet::errors::ParquetError| Error::arrow(e.into());
+    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).map_err(pq)?;
+    w.write(batch).map_err(pq)?;
+    w.close().map_err(pq)?;
     Ok(Bytes::from(buf))
 }
 

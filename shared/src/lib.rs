@@ -5,7 +5,8 @@
 //! The modules, in the order a file flows through them (docs/design.md, "Pipeline"):
 //!
 //! 1. [`config`]: the table configuration — which DMS folder feeds which Delta table;
-//! 2. [`lambda`]: the Lambda plumbing — event payloads to object URIs, metrics, cold start;
+//! 2. [`lambda`]: the Lambda plumbing — event payloads to object URIs, the configuration in
+//!    force (reloaded when it changes), FIFO forwarding, metrics;
 //! 3. `engine`: routing files to tables, screening, batching, retries, bad-file isolation
 //!    ([`Engine`]);
 //! 4. [`storage`]: `file://` and `s3://` objects;
@@ -19,7 +20,8 @@
 //! 12. [`catalog`]: Glue Data Catalog entries kept in step with the tables;
 //! 13. [`reload`]: DMS table reloads (full-load generations);
 //! 14. [`maintenance`]: compaction, checkpoints, vacuum, tombstone expiry, manifests,
-//!     catalog reconciliation.
+//!     catalog reconciliation;
+//! 15. [`status`]: a table's state for the operator (read only).
 //!
 //! Beside the flow: `props` (what tributary records in a table's properties), `retry` (the
 //! one commit-conflict retry policy), `error` ([`Error`]), [`demo`] (the seed scenario).

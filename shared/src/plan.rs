@@ -44,6 +44,15 @@ impl PlanOp {
         }
     }
 
+    /// The marker of a change (a delete, or a write).
+    pub(crate) const fn marker_of(delete: bool) -> &'static str {
+        if delete {
+            PlanOp::Delete.marker()
+        } else {
+            PlanOp::Upsert.marker()
+        }
+    }
+
     fn of(marker: &str) -> PlanOp {
         if marker == PlanOp::Delete.marker() {
             PlanOp::Delete
@@ -149,21 +158,7 @@ impl KeyEncoder {
 
     /// Encoded keys of every row of `batch` (which must have the key columns).
     pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Vec<OwnedRow>> {
-        let cols = self
-            .columns
-            .iter()
-            .map(|k| {
-                batch
-                    .column_by_name(k)
-                    .cloned()
-                    .ok_or_else(|| Error::internal(format!("key column {k} missing")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let rows = self
-            .converter
-            .convert_columns(&cols)
-            .map_err(Error::arrow)?;
-        Ok(rows.iter().map(|r| r.owned()).collect())
+        Ok(self.rows(batch)?.iter().map(|r| r.owned()).collect())
     }
 }
 
@@ -277,51 +272,7 @@ struct Rows<'a> {
 pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePlan> {
     let rows = combine(changes)?;
     let enc = KeyEncoder::new(&rows.all.schema(), &table.primary_key)?;
-    let keys = enc.rows(&rows.all)?;
-    let n = keys.num_rows();
-    // Latest change per key (the largest order key; order keys are unique in a batch), in
-    // row order of the batch (deterministic output). The rows of each key are kept only
-    // when sparse columns need their history.
-    let later = |a: usize, b: usize| rows.order[a] > rows.order[b];
-    let mut groups: HashMap<arrow::row::Row<'_>, Vec<usize>> = HashMap::new();
-    let mut best: HashMap<arrow::row::Row<'_>, usize> = HashMap::new();
-    if rows.present.is_empty() {
-        best.reserve(n);
-        for i in 0..n {
-            match best.entry(keys.row(i)) {
-                std::collections::hash_map::Entry::Occupied(mut e) => {
-                    if later(i, *e.get()) {
-                        e.insert(i);
-                    }
-                }
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(i);
-                }
-            }
-        }
-    } else {
-        groups.reserve(n);
-        for i in 0..n {
-            groups.entry(keys.row(i)).or_default().push(i);
-        }
-    }
-    let empty = Vec::new();
-    let mut chosen: Vec<(usize, &Vec<usize>)> = if rows.present.is_empty() {
-        best.values().map(|&i| (i, &empty)).collect()
-    } else {
-        groups
-            .values()
-            .map(|g| {
-                let last = g
-                    .iter()
-                    .copied()
-                    .reduce(|a, b| if later(b, a) { b } else { a })
-                    .unwrap_or(g[0]);
-                (last, g)
-            })
-            .collect()
-    };
-    chosen.sort_unstable_by_key(|(i, _)| *i);
+    let chosen = latest_per_key(&rows, &enc.rows(&rows.all)?);
     let idx: Vec<u32> = chosen.iter().map(|(i, _)| *i as u32).collect();
     let indices = UInt32Array::from(idx.clone());
     let mut fields: Vec<Field> = rows
@@ -375,6 +326,48 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
         batch,
         sparse,
     })
+}
+
+/// Latest change per key (the largest order key; order keys are unique in a batch) with, when
+/// sparse columns need their history, all the key's rows; in row order of the batch
+/// (deterministic output).
+fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<usize>)> {
+    use std::collections::hash_map::Entry;
+    let n = keys.num_rows();
+    let later = |a: usize, b: usize| rows.order[a] > rows.order[b];
+    let mut chosen: Vec<(usize, Vec<usize>)> = if rows.present.is_empty() {
+        let mut best: HashMap<arrow::row::Row<'_>, usize> = HashMap::with_capacity(n);
+        for i in 0..n {
+            match best.entry(keys.row(i)) {
+                Entry::Occupied(mut e) if later(i, *e.get()) => {
+                    e.insert(i);
+                }
+                Entry::Occupied(_) => {}
+                Entry::Vacant(e) => {
+                    e.insert(i);
+                }
+            }
+        }
+        best.into_values().map(|i| (i, Vec::new())).collect()
+    } else {
+        let mut groups: HashMap<arrow::row::Row<'_>, Vec<usize>> = HashMap::with_capacity(n);
+        for i in 0..n {
+            groups.entry(keys.row(i)).or_default().push(i);
+        }
+        groups
+            .into_values()
+            .map(|g| {
+                let last = g
+                    .iter()
+                    .copied()
+                    .reduce(|a, b| if later(b, a) { b } else { a })
+                    .unwrap_or(g[0]);
+                (last, g)
+            })
+            .collect()
+    };
+    chosen.sort_unstable_by_key(|(i, _)| *i);
+    chosen
 }
 
 /// Concatenate the change sets (columns in first-seen order; a file without a column gets
@@ -443,12 +436,12 @@ fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
 fn fold_sparse(
     rows: &Rows<'_>,
     present: &[bool],
-    chosen: &[(usize, &Vec<usize>)],
+    chosen: &[(usize, Vec<usize>)],
 ) -> Result<(UInt32Array, StringArray)> {
     let mut take_rows: Vec<Option<u32>> = Vec::with_capacity(chosen.len());
     let mut seqs: Vec<Option<&str>> = Vec::with_capacity(chosen.len());
     for (_, group) in chosen {
-        let mut g: Vec<usize> = (*group).clone();
+        let mut g: Vec<usize> = group.clone();
         g.sort_by(|a, b| rows.order[*a].cmp(rows.order[*b]));
         let mut value: Option<u32> = None;
         let mut set_by: Option<&str> = None;

@@ -118,16 +118,7 @@ pub async fn table_status(
     };
     let props = delta::props(&table);
     st.change_data_feed = props.change_data_feed;
-    let files = manifest::live_files(&table)?;
-    st.files = files.len() as u64;
-    st.bytes = files.iter().map(|f| f.size.max(0) as u64).sum();
-    let target = cfg.maintenance.target_file_size.max(1);
-    st.small_files = files.iter().filter(|f| (f.size as u64) < target).count() as u64;
-    st.partitions = files
-        .iter()
-        .map(|f| &f.partition)
-        .collect::<std::collections::BTreeSet<_>>()
-        .len() as u64;
+    file_figures(cfg, &table, &mut st)?;
     let seq = quoted(&cfg.sequence_column);
     let (rows, newest_row) = count_and_max(&table, &seq).await?;
     st.rows = rows;
@@ -145,20 +136,7 @@ pub async fn table_status(
         .and_then(|k| k.first().copied());
     st.freshness = freshness(newest.as_deref(), kind, now);
     if cfg.manifests {
-        let want = manifest::expected_manifests(&table)?;
-        let have = manifest::read_manifests(storage, &table).await?;
-        let mut differing: Vec<String> = want
-            .iter()
-            .filter(|(k, v)| have.get(*k) != Some(*v))
-            .map(|(k, _)| k.clone())
-            .chain(have.keys().filter(|k| !want.contains_key(*k)).cloned())
-            .collect();
-        differing.sort();
-        differing.dedup();
-        st.manifests = Some(ManifestStatus {
-            exact: differing.is_empty(),
-            differing_partitions: differing,
-        });
+        st.manifests = Some(manifest_status(storage, &table).await?);
     }
     if let Some(catalog) = catalog {
         st.catalog = catalog.status(cfg, options).await.map_err(|e| {
@@ -170,6 +148,46 @@ pub async fn table_status(
         })?;
     }
     Ok(st)
+}
+
+/// Live files, bytes, small files and partitions.
+fn file_figures(
+    cfg: &TableConfig,
+    table: &deltalake::DeltaTable,
+    st: &mut TableStatus,
+) -> Result<()> {
+    let files = manifest::live_files(table)?;
+    st.files = files.len() as u64;
+    st.bytes = files.iter().map(|f| f.size.max(0) as u64).sum();
+    let target = cfg.maintenance.target_file_size.max(1);
+    st.small_files = files.iter().filter(|f| (f.size as u64) < target).count() as u64;
+    st.partitions = files
+        .iter()
+        .map(|f| &f.partition)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len() as u64;
+    Ok(())
+}
+
+/// The manifests on storage against what they should say for the table's version.
+async fn manifest_status(
+    storage: &Storage,
+    table: &deltalake::DeltaTable,
+) -> Result<ManifestStatus> {
+    let want = manifest::expected_manifests(table)?;
+    let have = manifest::read_manifests(storage, table).await?;
+    let mut differing: Vec<String> = want
+        .iter()
+        .filter(|(k, v)| have.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .chain(have.keys().filter(|k| !want.contains_key(*k)).cloned())
+        .collect();
+    differing.sort();
+    differing.dedup();
+    Ok(ManifestStatus {
+        exact: differing.is_empty(),
+        differing_partitions: differing,
+    })
 }
 
 fn quoted(column: &str) -> String {

@@ -58,7 +58,7 @@ impl<'a> Tombstones<'a> {
     ) -> Result<Self> {
         let schema = schema(cfg, plan_schema)?;
         let name = format!("{}_tombstones", cfg.name);
-        let table = delta::create_or_open(
+        let table = delta::open_or_create(
             &cfg.tombstones,
             options,
             &name,
@@ -66,7 +66,8 @@ impl<'a> Tombstones<'a> {
             &[],
             Default::default(),
         )
-        .await?;
+        .await?
+        .0;
         Ok(Self {
             cfg,
             table,

@@ -189,10 +189,11 @@ impl Catalog {
             }
             let res = async {
                 let d = entry::desired(table, &name, kind)?;
-                ensure(&glue, c, &d, &mut report).await?;
+                let sync = EntrySync::new(&glue, c, &d);
+                sync.ensure(&mut report).await?;
                 if matches!(kind, EntryKind::Manifest { .. }) {
                     let parts = entry::partitions(table)?;
-                    add(&glue, c, &d, parts.into_iter().collect(), &mut report).await?;
+                    sync.add(parts.into_iter().collect(), &mut report).await?;
                 }
                 Ok(())
             }
@@ -261,21 +262,9 @@ impl Catalog {
             }
             let res = async {
                 let d = entry::desired(after, &name, kind)?;
-                match plan {
-                    Plan::Failed(e) => Err(e),
-                    Plan::Full => full(&glue, c, &d, kind, after, &mut report).await,
-                    Plan::Changes {
-                        entry: changed,
-                        added,
-                        removed,
-                    } => {
-                        if changed {
-                            ensure(&glue, c, &d, &mut report).await?;
-                        }
-                        add(&glue, c, &d, added, &mut report).await?;
-                        remove(&glue, c, &d, after, removed, &mut report).await
-                    }
-                }
+                EntrySync::new(&glue, c, &d)
+                    .apply(plan, kind, after, &mut report)
+                    .await
             }
             .await;
             unreachable = self.record(cfg, c, &name, res, &mut report);
@@ -378,7 +367,9 @@ impl Catalog {
             for (name, kind) in entries(cfg, c, *history) {
                 let res = async {
                     let d = entry::desired(table, &name, kind)?;
-                    full(&glue, c, &d, kind, table, &mut report).await
+                    EntrySync::new(&glue, c, &d)
+                        .full(kind, table, &mut report)
+                        .await
                 }
                 .await;
                 self.record(cfg, c, &name, res, &mut report);
@@ -472,128 +463,6 @@ fn partition_diff(
     ))
 }
 
-/// Make the entry say what `d` says: create it (and the database when allowed), or
-/// update it if it differs, unless a newer version was already written there.
-async fn ensure(
-    glue: &Glue,
-    c: &CatalogConfig,
-    d: &Desired,
-    report: &mut CatalogReport,
-) -> Result<()> {
-    let db = &c.database;
-    let key = format!("{db}.{}", d.name);
-    for _ in 0..ENTRY_ATTEMPTS {
-        match glue.get_table(db, &d.name).await {
-            Err(Failure::NotFound) => match glue.create_table(db, d, d.parameters_over(None)).await {
-                Ok(()) => {
-                    report.entries_created += 1;
-                    return Ok(());
-                }
-                Err(Failure::NotFound) if c.create_database => {
-                    glue.create_database(db)
-                        .await
-                        .map_err(|f| f.into_error(&key, "CreateDatabase"))?;
-                }
-                Err(Failure::NotFound) => {
-                    return Err(Error::catalog(
-                        &key,
-                        format!("the Glue database `{db}` does not exist: create it (the SAM template does, parameter GlueDatabase) or set `create_database = true` in [table.catalog]"),
-                        false,
-                    ))
-                }
-                // Created meanwhile by a concurrent sync: read it and compare.
-                Err(Failure::AlreadyExists) => {}
-                Err(f) => return Err(f.into_error(&key, "CreateTable")),
-            },
-            Err(f) => return Err(f.into_error(&key, "GetTable")),
-            Ok(existing) => match existing.verdict(d, c.adopt) {
-                Verdict::UpToDate | Verdict::Newer => return Ok(()),
-                Verdict::NotOurs => {
-                    return Err(Error::catalog(
-                        &key,
-                        "the entry exists and was not created by tributary (it has no `tributary.managed` parameter): choose another `name` in [table.catalog], delete the entry, or set `adopt = true` to let tributary take it over",
-                        false,
-                    ))
-                }
-                Verdict::Update => match glue
-                    .update_table(db, d, d.parameters_over(Some(&existing)), &existing)
-                    .await
-                {
-                    Ok(()) => {
-                        report.entries_updated += 1;
-                        return Ok(());
-                    }
-                    // Changed or deleted meanwhile: read it again.
-                    Err(Failure::Concurrent | Failure::NotFound) => {}
-                    Err(f) => return Err(f.into_error(&key, "UpdateTable")),
-                },
-            },
-        }
-    }
-    Err(Error::catalog(
-        &key,
-        format!("the entry kept changing while it was synced ({ENTRY_ATTEMPTS} attempts)"),
-        true,
-    ))
-}
-
-/// Ensure the entry and, for a manifest entry, make its partitions exactly the table's.
-///
-/// Glue is read before the table: a partition a concurrent merge registered was committed
-/// before, so the table read after has it, and it is not taken for a stale one.
-async fn full(
-    glue: &Glue,
-    c: &CatalogConfig,
-    d: &Desired,
-    kind: EntryKind,
-    table: &DeltaTable,
-    report: &mut CatalogReport,
-) -> Result<()> {
-    ensure(glue, c, d, report).await?;
-    if !matches!(kind, EntryKind::Manifest { .. }) {
-        return Ok(());
-    }
-    let key = format!("{}.{}", c.database, d.name);
-    let have: BTreeMap<Vec<String>, String> = glue
-        .get_partitions(&c.database, &d.name)
-        .await
-        .map_err(|f| f.into_error(&key, "GetPartitions"))?
-        .into_iter()
-        .map(|p| (p.values, p.location))
-        .collect();
-    let latest = refreshed(table, &key).await?;
-    let want: BTreeMap<Vec<String>, String> = entry::partitions(&latest)?
-        .into_iter()
-        .map(|p| (p.values, p.location))
-        .collect();
-    // Partitions whose location is wrong are deleted and created again.
-    let relocated: Vec<Vec<String>> = have
-        .iter()
-        .filter(|(v, loc)| want.get(*v).is_some_and(|w| w != *loc))
-        .map(|(v, _)| v.clone())
-        .collect();
-    if !relocated.is_empty() {
-        glue.delete_partitions(&c.database, &d.name, &relocated)
-            .await
-            .map_err(|f| f.into_error(&key, "BatchDeletePartition"))?;
-    }
-    let missing: Vec<GluePartition> = want
-        .iter()
-        .filter(|(v, loc)| have.get(*v) != Some(*loc))
-        .map(|(v, loc)| GluePartition {
-            values: v.clone(),
-            location: loc.clone(),
-        })
-        .collect();
-    add(glue, c, d, missing, report).await?;
-    let extra: Vec<Vec<String>> = have
-        .keys()
-        .filter(|v| !want.contains_key(*v))
-        .cloned()
-        .collect();
-    delete_rechecked(glue, c, d, &latest, extra, report).await
-}
-
 /// The table at its latest version.
 async fn refreshed(table: &DeltaTable, key: &str) -> Result<DeltaTable> {
     let mut latest = table.clone();
@@ -604,81 +473,233 @@ async fn refreshed(table: &DeltaTable, key: &str) -> Result<DeltaTable> {
     Ok(latest)
 }
 
-/// Delete partitions the table no longer has, then read the table again and register
-/// again any that a concurrent commit filled meanwhile (its own registration may have run
-/// before the delete).
-async fn delete_rechecked(
-    glue: &Glue,
-    c: &CatalogConfig,
-    d: &Desired,
-    table: &DeltaTable,
-    values: Vec<Vec<String>>,
-    report: &mut CatalogReport,
-) -> Result<()> {
-    if values.is_empty() {
-        return Ok(());
-    }
-    let key = format!("{}.{}", c.database, d.name);
-    match glue.delete_partitions(&c.database, &d.name, &values).await {
-        // The entry itself is gone: nothing to delete (the next full sync re-creates it).
-        Ok(()) | Err(Failure::NotFound) => {}
-        Err(f) => return Err(f.into_error(&key, "BatchDeletePartition")),
-    }
-    report.partitions_removed += values.len();
-    let now = entry::partitions(&refreshed(table, &key).await?)?;
-    let back: Vec<GluePartition> = now
-        .into_iter()
-        .filter(|p| values.contains(&p.values))
-        .collect();
-    add(glue, c, d, back, report).await
+/// One entry being synced: the Glue client, the table's catalog settings, what the entry
+/// should say.
+struct EntrySync<'a> {
+    glue: &'a Glue,
+    c: &'a CatalogConfig,
+    d: &'a Desired,
 }
 
-async fn add(
-    glue: &Glue,
-    c: &CatalogConfig,
-    d: &Desired,
-    parts: Vec<GluePartition>,
-    report: &mut CatalogReport,
-) -> Result<()> {
-    if parts.is_empty() {
-        return Ok(());
+impl<'a> EntrySync<'a> {
+    fn new(glue: &'a Glue, c: &'a CatalogConfig, d: &'a Desired) -> Self {
+        EntrySync { glue, c, d }
     }
-    let key = format!("{}.{}", c.database, d.name);
-    match glue.create_partitions(&c.database, d, &parts).await {
-        Ok(()) => {}
-        // The entry is gone (deleted by hand): re-create it, then its partitions.
-        Err(Failure::NotFound) => {
-            ensure(glue, c, d, report).await?;
-            glue.create_partitions(&c.database, d, &parts)
-                .await
-                .map_err(|f| f.into_error(&key, "BatchCreatePartition"))?;
+
+    /// Carry out what [`Catalog::after_commit`] planned for the entry.
+    async fn apply(
+        &self,
+        plan: Plan,
+        kind: EntryKind,
+        after: &DeltaTable,
+        report: &mut CatalogReport,
+    ) -> Result<()> {
+        match plan {
+            Plan::Failed(e) => Err(e),
+            Plan::Full => self.full(kind, after, report).await,
+            Plan::Changes {
+                entry: changed,
+                added,
+                removed,
+            } => {
+                if changed {
+                    self.ensure(report).await?;
+                }
+                self.add(added, report).await?;
+                self.remove(after, removed, report).await
+            }
         }
-        Err(f) => return Err(f.into_error(&key, "BatchCreatePartition")),
     }
-    report.partitions_added += parts.len();
-    Ok(())
-}
 
-/// Remove partitions a commit emptied — unless a later commit (a concurrent merge whose
-/// catalog call may already have run) put files there again.
-async fn remove(
-    glue: &Glue,
-    c: &CatalogConfig,
-    d: &Desired,
-    after: &DeltaTable,
-    parts: Vec<GluePartition>,
-    report: &mut CatalogReport,
-) -> Result<()> {
-    if parts.is_empty() {
-        return Ok(());
+    /// `database.name`, for messages.
+    fn key(&self) -> String {
+        format!("{}.{}", self.c.database, self.d.name)
     }
-    let key = format!("{}.{}", c.database, d.name);
-    let latest = refreshed(after, &key).await?;
-    let live = entry::partitions(&latest)?;
-    let gone: Vec<Vec<String>> = parts
-        .into_iter()
-        .filter(|p| !live.contains(p))
-        .map(|p| p.values)
-        .collect();
-    delete_rechecked(glue, c, d, &latest, gone, report).await
+
+    /// Make the entry say what `d` says: create it (and the database when allowed), or
+    /// update it if it differs, unless a newer version was already written there.
+    async fn ensure(&self, report: &mut CatalogReport) -> Result<()> {
+        let (glue, c, d) = (self.glue, self.c, self.d);
+        let db = &c.database;
+        let key = self.key();
+        for _ in 0..ENTRY_ATTEMPTS {
+            match glue.get_table(db, &d.name).await {
+                Err(Failure::NotFound) => match glue.create_table(db, d, d.parameters_over(None)).await {
+                    Ok(()) => {
+                        report.entries_created += 1;
+                        return Ok(());
+                    }
+                    Err(Failure::NotFound) if c.create_database => {
+                        glue.create_database(db)
+                            .await
+                            .map_err(|f| f.into_error(&key, "CreateDatabase"))?;
+                    }
+                    Err(Failure::NotFound) => {
+                        return Err(Error::catalog(
+                            &key,
+                            format!("the Glue database `{db}` does not exist: create it (the SAM template does, parameter GlueDatabase) or set `create_database = true` in [table.catalog]"),
+                            false,
+                        ))
+                    }
+                    // Created meanwhile by a concurrent sync: read it and compare.
+                    Err(Failure::AlreadyExists) => {}
+                    Err(f) => return Err(f.into_error(&key, "CreateTable")),
+                },
+                Err(f) => return Err(f.into_error(&key, "GetTable")),
+                Ok(existing) => match existing.verdict(d, c.adopt) {
+                    Verdict::UpToDate | Verdict::Newer => return Ok(()),
+                    Verdict::NotOurs => {
+                        return Err(Error::catalog(
+                            &key,
+                            "the entry exists and was not created by tributary (it has no `tributary.managed` parameter): choose another `name` in [table.catalog], delete the entry, or set `adopt = true` to let tributary take it over",
+                            false,
+                        ))
+                    }
+                    Verdict::Update => match glue
+                        .update_table(db, d, d.parameters_over(Some(&existing)), &existing)
+                        .await
+                    {
+                        Ok(()) => {
+                            report.entries_updated += 1;
+                            return Ok(());
+                        }
+                        // Changed or deleted meanwhile: read it again.
+                        Err(Failure::Concurrent | Failure::NotFound) => {}
+                        Err(f) => return Err(f.into_error(&key, "UpdateTable")),
+                    },
+                },
+            }
+        }
+        Err(Error::catalog(
+            &key,
+            format!("the entry kept changing while it was synced ({ENTRY_ATTEMPTS} attempts)"),
+            true,
+        ))
+    }
+
+    /// Ensure the entry and, for a manifest entry, make its partitions exactly the table's.
+    ///
+    /// Glue is read before the table: a partition a concurrent merge registered was committed
+    /// before, so the table read after has it, and it is not taken for a stale one.
+    async fn full(
+        &self,
+        kind: EntryKind,
+        table: &DeltaTable,
+        report: &mut CatalogReport,
+    ) -> Result<()> {
+        let (glue, c, d) = (self.glue, self.c, self.d);
+        self.ensure(report).await?;
+        if !matches!(kind, EntryKind::Manifest { .. }) {
+            return Ok(());
+        }
+        let key = self.key();
+        let have: BTreeMap<Vec<String>, String> = glue
+            .get_partitions(&c.database, &d.name)
+            .await
+            .map_err(|f| f.into_error(&key, "GetPartitions"))?
+            .into_iter()
+            .map(|p| (p.values, p.location))
+            .collect();
+        let latest = refreshed(table, &key).await?;
+        let want: BTreeMap<Vec<String>, String> = entry::partitions(&latest)?
+            .into_iter()
+            .map(|p| (p.values, p.location))
+            .collect();
+        // Partitions whose location is wrong are deleted and created again.
+        let relocated: Vec<Vec<String>> = have
+            .iter()
+            .filter(|(v, loc)| want.get(*v).is_some_and(|w| w != *loc))
+            .map(|(v, _)| v.clone())
+            .collect();
+        if !relocated.is_empty() {
+            glue.delete_partitions(&c.database, &d.name, &relocated)
+                .await
+                .map_err(|f| f.into_error(&key, "BatchDeletePartition"))?;
+        }
+        let missing: Vec<GluePartition> = want
+            .iter()
+            .filter(|(v, loc)| have.get(*v) != Some(*loc))
+            .map(|(v, loc)| GluePartition {
+                values: v.clone(),
+                location: loc.clone(),
+            })
+            .collect();
+        self.add(missing, report).await?;
+        let extra: Vec<Vec<String>> = have
+            .keys()
+            .filter(|v| !want.contains_key(*v))
+            .cloned()
+            .collect();
+        self.delete_rechecked(&latest, extra, report).await
+    }
+
+    /// Delete partitions the table no longer has, then read the table again and register
+    /// again any that a concurrent commit filled meanwhile (its own registration may have run
+    /// before the delete).
+    async fn delete_rechecked(
+        &self,
+        table: &DeltaTable,
+        values: Vec<Vec<String>>,
+        report: &mut CatalogReport,
+    ) -> Result<()> {
+        if values.is_empty() {
+            return Ok(());
+        }
+        let (glue, c, d) = (self.glue, self.c, self.d);
+        let key = self.key();
+        match glue.delete_partitions(&c.database, &d.name, &values).await {
+            // The entry itself is gone: nothing to delete (the next full sync re-creates it).
+            Ok(()) | Err(Failure::NotFound) => {}
+            Err(f) => return Err(f.into_error(&key, "BatchDeletePartition")),
+        }
+        report.partitions_removed += values.len();
+        let now = entry::partitions(&refreshed(table, &key).await?)?;
+        let back: Vec<GluePartition> = now
+            .into_iter()
+            .filter(|p| values.contains(&p.values))
+            .collect();
+        self.add(back, report).await
+    }
+
+    async fn add(&self, parts: Vec<GluePartition>, report: &mut CatalogReport) -> Result<()> {
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let (glue, c, d) = (self.glue, self.c, self.d);
+        let key = self.key();
+        match glue.create_partitions(&c.database, d, &parts).await {
+            Ok(()) => {}
+            // The entry is gone (deleted by hand): re-create it, then its partitions.
+            Err(Failure::NotFound) => {
+                self.ensure(report).await?;
+                glue.create_partitions(&c.database, d, &parts)
+                    .await
+                    .map_err(|f| f.into_error(&key, "BatchCreatePartition"))?;
+            }
+            Err(f) => return Err(f.into_error(&key, "BatchCreatePartition")),
+        }
+        report.partitions_added += parts.len();
+        Ok(())
+    }
+
+    /// Remove partitions a commit emptied — unless a later commit (a concurrent merge whose
+    /// catalog call may already have run) put files there again.
+    async fn remove(
+        &self,
+        after: &DeltaTable,
+        parts: Vec<GluePartition>,
+        report: &mut CatalogReport,
+    ) -> Result<()> {
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let latest = refreshed(after, &self.key()).await?;
+        let live = entry::partitions(&latest)?;
+        let gone: Vec<Vec<String>> = parts
+            .into_iter()
+            .filter(|p| !live.contains(p))
+            .map(|p| p.values)
+            .collect();
+        self.delete_rechecked(&latest, gone, report).await
+    }
 }

@@ -477,15 +477,17 @@ mod tests {
         assert!(parse_type("uuid").unwrap_err().contains("unknown type"));
     }
 
+    /// Two tables (`Trips-2024` and `b`) with extra lines each, after `defaults`.
+    fn two(a: &str, b: &str, defaults: &str) -> String {
+        format!(
+            "{defaults}\n{}{}",
+            test_table("Trips-2024", "s3://r/a/", "s3://c/a", a),
+            test_table("b", "s3://r/b/", "s3://c/b", b)
+        )
+    }
+
     #[test]
     fn catalog_settings_default_per_table_and_are_checked() {
-        let two = |a: &str, b: &str, defaults: &str| {
-            format!(
-                "{defaults}\n{}{}",
-                test_table("Trips-2024", "s3://r/a/", "s3://c/a", a),
-                test_table("b", "s3://r/b/", "s3://c/b", b)
-            )
-        };
         let c = Config::from_toml(
             &two("", "", "[defaults.catalog]\ndatabase = \"lake\""),
             "x",
@@ -548,6 +550,10 @@ mod tests {
         )
         .unwrap();
         assert!(!c.tables[0].catalog.as_ref().unwrap().manifest);
+    }
+
+    #[test]
+    fn catalog_settings_errors_say_how_to_fix() {
         for (a, b, defaults, want) in [
             (
                 "[table.catalog]\nname = \"x\"",

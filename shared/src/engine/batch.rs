@@ -125,57 +125,77 @@ impl Engine {
         };
         report.commit_attempts = retry.attempt();
         if let Some(c) = committed {
-            let t = Instant::now();
-            let for_catalog = table.catalog.is_some().then(|| c.after.clone());
-            if table.manifests {
-                self.update_manifests(table, &c.before.files, c.after, &mut report)
-                    .await;
-            }
-            report.phases_ms.manifests = ms_since(t);
-            if let Some(after) = for_catalog {
-                let t = Instant::now();
-                let r = self
-                    .catalog
-                    .after_commit(
-                        table,
-                        false,
-                        c.before.schema.as_ref(),
-                        &c.before.files,
-                        &after,
-                    )
-                    .await;
-                absorb(&mut report, r);
-                report.phases_ms.catalog = ms_since(t);
-            }
+            self.after_commit(table, c, &mut report).await;
         }
         if let Some(h) = &table.history {
-            let t = Instant::now();
-            let kind = batch
-                .kinds
-                .as_ref()
-                .and_then(|k| k.first().copied())
-                .unwrap_or(SeqKind::Timestamp);
-            let changes = crate::history::Changes {
-                sets: batch.changes,
-                kind,
-                files: &files,
-            };
-            let mut r = crate::history::apply(
-                table,
-                h,
-                &self.storage,
-                &self.options,
-                &self.catalog,
-                &changes,
-            )
-            .await?;
-            absorb(&mut report, r.catalog.take());
-            report.history = Some(r);
-            report.phases_ms.history = ms_since(t);
+            self.merge_history(table, h, batch, &files, &mut report)
+                .await?;
         }
         report.duration_ms = ms_since(start);
         report.log();
         Ok(report)
+    }
+
+    /// After a commit: the manifests of the partitions it touched, then the catalog
+    /// entries (neither fails the merge: it is committed).
+    async fn after_commit(&self, table: &TableConfig, c: Committed, report: &mut TableReport) {
+        let t = Instant::now();
+        let for_catalog = table.catalog.is_some().then(|| c.after.clone());
+        if table.manifests {
+            self.update_manifests(table, &c.before.files, c.after, report)
+                .await;
+        }
+        report.phases_ms.manifests = ms_since(t);
+        if let Some(after) = for_catalog {
+            let t = Instant::now();
+            let r = self
+                .catalog
+                .after_commit(
+                    table,
+                    false,
+                    c.before.schema.as_ref(),
+                    &c.before.files,
+                    &after,
+                )
+                .await;
+            absorb(report, r);
+            report.phases_ms.catalog = ms_since(t);
+        }
+    }
+
+    /// The batch's versions into the history table.
+    async fn merge_history(
+        &self,
+        table: &TableConfig,
+        h: &crate::config::HistoryConfig,
+        batch: &Batch<'_>,
+        files: &[String],
+        report: &mut TableReport,
+    ) -> Result<()> {
+        let t = Instant::now();
+        let kind = batch
+            .kinds
+            .as_ref()
+            .and_then(|k| k.first().copied())
+            .unwrap_or(SeqKind::Timestamp);
+        let changes = crate::history::Changes {
+            sets: batch.changes,
+            kind,
+            files,
+        };
+        let mut r = crate::history::apply(
+            table,
+            h,
+            &self.storage,
+            &self.options,
+            &self.catalog,
+            &changes,
+        )
+        .await?;
+        absorb(report, r.catalog.take());
+        report.history = Some(r);
+        report.phases_ms.history = ms_since(t);
+        Ok(())
     }
 
     /// One attempt: load (or create) the table, apply tombstones, MERGE, re-check. Returns
@@ -228,36 +248,7 @@ impl Engine {
             });
         }
         let t = Instant::now();
-        let append = match &a.extras.delete_unmatched_below {
-            None => delta::append_predicate(table, &target, &plan).await?,
-            Some(_) => None,
-        };
-        let target = match append {
-            // No row of the table can match: append (what MERGE would insert, without
-            // reading or rewriting a file).
-            Some(predicate) => {
-                let rows = plan.batch.num_rows();
-                let (target, written) =
-                    delta::append(table, target, &plan, predicate, a.files, a.extras).await?;
-                report.appended = true;
-                report.inserted = rows;
-                report.updated = 0;
-                report.deleted = 0;
-                report.files_added = written;
-                report.files_removed = 0;
-                target
-            }
-            None => {
-                let (target, m) = delta::merge(table, target, &plan, a.files, a.extras).await?;
-                report.appended = false;
-                report.inserted = m.num_target_rows_inserted;
-                report.updated = m.num_target_rows_updated;
-                report.deleted = m.num_target_rows_deleted;
-                report.files_added = m.num_target_files_added;
-                report.files_removed = m.num_target_files_removed;
-                target
-            }
-        };
+        let target = write(table, target, &plan, a, report).await?;
         report.phases_ms.merge = ms_since(t);
         report.blocked_by_tombstone = blocked;
         let t = Instant::now();
@@ -332,6 +323,41 @@ impl Engine {
             }
         }
     }
+}
+
+/// Commit the plan: appended when no row of the table can match (what MERGE would insert,
+/// without reading or rewriting a file), else MERGEd. The report gets the counts.
+async fn write(
+    table: &TableConfig,
+    target: DeltaTable,
+    plan: &MergePlan,
+    a: &Attempt<'_>,
+    report: &mut TableReport,
+) -> Result<DeltaTable> {
+    let append = match &a.extras.delete_unmatched_below {
+        None => delta::append_predicate(table, &target, plan).await?,
+        Some(_) => None,
+    };
+    let Some(predicate) = append else {
+        let (target, m) = delta::merge(table, target, plan, a.files, a.extras).await?;
+        report.appended = false;
+        report.inserted = m.num_target_rows_inserted;
+        report.updated = m.num_target_rows_updated;
+        report.deleted = m.num_target_rows_deleted;
+        report.files_added = m.num_target_files_added;
+        report.files_removed = m.num_target_files_removed;
+        return Ok(target);
+    };
+    let rows = plan.batch.num_rows();
+    let (target, written) =
+        delta::append(table, target, plan, predicate, a.files, a.extras).await?;
+    report.appended = true;
+    report.inserted = rows;
+    report.updated = 0;
+    report.deleted = 0;
+    report.files_added = written;
+    report.files_removed = 0;
+    Ok(target)
 }
 
 /// Add a catalog sync's report to the table's.

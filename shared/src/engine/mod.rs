@@ -303,46 +303,13 @@ impl Engine {
         outcomes: &mut Vec<FileOutcome>,
     ) -> Result<Option<TableReport>> {
         tracing::info!(table = %table.name, file = %storage::display(file), slice_rows = table.slice_rows, "more rows than a slice: checking the whole file, then merging it slice by slice");
-        let view = TableView::open(table, &self.options).await?;
-        let open = |view: &TableView| {
-            source::Slices::open(
-                file,
-                raw,
-                table,
-                view.schema.as_deref(),
-                &view.props,
-                table.slice_rows,
-                table.slice_bytes,
-            )
+        let mut view = TableView::open(table, &self.options).await?;
+        let Some(counts) = self.check_large(table, &view, file, raw, outcomes).await? else {
+            return Ok(None);
         };
-        let checking = std::time::Instant::now();
-        let mut slices = open(&view)?;
-        let mut counts = source::FileCounts::default();
-        let mut first = true;
-        while let Some(mut cs) = slices.next_slice()? {
-            if first {
-                first = false;
-                match self.screen(table, &view, vec![cs], outcomes).await.pop() {
-                    Some(kept) => cs = kept,
-                    None => return Ok(None),
-                }
-            }
-            counts.add(&cs.counts);
-            let mut check = plan::admit(
-                vec![cs],
-                view.schema.as_deref(),
-                view.props.sequence_kinds.as_deref(),
-            );
-            if let Some((_, e)) = check.rejected.pop() {
-                return Err(e);
-            }
-        }
-        drop(slices);
-        tracing::info!(table = %table.name, file = %storage::display(file), rows = counts.rows, ms = checking.elapsed().as_millis() as u64, "checked; merging slice by slice");
         let mut total: Option<TableReport> = None;
         let mut commits = 0;
-        let mut view = view;
-        let mut slices = open(&view)?;
+        let mut slices = slices_of(table, &view, file, raw)?;
         while let Some(cs) = slices.next_slice()? {
             let admission = plan::admit(
                 vec![cs],
@@ -380,6 +347,42 @@ impl Engine {
         }))
     }
 
+    /// The checking pass of [`Self::merge_large`]: every slice screened (the first) and
+    /// admitted as a merge would; the file's counts, or `None` when screening settled it.
+    async fn check_large(
+        &self,
+        table: &TableConfig,
+        view: &TableView,
+        file: &Url,
+        raw: &source::RawFile,
+        outcomes: &mut Vec<FileOutcome>,
+    ) -> Result<Option<source::FileCounts>> {
+        let checking = std::time::Instant::now();
+        let mut slices = slices_of(table, view, file, raw)?;
+        let mut counts = source::FileCounts::default();
+        let mut first = true;
+        while let Some(mut cs) = slices.next_slice()? {
+            if first {
+                first = false;
+                match self.screen(table, view, vec![cs], outcomes).await.pop() {
+                    Some(kept) => cs = kept,
+                    None => return Ok(None),
+                }
+            }
+            counts.add(&cs.counts);
+            let mut check = plan::admit(
+                vec![cs],
+                view.schema.as_deref(),
+                view.props.sequence_kinds.as_deref(),
+            );
+            if let Some((_, e)) = check.rejected.pop() {
+                return Err(e);
+            }
+        }
+        tracing::info!(table = %table.name, file = %storage::display(file), rows = counts.rows, ms = checking.elapsed().as_millis() as u64, "checked; merging slice by slice");
+        Ok(Some(counts))
+    }
+
     /// Read and parse files (8 at a time): the change sets, the files larger than a slice
     /// (to merge in slices; with `sliced` false every file is read whole), and the files
     /// that failed.
@@ -398,7 +401,7 @@ impl Engine {
             .map(|f| async move {
                 let r = async {
                     let raw = self.storage.get_file(&f).await?;
-                    let read = source::read_changes(
+                    let read = source::Slices::open(
                         &f,
                         &raw,
                         table,
@@ -406,7 +409,8 @@ impl Engine {
                         &view.props,
                         rows,
                         bytes,
-                    )?;
+                    )?
+                    .whole_or_large()?;
                     Ok((read, raw))
                 }
                 .await;
@@ -511,6 +515,24 @@ impl Engine {
             }
         }
     }
+}
+
+/// A large file opened for reading in the table's slices.
+fn slices_of(
+    table: &TableConfig,
+    view: &TableView,
+    file: &Url,
+    raw: &source::RawFile,
+) -> Result<source::Slices> {
+    source::Slices::open(
+        file,
+        raw,
+        table,
+        view.schema.as_deref(),
+        &view.props,
+        table.slice_rows,
+        table.slice_bytes,
+    )
 }
 
 fn log_failure(table: &str, file: &Url, e: &Error) {

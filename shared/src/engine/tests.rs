@@ -111,3 +111,79 @@ async fn late_insert_racing_a_delete_does_not_revive_the_row() {
         .collect();
     assert_eq!(ids, vec![2]);
 }
+
+/// A compaction that commits while a merge is between its read and its commit: the merge
+/// removes a file the compaction already replaced. delta-rs's conflict checker ignores
+/// removes without data change (docs/design.md, "what delta-rs misses"), so without
+/// tributary's guard the merge commits on top and the compacted copy of the deleted row
+/// stays live: the row comes back. The merge must conflict, re-plan and delete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_racing_a_merge_never_revives_a_deleted_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+    let writer = Engine::new(config.clone());
+    let src = config.tables[0].source.clone();
+    let storage = Storage::new();
+    // three one-row commits: three small files for the compaction
+    for id in 1..=3 {
+        let f = src.join(&format!("20240101-000000000{id}.parquet")).unwrap();
+        storage
+            .put(&f, cdc("I", &format!("2024-01-01 00:00:0{id}"), id))
+            .await
+            .unwrap();
+        let r = writer.process(&[f]).await;
+        assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    }
+    let delete = src.join("20240101-0000000009.parquet").unwrap();
+    storage
+        .put(&delete, cdc("D", "2024-01-01 00:00:09", 1))
+        .await
+        .unwrap();
+    let fired = Arc::new(AtomicBool::new(false));
+    let mut deleter = Engine::new(config.clone());
+    let (cfg, f) = (config.tables[0].clone(), fired.clone());
+    deleter.before_merge = Some(Hook(Arc::new(move || {
+        let (cfg, f) = (cfg.clone(), f.clone());
+        Box::pin(async move {
+            if !f.swap(true, Ordering::SeqCst) {
+                let m = crate::maintenance::maintain(
+                    &cfg,
+                    &Storage::new(),
+                    &Default::default(),
+                    Default::default(),
+                )
+                .await
+                .unwrap();
+                assert_eq!(m.partitions_compacted, 1, "the three files were compacted");
+            }
+        })
+    })));
+    let r = deleter.process(&[delete]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    assert!(fired.load(Ordering::SeqCst));
+    assert!(
+        r.tables[0].commit_attempts >= 2,
+        "the merge conflicted with the compaction: {:?}",
+        r.tables[0]
+    );
+    let table = delta::open(&config.tables[0].target, &Default::default())
+        .await
+        .unwrap();
+    let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
+        .await
+        .unwrap();
+    let ids: Vec<i64> = rows
+        .iter()
+        .flat_map(|b| {
+            arrow::compute::cast(b.column(0), &DataType::Int64)
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(ids, vec![2, 3], "the deleted row stays deleted");
+}

@@ -15,6 +15,7 @@ use deltalake::DeltaTable;
 use crate::config::{HistoryConfig, TableConfig};
 use crate::delta;
 use crate::error::{Error, Result};
+use crate::plan::PlanOp;
 use crate::retry::Retry;
 use crate::source::{ChangeOp, ChangeSet};
 
@@ -53,15 +54,11 @@ pub(super) fn rows(changes: &[ChangeSet], columns: &[Field]) -> Result<RecordBat
             .collect::<Result<_>>()?;
         cols.push(Arc::new(cs.order.clone()));
         cols.push(Arc::new(StringArray::from(cs.starts.clone())));
-        cols.push(Arc::new(StringArray::from_iter_values(cs.ops.iter().map(
-            |o| {
-                if *o == ChangeOp::Delete {
-                    "D"
-                } else {
-                    "U"
-                }
-            },
-        ))));
+        cols.push(Arc::new(StringArray::from_iter_values(
+            cs.ops
+                .iter()
+                .map(|o| PlanOp::marker_of(*o == ChangeOp::Delete)),
+        )));
         cols.push(Arc::new(StringArray::from_iter_values(
             std::iter::repeat_n(present.as_str(), n),
         )));
@@ -92,7 +89,7 @@ pub(super) async fn append(
     let label = format!("{} history changes", cfg.name);
     let mut retry = Retry::new(&label, cfg.max_commit_attempts);
     loop {
-        let table = delta::create_or_open(
+        let table = delta::open_or_create(
             &h.changes,
             options,
             &format!("{}_changes", cfg.name),
@@ -100,7 +97,8 @@ pub(super) async fn append(
             &[],
             Default::default(),
         )
-        .await?;
+        .await?
+        .0;
         let res = table
             .write(vec![rows.clone()])
             .with_save_mode(SaveMode::Append)
@@ -137,7 +135,7 @@ impl Logged<'_> {
     }
 
     pub(super) fn is_delete(&self) -> bool {
-        self.text(OP).as_deref() == Some("D")
+        self.text(OP).as_deref() == Some(PlanOp::Delete.marker())
     }
 
     /// The columns the change carried.

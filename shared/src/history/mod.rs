@@ -39,7 +39,7 @@ use serde::Serialize;
 use crate::config::{HistoryConfig, HistoryDeletes, TableConfig};
 use crate::delta;
 use crate::error::{Error, Result};
-use crate::plan::KeyEncoder;
+use crate::plan::{KeyEncoder, PlanOp};
 use crate::retry::Retry;
 use crate::source::{ChangeOp, ChangeSet, SeqKind};
 use crate::storage::Storage;
@@ -750,9 +750,7 @@ impl Rows {
         }
         fields.push(Field::new(OP, DataType::Utf8, false));
         cols.push(Arc::new(StringArray::from_iter_values(
-            self.versions
-                .iter()
-                .map(|(_, w)| if *w { "U" } else { "D" }),
+            self.versions.iter().map(|(_, w)| PlanOp::marker_of(!*w)),
         )));
         let written = self.versions.iter().filter(|(_, w)| *w).count();
         let batch = RecordBatch::try_new_with_options(
@@ -835,14 +833,14 @@ async fn merge_versions(
     let df = SessionContext::new()
         .read_batch(source.clone())
         .map_err(|e| Error::datafusion(format!("{label}: MERGE source"), e))?;
-    let is_write = qcol("s", OP).eq(lit("U"));
+    let is_write = qcol("s", OP).eq(lit(PlanOp::Upsert.marker()));
     let (table, _) = table
         .merge(df, on)
         .with_source_alias("s")
         .with_target_alias("t")
         .with_merge_schema(new_columns)
         .with_commit_properties(delta::tributary_commit(files))
-        .when_matched_delete(|d| d.predicate(qcol("s", OP).eq(lit("D"))))
+        .when_matched_delete(|d| d.predicate(qcol("s", OP).eq(lit(PlanOp::Delete.marker()))))
         .map_err(delta_err)?
         .when_matched_update(|u| {
             columns.iter().fold(u.predicate(is_write.clone()), |u, c| {

@@ -13,11 +13,10 @@ use std::sync::Arc;
 
 use arrow::array::{new_null_array, ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
-use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
+use deltalake::datafile::writer::DeltaWriter;
 use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
-use deltalake::table::config::TablePropertiesExt;
 use deltalake::{DeltaTable, ObjectStore};
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -86,23 +85,10 @@ pub(super) async fn execute(
     let snapshot = table.snapshot().map_err(delta_err)?;
     let store = table.log_store().object_store(None);
     let schema = snapshot.snapshot().arrow_schema();
-    let props = snapshot.table_config();
-    let partition_columns = snapshot.metadata().partition_columns().to_vec();
     let mut actions = Vec::new();
     let mut removed = 0u64;
     for bin in &plan.bins {
-        let config = WriterConfig::new(
-            schema.clone(),
-            partition_columns.clone(),
-            None,
-            std::num::NonZeroU64::new(target),
-            None,
-            props.num_indexed_cols(),
-            props
-                .data_skipping_stats_columns
-                .as_ref()
-                .map(|v| v.iter().map(|c| c.to_string()).collect()),
-        );
+        let config = crate::delta::writer_config(snapshot, None, std::num::NonZeroU64::new(target));
         let mut writer = DeltaWriter::new(store.clone(), config);
         for f in bin {
             for batch in read_file(store.clone(), f, &schema, &plan.partition).await? {

@@ -64,6 +64,43 @@ pub(super) struct Input<'a> {
     pub(super) body: &'a Body,
 }
 
+/// Each column's type: configured, else the table's, else text.
+fn target_types(
+    names: &[String],
+    opts: &CsvOptions,
+    table_schema: Option<&Schema>,
+) -> Vec<DataType> {
+    names
+        .iter()
+        .map(|n| {
+            opts.columns
+                .iter()
+                .find(|c| &c.name == n)
+                .map(|c| c.data_type.clone())
+                .or_else(|| {
+                    table_schema
+                        .and_then(|s| s.field_with_name(n).ok())
+                        .map(|f| f.data_type().clone())
+                })
+                .unwrap_or(DataType::Utf8)
+        })
+        .collect()
+}
+
+/// The error text of a batch the CSV reader could not decode.
+fn read_error(gz: bool, e: arrow::error::ArrowError, names: &[String]) -> String {
+    let m = e.to_string();
+    if gz && (m.contains("gzip") || m.contains("deflate") || m.contains("invalid")) {
+        format!("not a readable gzip file: {m}")
+    } else {
+        format!(
+            "malformed CSV (expected {} fields per line: {}): {m}",
+            names.len(),
+            names.join(", ")
+        )
+    }
+}
+
 pub(super) fn batches(
     input: Input<'_>,
     opts: &CsvOptions,
@@ -79,18 +116,6 @@ pub(super) fn batches(
     } = input;
     let gz = file_name.to_ascii_lowercase().ends_with(".gz");
     let bad = |m: String| Error::bad_input(name, Location::File, m);
-    let read_error = move |e: arrow::error::ArrowError, names: &[String]| {
-        let m = e.to_string();
-        if gz && (m.contains("gzip") || m.contains("deflate") || m.contains("invalid")) {
-            format!("not a readable gzip file: {m}")
-        } else {
-            format!(
-                "malformed CSV (expected {} fields per line: {}): {m}",
-                names.len(),
-                names.join(", ")
-            )
-        }
-    };
     let names = column_names(name, text(name, file_name, body)?, opts, kind, table).map_err(
         |e| match e {
             Error::BadInput { message, .. } if gz => bad(format!(
@@ -115,21 +140,7 @@ pub(super) fn batches(
         .with_batch_size(decode_rows)
         .build(text(name, file_name, body)?)
         .map_err(|e| bad(format!("cannot read CSV: {e}")))?;
-    let targets: Vec<DataType> = names
-        .iter()
-        .map(|n| {
-            opts.columns
-                .iter()
-                .find(|c| &c.name == n)
-                .map(|c| c.data_type.clone())
-                .or_else(|| {
-                    table_schema
-                        .and_then(|s| s.field_with_name(n).ok())
-                        .map(|f| f.data_type().clone())
-                })
-                .unwrap_or(DataType::Utf8)
-        })
-        .collect();
+    let targets = target_types(&names, opts, table_schema);
     let typed_schema = Arc::new(Schema::new(
         names
             .iter()
@@ -141,7 +152,8 @@ pub(super) fn batches(
     let name = name.to_string();
     let mut offset = 0usize;
     let typed = reader.map(move |b| {
-        let text = b.map_err(|e| Error::bad_input(&name, Location::File, read_error(e, &names)))?;
+        let text =
+            b.map_err(|e| Error::bad_input(&name, Location::File, read_error(gz, e, &names)))?;
         let rows = text.num_rows();
         let columns = names
             .iter()

@@ -216,30 +216,21 @@ pub(crate) fn classify(url: &Url, format: &Format) -> std::result::Result<FileCl
     }
 }
 
-/// Read one file: whole when it has at most `slice_rows` rows and `slice_bytes` of decoded
-/// data, else [`Read::Large`].
-/// `table_schema` is what the Delta table says, when it exists: columns it has are
-/// converted to its types.
-pub(crate) fn read_changes(
-    file: &Url,
-    raw: &RawFile,
-    cfg: &TableConfig,
-    table_schema: Option<&Schema>,
-    props: &TableProps,
-    slice_rows: usize,
-    slice_bytes: usize,
-) -> Result<Read> {
-    let mut slices = Slices::open(file, raw, cfg, table_schema, props, slice_rows, slice_bytes)?;
-    if slices.total_rows.is_some_and(|n| n > slice_rows) {
-        return Ok(Read::Large);
+impl Slices {
+    /// The whole file when it has at most one slice of rows and of decoded bytes, else
+    /// [`Read::Large`].
+    pub(crate) fn whole_or_large(mut self) -> Result<Read> {
+        if self.total_rows.is_some_and(|n| n > self.slice_rows) {
+            return Ok(Read::Large);
+        }
+        let first = self
+            .next_slice()?
+            .ok_or_else(|| Error::internal("a file reader yielded no batch"))?;
+        if first.partial {
+            return Ok(Read::Large);
+        }
+        Ok(Read::Whole(Box::new(first)))
     }
-    let first = slices
-        .next_slice()?
-        .ok_or_else(|| Error::internal("a file reader yielded no batch"))?;
-    if first.partial {
-        return Ok(Read::Large);
-    }
-    Ok(Read::Whole(Box::new(first)))
 }
 
 /// A file read in slices of about `slice_rows` rows (whole decode batches): each slice is a
@@ -264,6 +255,9 @@ pub(crate) struct Slices {
 }
 
 impl Slices {
+    /// Open a file for reading in slices of `slice_rows` rows / `slice_bytes` decoded bytes.
+    /// `table_schema` is what the Delta table says, when it exists: columns it has are
+    /// converted to its types.
     pub(crate) fn open(
         file: &Url,
         raw: &RawFile,
@@ -612,15 +606,16 @@ struct Ordering {
     starts: Vec<Option<String>>,
 }
 
-fn order_keys(
+/// The sequence columns (`sequence_by`) of a CDC file, normalised; a missing column or a
+/// value that cannot be ordered fails the file, naming the row and column.
+fn cdc_sequences(
     f: &FileInfo<'_>,
     raw: &RecordBatch,
     cfg: &TableConfig,
-    first_row: usize,
-) -> Result<Ordering> {
-    let mut sequences = Vec::new();
-    if f.kind == FileKind::Cdc {
-        for s in &cfg.sequence_by {
+) -> Result<Vec<order::SeqColumn>> {
+    cfg.sequence_by
+        .iter()
+        .map(|s| {
             let a = column(raw, s).ok_or_else(|| {
                 Error::bad_input(
                     f.name,
@@ -631,7 +626,7 @@ fn order_keys(
                     ),
                 )
             })?;
-            let col = order::sequence_column(&a).map_err(|e| {
+            order::sequence_column(&a).map_err(|e| {
                 let location = match e.row {
                     Some(r) => Location::Row {
                         row: r + 1,
@@ -640,10 +635,21 @@ fn order_keys(
                     None => Location::Column(s.clone()),
                 };
                 Error::bad_input(f.name, location, e.message)
-            })?;
-            sequences.push(col);
-        }
-    }
+            })
+        })
+        .collect()
+}
+
+fn order_keys(
+    f: &FileInfo<'_>,
+    raw: &RecordBatch,
+    cfg: &TableConfig,
+    first_row: usize,
+) -> Result<Ordering> {
+    let sequences = match f.kind {
+        FileKind::Cdc => cdc_sequences(f, raw, cfg)?,
+        FileKind::FullLoad => Vec::new(),
+    };
     let rows = raw.num_rows();
     // Each row's start (the first sequence value) serves only a history table.
     let history = cfg.history.is_some();
