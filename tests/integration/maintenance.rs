@@ -393,7 +393,16 @@ fn concurrent_merges_and_maintenance(seed: u64) {
             assert!(errors.is_empty(), "maintenance failed: {errors:?}");
         }
     });
-    assert_eq!(rt.block_on(fx.items_rows()), expected, "seed {seed}");
+    let got = rt.block_on(fx.items_rows());
+    if got != expected && std::env::var("KEEP_FAILED").is_ok() {
+        let kept = fx.dir.path().to_path_buf();
+        std::mem::forget(fx);
+        panic!(
+            "seed {seed}: kept {} got {got:?} want {expected:?}",
+            kept.display()
+        );
+    }
+    assert_eq!(got, expected, "seed {seed}");
     // a last maintenance run leaves exact manifests
     rt.block_on(async {
         maintain(&fx, false).await.unwrap();

@@ -86,11 +86,27 @@ impl Engine {
         };
         // Deletes are recorded first: a tombstone states a fact of the source, true whether
         // or not the main table has caught up, and it stops late older upserts.
+        #[cfg(test)]
+        if let Some(hook) = &self.before_tombstones {
+            (hook.0)().await;
+        }
         let t = Instant::now();
         let mut tombstones =
             Tombstones::open(table, &self.options, &base_plan.batch.schema()).await?;
         report.tombstones_recorded = tombstones.record(&base_plan, &files).await?;
         report.phases_ms.tombstones_recorded = ms_since(t);
+        // A delete must read the table after its tombstone is recorded: a late older insert
+        // that commits before that read is then found and deleted, and one that commits
+        // after it finds the tombstone in its re-check. The table the caller loaded was read
+        // before; a MERGE planned on it that finds no row commits nothing, so no conflict
+        // would say that it was stale (a_delete_planned_on_a_table_loaded_before_a_late_insert).
+        if base_plan.deletes > 0 {
+            if let Some(t) = loaded.as_mut() {
+                t.update_incremental(None)
+                    .await
+                    .map_err(|e| crate::error::Error::delta(&table.name, e))?;
+            }
+        }
         let extras = MergeExtras {
             txns: batch
                 .changes

@@ -40,6 +40,9 @@ pub struct Engine {
     local_s3_root: Option<Arc<std::path::PathBuf>>,
     #[cfg(test)]
     before_merge: Option<tests::Hook>,
+    /// Runs in `merge_batch` before the deletes are recorded (the table already loaded).
+    #[cfg(test)]
+    before_tombstones: Option<tests::Hook>,
 }
 
 /// Files read for a call.
@@ -79,6 +82,8 @@ impl Engine {
             local_s3_root: None,
             #[cfg(test)]
             before_merge: None,
+            #[cfg(test)]
+            before_tombstones: None,
         }
     }
 

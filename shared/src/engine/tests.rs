@@ -127,7 +127,9 @@ async fn a_compaction_racing_a_merge_never_revives_a_deleted_row() {
     let storage = Storage::new();
     // three one-row commits: three small files for the compaction
     for id in 1..=3 {
-        let f = src.join(&format!("20240101-000000000{id}.parquet")).unwrap();
+        let f = src
+            .join(&format!("20240101-000000000{id}.parquet"))
+            .unwrap();
         storage
             .put(&f, cdc("I", &format!("2024-01-01 00:00:0{id}"), id))
             .await
@@ -186,4 +188,72 @@ async fn a_compaction_racing_a_merge_never_revives_a_deleted_row() {
         })
         .collect();
     assert_eq!(ids, vec![2, 3], "the deleted row stays deleted");
+}
+
+/// The other order of the insert/delete race: the delete's engine loaded the table before
+/// the insert committed, and the insert (older, so the delete must win) commits and
+/// re-checks the tombstones before the delete records its tombstone. The delete must then
+/// read the table after recording it: a MERGE planned on the table as loaded before finds no
+/// row, changes nothing and so commits nothing — no conflict tells it that it was stale —
+/// and the inserted row would stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_planned_on_a_table_loaded_before_a_late_insert_still_deletes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+    let inserter = Engine::new(config.clone());
+    let src = config.tables[0].source.clone();
+    let storage = Storage::new();
+    let other = src.join("20240101-0000000000.parquet").unwrap();
+    let insert = src.join("20240101-0000000001.parquet").unwrap();
+    let delete = src.join("20240101-0000000002.parquet").unwrap();
+    for (f, op, ts, id) in [
+        (&other, "I", "2024-01-01 00:00:00", 2),
+        (&insert, "I", "2024-01-01 00:00:01", 1),
+        (&delete, "D", "2024-01-01 00:00:02", 1),
+    ] {
+        storage.put(f, cdc(op, ts, id)).await.unwrap();
+    }
+    let r = inserter.process(std::slice::from_ref(&other)).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    let fired = Arc::new(AtomicBool::new(false));
+    let mut deleter = Engine::new(config.clone());
+    let (ins, f, file) = (inserter.clone(), fired.clone(), insert.clone());
+    deleter.before_tombstones = Some(Hook(Arc::new(move || {
+        let (ins, f, file) = (ins.clone(), f.clone(), file.clone());
+        Box::pin(async move {
+            if !f.swap(true, Ordering::SeqCst) {
+                let r = ins.process(&[file]).await;
+                assert_eq!(r.failures().count(), 0);
+                assert_eq!(r.tables[0].inserted, 1, "no tombstone yet: inserted");
+            }
+        })
+    })));
+    let r = deleter.process(&[delete]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    assert!(fired.load(Ordering::SeqCst));
+    assert_eq!(
+        r.tables[0].deleted, 1,
+        "the delete found the row: {:?}",
+        r.tables[0]
+    );
+    let table = delta::open(&config.tables[0].target, &Default::default())
+        .await
+        .unwrap();
+    let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
+        .await
+        .unwrap();
+    let ids: Vec<i64> = rows
+        .iter()
+        .flat_map(|b| {
+            arrow::compute::cast(b.column(0), &DataType::Int64)
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(ids, vec![2], "the deleted row stays deleted");
 }
