@@ -383,9 +383,10 @@ async fn run_reload(config: &str, table: &str) -> Result<()> {
 
 async fn run_catalog_sync(config: &str, tables: &[String]) -> Result<()> {
     let engine = Engine::from_config_location(config).await?;
+    engine.config().require_tables(tables, "catalog sync")?;
     for t in tables {
         match engine.config().table(t) {
-            None => bail!("table `{t}` is not configured"),
+            None => {}
             Some(c) if c.catalog.is_none() => {
                 bail!("table `{t}` has no catalog settings ([table.catalog])")
             }
@@ -423,20 +424,7 @@ pub(crate) fn print_catalog(table: &str, r: &tributary::catalog::CatalogReport, 
 
 async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()> {
     let engine = Engine::from_config_location(config).await?;
-    for t in tables {
-        if engine.config().table(t).is_none() {
-            let known: Vec<&str> = engine
-                .config()
-                .tables
-                .iter()
-                .map(|t| t.name.as_str())
-                .collect();
-            bail!(
-                "table `{t}` is not configured (tables: {})",
-                known.join(", ")
-            );
-        }
-    }
+    engine.config().require_tables(tables, "maintain")?;
     // One table at a time (what the scheduled fan-out does), with progress between them.
     let names: Vec<String> = engine
         .config()

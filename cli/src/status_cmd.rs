@@ -1,17 +1,13 @@
 //! `tributary status`: each table's state, for people (default) or scripts (`--json`).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use chrono::{DateTime, Utc};
 use tributary::status::{table_status, TableStatus};
 use tributary::Engine;
 
 pub(crate) async fn run(config: &str, tables: &[String], json: bool) -> Result<()> {
     let engine = Engine::from_config_location(config).await?;
-    for t in tables {
-        if engine.config().table(t).is_none() {
-            bail!("table `{t}` is not configured");
-        }
-    }
+    engine.config().require_tables(tables, "status")?;
     let now = Utc::now();
     let mut all = Vec::new();
     for cfg in engine

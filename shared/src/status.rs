@@ -105,7 +105,6 @@ pub async fn table_status(
     if !delta::exists(&table) {
         return Ok(st);
     }
-    let label = storage::display(&cfg.target);
     st.exists = true;
     st.version = table.version();
     st.last_commit = {
@@ -122,9 +121,19 @@ pub async fn table_status(
     let seq = quoted(&cfg.sequence_column);
     let (rows, newest_row) = count_and_max(&table, &seq).await?;
     st.rows = rows;
+    // A delete's tombstone is recorded just before the commit that applies it: tombstones
+    // recorded after the last commit belong to a merge not committed (yet), not counted.
+    let applied = match st.last_commit {
+        Some(t) => format!(
+            "CASE WHEN CAST({} AS BIGINT) <= {} THEN {seq} END",
+            quoted(crate::tombstones::DELETED_AT_COLUMN),
+            t.timestamp_micros()
+        ),
+        None => "NULL".to_string(),
+    };
     let tombs = delta::open(&cfg.tombstones, options).await?;
     let (tombstones, newest_delete) = if delta::exists(&tombs) {
-        count_and_max(&tombs, &seq).await?
+        count_and_max(&tombs, &applied).await?
     } else {
         (0, None)
     };
@@ -139,13 +148,17 @@ pub async fn table_status(
         st.manifests = Some(manifest_status(storage, &table).await?);
     }
     if let Some(catalog) = catalog {
-        st.catalog = catalog.status(cfg, options).await.map_err(|e| {
-            Error::catalog(
-                &label,
-                format!("cannot read the catalog entries: {e}"),
-                true,
-            )
-        })?;
+        // A catalog that cannot be read is this table's state, not the command's failure.
+        st.catalog = catalog.status(cfg, options).await.unwrap_or_else(|e| {
+            Some(vec![EntryStatus {
+                entry: cfg
+                    .catalog
+                    .as_ref()
+                    .map_or_else(String::new, |c| c.database.clone()),
+                state: format!("cannot be read: {e}"),
+                partitions: None,
+            }])
+        });
     }
     Ok(st)
 }
@@ -194,7 +207,7 @@ fn quoted(column: &str) -> String {
     format!("\"{}\"", column.replace('"', "\"\""))
 }
 
-/// Rows and the greatest value of the order-key column.
+/// Rows and the greatest value of `expr` (the order-key column, or an expression over it).
 async fn count_and_max(table: &deltalake::DeltaTable, seq: &str) -> Result<(u64, Option<String>)> {
     let batches = delta::query(table, &format!("SELECT count(*), max({seq}) FROM t")).await?;
     let mut rows = 0;

@@ -689,16 +689,12 @@ async fn a_changed_configuration_is_picked_up_and_a_broken_one_is_not() {
     let path = dir.path().join("t.toml");
     std::fs::write(&path, ITEMS_TABLE).unwrap();
     let loc = path.to_str().unwrap().to_string();
-    let live = LiveEngine::new(
-        Engine::from_config_location(&loc).await.unwrap(),
-        &loc,
-        std::time::Duration::ZERO,
-        |l| {
-            let l = l.to_string();
-            Box::pin(async move { Engine::from_config_location(&l).await })
-        },
-    )
-    .await;
+    let live = LiveEngine::start(&loc, std::time::Duration::ZERO, |l| {
+        let l = l.to_string();
+        Box::pin(async move { Engine::from_config_location(&l).await })
+    })
+    .await
+    .unwrap();
     let first = live.engine().await;
     assert_eq!(first.config().tables.len(), 1);
     assert!(
@@ -733,16 +729,12 @@ async fn a_file_of_a_table_just_added_is_neither_ignored_nor_lost() {
     std::fs::write(&path, table("a")).unwrap();
     let loc = path.to_str().unwrap().to_string();
     // Checks due only once an hour: what follows is forced by the files.
-    let live = LiveEngine::new(
-        Engine::from_config_location(&loc).await.unwrap(),
-        &loc,
-        std::time::Duration::from_secs(3600),
-        |l| {
-            let l = l.to_string();
-            Box::pin(async move { Engine::from_config_location(&l).await })
-        },
-    )
-    .await;
+    let live = LiveEngine::start(&loc, std::time::Duration::from_secs(3600), |l| {
+        let l = l.to_string();
+        Box::pin(async move { Engine::from_config_location(&l).await })
+    })
+    .await
+    .unwrap();
     // A prefix no configuration has: the configuration in force decides (ignored later).
     assert_eq!(
         live.engine_for(&event("b"))
@@ -794,6 +786,20 @@ async fn a_file_of_a_table_just_added_is_neither_ignored_nor_lost() {
     assert!(
         err.contains("s3://raw/dms/c/1.parquet") && err.contains("does not load"),
         "{err}"
+    );
+    // The configuration cannot be read at all (deleted): a file no table owns fails too.
+    std::fs::remove_file(&path).unwrap();
+    let err = live.engine_for(&event("d")).await.unwrap_err().to_string();
+    assert!(err.contains("cannot be read"), "{err}");
+    assert_eq!(
+        live.engine_for(&event("a"))
+            .await
+            .unwrap()
+            .config()
+            .tables
+            .len(),
+        2,
+        "files of known tables go on"
     );
     std::fs::write(&path, format!("{}{}{}", table("a"), table("b"), table("c"))).unwrap();
     assert_eq!(

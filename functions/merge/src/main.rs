@@ -8,7 +8,8 @@
 //! Environment: `TRIBUTARY_CONFIG` (path or s3:// URI of the table configuration, required),
 //! `RUST_LOG`, `AWS_ENDPOINT_URL` for emulators, `TRIBUTARY_LOCAL_S3_ROOT` to serve
 //! `s3://bucket/key` from `<root>/bucket/key` when running locally, `TRIBUTARY_ROUTE_TO`,
-//! `TRIBUTARY_ROUTE_FROM`, `TRIBUTARY_DEAD_LETTER_TO`.
+//! `TRIBUTARY_ROUTE_FROM`, `TRIBUTARY_DEAD_LETTER_TO`, `TRIBUTARY_CONFIG_CHECK_SECONDS`,
+//! `TRIBUTARY_TABLES_LOCATION`, `TRIBUTARY_SPILL_MB` (docs/configuration.md, "Environment").
 
 use std::sync::{Arc, OnceLock};
 

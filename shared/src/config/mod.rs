@@ -315,6 +315,24 @@ impl Config {
         Ok(())
     }
 
+    /// Every name is a configured table's; otherwise an error naming it and the tables.
+    pub fn require_tables(&self, names: &[String], asked_by: &str) -> Result<()> {
+        match names.iter().find(|n| self.table(n).is_none()) {
+            None => Ok(()),
+            Some(name) => Err(Error::config(
+                &self.origin,
+                format!(
+                    "{asked_by} asked for table `{name}`, which is not configured (tables: {})",
+                    self.tables
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    }
+
     /// A table by name.
     pub fn table(&self, name: &str) -> Option<&TableConfig> {
         self.tables.iter().find(|t| t.name == name)

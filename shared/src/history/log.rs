@@ -15,9 +15,21 @@ use deltalake::DeltaTable;
 use crate::config::{HistoryConfig, TableConfig};
 use crate::delta;
 use crate::error::{Error, Result};
-use crate::plan::PlanOp;
 use crate::retry::Retry;
 use crate::source::{ChangeOp, ChangeSet};
+
+/// How the change log stores a change's operation. Written to storage and read back by
+/// later invocations: a format of its own, not the MERGE's in-memory markers.
+const LOGGED_DELETE: &str = "D";
+const LOGGED_WRITE: &str = "U";
+
+fn logged_op(delete: bool) -> &'static str {
+    if delete {
+        LOGGED_DELETE
+    } else {
+        LOGGED_WRITE
+    }
+}
 
 pub(super) const SEQ: &str = "_tributary_seq";
 pub(super) const START: &str = "_tributary_start";
@@ -55,9 +67,7 @@ pub(super) fn rows(changes: &[ChangeSet], columns: &[Field]) -> Result<RecordBat
         cols.push(Arc::new(cs.order.clone()));
         cols.push(Arc::new(StringArray::from(cs.starts.clone())));
         cols.push(Arc::new(StringArray::from_iter_values(
-            cs.ops
-                .iter()
-                .map(|o| PlanOp::marker_of(*o == ChangeOp::Delete)),
+            cs.ops.iter().map(|o| logged_op(*o == ChangeOp::Delete)),
         )));
         cols.push(Arc::new(StringArray::from_iter_values(
             std::iter::repeat_n(present.as_str(), n),
@@ -135,7 +145,7 @@ impl Logged<'_> {
     }
 
     pub(super) fn is_delete(&self) -> bool {
-        self.text(OP).as_deref() == Some(PlanOp::Delete.marker())
+        self.text(OP).as_deref() == Some(LOGGED_DELETE)
     }
 
     /// The columns the change carried.

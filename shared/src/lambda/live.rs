@@ -55,23 +55,37 @@ fn config_url(location: &str) -> Option<Url> {
     Url::from_file_path(abs).ok()
 }
 
+/// How a check ended.
+enum Checked {
+    /// The version in force is the newest (or it was just put in force).
+    Current,
+    /// A newer version exists and does not load: the error.
+    Refused(Error),
+    /// The store could not be asked: the error.
+    Unknown(Error),
+}
+
 impl LiveEngine {
-    /// Start from `engine`, built from the configuration at `location`; `build` makes a new
-    /// engine from it when it changes (the functions: [`super::engine_from_env`]'s way).
-    pub async fn new(
-        engine: Engine,
+    /// Load the configuration at `location` with `build` and keep it in force; its version
+    /// tag is read *before* it is loaded, so that an upload in between is loaded at the next
+    /// check rather than taken for the version in force.
+    pub async fn start(
         location: &str,
         every: Duration,
         build: fn(&str) -> BuildFuture,
-    ) -> Self {
+    ) -> Result<Self> {
         let url = config_url(location);
+        if url.is_none() {
+            tracing::warn!(config = %location, "the configuration's location is not a URL or an existing file: it is not checked for changes");
+        }
         let storage = Storage::new();
         let tag = match &url {
             Some(u) => storage.version_tag(u).await.ok().flatten(),
             None => None,
         };
+        let engine = build(location).await?;
         tracing::info!(config = %location, version = tag.as_deref().unwrap_or("-"), tables = engine.config().tables.len(), "configuration in force");
-        LiveEngine {
+        Ok(LiveEngine {
             location: location.to_string(),
             url,
             every,
@@ -84,18 +98,17 @@ impl LiveEngine {
             }),
             reloading: tokio::sync::Mutex::new(()),
             build,
-        }
+        })
     }
 
     /// The check interval from `TRIBUTARY_CONFIG_CHECK_SECONDS` (default 60; 0 checks on
-    /// every invocation).
+    /// every invocation; a value that is not a number of seconds means the default).
     pub fn interval_from_env() -> Duration {
-        let secs = std::env::var("TRIBUTARY_CONFIG_CHECK_SECONDS")
+        std::env::var("TRIBUTARY_CONFIG_CHECK_SECONDS")
             .ok()
             .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|v| *v >= 0.0)
-            .unwrap_or(60.0);
-        Duration::from_secs_f64(secs)
+            .and_then(|v| Duration::try_from_secs_f64(v).ok())
+            .unwrap_or(Duration::from_secs(60))
     }
 
     fn current_engine(&self) -> Arc<Engine> {
@@ -125,61 +138,80 @@ impl LiveEngine {
     /// The engine for an invocation with this payload: [`Self::engine`], and when the
     /// payload announces a file that no table of the configuration in force owns, a check
     /// now (the file may belong to a table just added). An error when such a file remains
-    /// unowned while a newer configuration exists that does not load: whether the file is
-    /// to be merged cannot be known until that configuration is fixed.
+    /// unowned while a newer configuration exists that does not load, or when the store
+    /// cannot say whether there is one: whether the file is to be merged cannot be known
+    /// then, and the invocation fails (retried, then dead-lettered) instead of ignoring it.
     pub async fn engine_for(&self, payload: &serde_json::Value) -> Result<Arc<Engine>> {
         let engine = self.engine().await;
+        if unowned(&engine, payload).is_none() {
+            return Ok(engine);
+        }
+        let checked = {
+            let _guard = self.reloading.lock().await;
+            self.check_logged().await
+        };
+        let engine = self.current_engine();
         let Some(unowned) = unowned(&engine, payload) else {
             return Ok(engine);
         };
-        {
-            let _guard = self.reloading.lock().await;
-            self.check_logged().await;
-        }
-        let engine = self.current_engine();
-        if self::unowned(&engine, payload).is_none() {
-            return Ok(engine);
-        }
-        let rejected = match self.state.lock() {
-            Ok(s) => s.rejected.clone(),
-            Err(p) => p.into_inner().rejected.clone(),
-        };
-        match rejected {
-            None => Ok(engine),
-            Some((_, why)) => Err(Error::config(
-                &self.location,
-                format!(
-                    "no table of the configuration in force owns {unowned}, and the newer configuration does not load ({why}); the file is not ignored while that is so: fix the configuration and the retried message is merged or ignored by it"
-                ),
-            )),
-        }
-    }
-
-    async fn check_logged(&self) {
-        if let Err(e) = self.check().await {
-            tracing::error!(config = %self.location, error = %e, kind = e.kind(), "the configuration changed but does not load; the previous one stays in force");
-            println!("{}", super::metrics::config_rejected_emf(super::now_ms()));
-        }
-    }
-
-    async fn check(&self) -> Result<()> {
-        let Some(url) = &self.url else {
-            return Ok(());
-        };
-        let tag = self.storage.version_tag(url).await?;
-        let known = {
-            let mut s = self
-                .state
-                .lock()
-                .map_err(|_| Error::internal("configuration state poisoned"))?;
-            s.checked = Instant::now();
-            if tag == s.tag {
-                s.rejected = None;
+        let why = match checked {
+            Checked::Current => return Ok(engine),
+            Checked::Refused(e) => format!("the newer configuration does not load ({e})"),
+            Checked::Unknown(e) => {
+                format!("whether the configuration changed cannot be read ({e})")
             }
-            s.tag.clone()
+        };
+        Err(Error::config(
+            &self.location,
+            format!(
+                "no table of the configuration in force owns {unowned}, and {why}; the file is not ignored while that is so: once the configuration loads, the retried message is merged or ignored by it"
+            ),
+        ))
+    }
+
+    /// Check, log what a failed check means, and say how it ended.
+    async fn check_logged(&self) -> Checked {
+        let checked = self.check().await;
+        match &checked {
+            Checked::Current => {}
+            Checked::Refused(e) => {
+                tracing::error!(config = %self.location, error = %e, kind = e.kind(), "the configuration changed but does not load; the previous one stays in force");
+                println!("{}", super::metrics::config_rejected_emf(super::now_ms()));
+            }
+            Checked::Unknown(e) => {
+                tracing::warn!(config = %self.location, error = %e, kind = e.kind(), "cannot check the configuration for changes; the one in force stays");
+            }
+        }
+        checked
+    }
+
+    async fn check(&self) -> Checked {
+        let Some(url) = &self.url else {
+            return Checked::Current;
+        };
+        // Counted as checked whatever the answer: a store that fails is asked again at the
+        // next interval, not at every invocation.
+        let (known, rejected) = match self.state.lock() {
+            Ok(mut s) => {
+                s.checked = Instant::now();
+                (s.tag.clone(), s.rejected.clone())
+            }
+            Err(_) => return Checked::Unknown(Error::internal("configuration state poisoned")),
+        };
+        let tag = match self.storage.version_tag(url).await {
+            Ok(t) => t,
+            Err(e) => return Checked::Unknown(e),
         };
         if tag == known {
-            return Ok(());
+            if let Ok(mut s) = self.state.lock() {
+                s.rejected = None;
+            }
+            return Checked::Current;
+        }
+        // The version already refused: not downloaded and validated again.
+        if let Some((refused, why)) = rejected.filter(|(t, _)| *t == tag) {
+            let _ = refused;
+            return Checked::Refused(Error::config(&self.location, why));
         }
         let engine = match (self.build)(&self.location).await {
             Ok(e) => e,
@@ -187,18 +219,19 @@ impl LiveEngine {
                 if let Ok(mut s) = self.state.lock() {
                     s.rejected = Some((tag, e.to_string()));
                 }
-                return Err(e);
+                return Checked::Refused(e);
             }
         };
         tracing::info!(config = %self.location, version = tag.as_deref().unwrap_or("-"), previous = known.as_deref().unwrap_or("-"), tables = engine.config().tables.len(), "configuration changed: now in force");
-        let mut s = self
-            .state
-            .lock()
-            .map_err(|_| Error::internal("configuration state poisoned"))?;
-        s.engine = Arc::new(engine);
-        s.tag = tag;
-        s.rejected = None;
-        Ok(())
+        match self.state.lock() {
+            Ok(mut s) => {
+                s.engine = Arc::new(engine);
+                s.tag = tag;
+                s.rejected = None;
+                Checked::Current
+            }
+            Err(_) => Checked::Unknown(Error::internal("configuration state poisoned")),
+        }
     }
 }
 

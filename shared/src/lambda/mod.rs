@@ -79,18 +79,12 @@ where
 {
     init_tracing();
     let location = config_location()?;
-    let engine = engine_at(&location).await?;
     let live = std::sync::Arc::new(
-        live::LiveEngine::new(
-            engine,
-            &location,
-            live::LiveEngine::interval_from_env(),
-            |l| {
-                let l = l.to_string();
-                Box::pin(async move { engine_at(&l).await })
-            },
-        )
-        .await,
+        live::LiveEngine::start(&location, live::LiveEngine::interval_from_env(), |l| {
+            let l = l.to_string();
+            Box::pin(async move { engine_at(&l).await })
+        })
+        .await?,
     );
     let handler = std::sync::Arc::new(handler);
     lambda_runtime::run(lambda_runtime::service_fn(

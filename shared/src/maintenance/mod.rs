@@ -93,22 +93,7 @@ pub async fn run(
     only: &[String],
     opts: MaintenanceOptions,
 ) -> Result<Summary> {
-    for name in only {
-        if config.table(name).is_none() {
-            return Err(Error::config(
-                &config.origin,
-                format!(
-                    "maintenance asked for table `{name}`, which is not configured (tables: {})",
-                    config
-                        .tables
-                        .iter()
-                        .map(|t| t.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-    }
+    config.require_tables(only, "maintenance")?;
     let mut summary = Summary::default();
     for t in &config.tables {
         if !only.is_empty() && !only.contains(&t.name) {
