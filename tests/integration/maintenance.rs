@@ -189,7 +189,10 @@ async fn vacuum_respects_retention_and_refuses_short_ones() {
         on_disk > 1,
         "compacted-away files are still there within the retention"
     );
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // Past both retentions: vacuum 1.08 s; tombstones 0.864 s, whose expiry cutoff is rounded
+    // down to whole seconds (a step of a seventh of the retention, at least 1 s), so up to
+    // 1.864 s (1.5 s failed whenever the delete was recorded early in a second).
+    std::thread::sleep(std::time::Duration::from_millis(2500));
     let r = maintain(&fx, false).await.unwrap();
     assert!(
         r.files_vacuumed >= on_disk - 1,
