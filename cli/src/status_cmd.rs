@@ -131,7 +131,10 @@ fn print(st: &TableStatus, now: DateTime<Utc>) {
         }
     };
     out!("  freshness   {fresh}");
-    out!("  tombstones  {}", thousands(st.tombstones));
+    out!(
+        "  tombstones  {} recorded (a re-delivered delete counts again)",
+        thousands(st.tombstones)
+    );
     match &st.manifests {
         None => out!("  manifests   off"),
         Some(m) if m.exact => out!("  manifests   exact (list the live files)"),
