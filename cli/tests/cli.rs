@@ -9,6 +9,16 @@ fn tributary(args: &[&str], dir: &Path) -> Command {
     c
 }
 
+/// Merge the demo's raw files one per commit.
+const MERGE_ONE_BY_ONE: [&str; 6] = [
+    "merge",
+    "--config",
+    "d/tributary.toml",
+    "--batch",
+    "1",
+    "d/raw/",
+];
+
 /// A folder with the demo's files and table under `d/` (40 rows, 5 new).
 fn demo() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -30,21 +40,11 @@ fn demo() -> tempfile::TempDir {
 fn a_closed_stdout_does_not_stop_the_work() {
     let dir = demo();
     std::fs::remove_dir_all(dir.path().join("d/curated")).unwrap();
-    let mut child = tributary(
-        &[
-            "merge",
-            "--config",
-            "d/tributary.toml",
-            "--batch",
-            "1",
-            "d/raw/",
-        ],
-        dir.path(),
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child = tributary(&MERGE_ONE_BY_ONE, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     drop(child.stdout.take()); // the reader goes away before the first line
     let out = child.wait_with_output().unwrap();
     assert!(
@@ -72,14 +72,7 @@ fn a_closed_stdout_does_not_stop_the_work() {
 #[test]
 fn progress_appears_on_a_terminal_and_not_in_a_pipe() {
     let dir = demo();
-    let args = [
-        "merge",
-        "--config",
-        "d/tributary.toml",
-        "--batch",
-        "1",
-        "d/raw/",
-    ];
+    let args = MERGE_ONE_BY_ONE;
     let command = std::iter::once(env!("CARGO_BIN_EXE_tributary"))
         .chain(args)
         .collect::<Vec<_>>()

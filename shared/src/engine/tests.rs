@@ -21,6 +21,27 @@ impl std::fmt::Debug for Hook {
     }
 }
 
+/// The ids in the table, in order.
+async fn ids_of(config: &Config) -> Vec<i64> {
+    let table = delta::open(&config.tables[0].target, &Default::default())
+        .await
+        .unwrap();
+    let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
+        .await
+        .unwrap();
+    rows.iter()
+        .flat_map(|b| {
+            arrow::compute::cast(b.column(0), &DataType::Int64)
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
 fn cdc(op: &str, ts: &str, id: i64) -> bytes::Bytes {
     let schema = Arc::new(Schema::new(vec![
         Field::new("Op", DataType::Utf8, true),
@@ -91,24 +112,7 @@ async fn late_insert_racing_a_delete_does_not_revive_the_row() {
         "the insert did commit before the re-check"
     );
     assert_eq!(r.tables[0].deleted, 1, "the re-check removed it again");
-    let table = delta::open(&config.tables[0].target, &Default::default())
-        .await
-        .unwrap();
-    let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
-        .await
-        .unwrap();
-    let ids: Vec<i64> = rows
-        .iter()
-        .flat_map(|b| {
-            arrow::compute::cast(b.column(0), &DataType::Int64)
-                .unwrap()
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        })
-        .collect();
+    let ids = ids_of(&config).await;
     assert_eq!(ids, vec![2]);
 }
 
@@ -169,24 +173,7 @@ async fn a_compaction_racing_a_merge_never_revives_a_deleted_row() {
         "the merge conflicted with the compaction: {:?}",
         r.tables[0]
     );
-    let table = delta::open(&config.tables[0].target, &Default::default())
-        .await
-        .unwrap();
-    let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
-        .await
-        .unwrap();
-    let ids: Vec<i64> = rows
-        .iter()
-        .flat_map(|b| {
-            arrow::compute::cast(b.column(0), &DataType::Int64)
-                .unwrap()
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        })
-        .collect();
+    let ids = ids_of(&config).await;
     assert_eq!(ids, vec![2, 3], "the deleted row stays deleted");
 }
 
@@ -237,23 +224,6 @@ async fn a_delete_planned_on_a_table_loaded_before_a_late_insert_still_deletes_i
         "the delete found the row: {:?}",
         r.tables[0]
     );
-    let table = delta::open(&config.tables[0].target, &Default::default())
-        .await
-        .unwrap();
-    let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
-        .await
-        .unwrap();
-    let ids: Vec<i64> = rows
-        .iter()
-        .flat_map(|b| {
-            arrow::compute::cast(b.column(0), &DataType::Int64)
-                .unwrap()
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        })
-        .collect();
+    let ids = ids_of(&config).await;
     assert_eq!(ids, vec![2], "the deleted row stays deleted");
 }
