@@ -39,6 +39,12 @@ pub enum Error {
     #[error("configuration error in {origin}: {message}")]
     Config { origin: String, message: String },
 
+    /// A file that no table of the configuration in force owns, while a newer
+    /// configuration does not load (or cannot be read): whether it is to be merged is not
+    /// known yet. Retryable: once a configuration loads, the retry merges or ignores it.
+    #[error("{file}: no table of the configuration in force owns it, and {why}; it is not ignored while that is so: once the configuration loads, the retried message is merged or ignored by it")]
+    Unowned { file: String, why: String },
+
     /// An input file is malformed or does not fit the table. Not retryable: the file
     /// has to be fixed (or the configuration changed) and replayed.
     #[error("bad input file {file}{location}: {message}")]
@@ -149,7 +155,7 @@ impl Error {
             Error::Storage { source, .. } => object_store_is_retryable(source),
             Error::Delta { source, .. } => delta_error_is_retryable(source),
             Error::DataFusion { source, .. } => datafusion_is_retryable(source),
-            Error::Contention { .. } => true,
+            Error::Contention { .. } | Error::Unowned { .. } => true,
             Error::Catalog { retryable, .. } => *retryable,
         }
     }
@@ -158,6 +164,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Config { .. } => "config",
+            Error::Unowned { .. } => "unowned",
             Error::BadInput { .. } => "bad_input",
             Error::Storage { .. } => "storage",
             Error::Delta { .. } => "delta",

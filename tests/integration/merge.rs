@@ -713,6 +713,29 @@ async fn a_changed_configuration_is_picked_up_and_a_broken_one_is_not() {
     assert_eq!(live.engine().await.config().tables.len(), 2);
 }
 
+/// The error of the one file `event` announces, which no table owns: it must fail
+/// (retryably), not be ignored.
+async fn unowned_failure(
+    live: &tributary::lambda::live::LiveEngine,
+    event: &serde_json::Value,
+    file: &str,
+) -> String {
+    let engine = live.engine_for(event).await.unwrap();
+    let handled = tributary::lambda::events::handle(&engine, event)
+        .await
+        .unwrap();
+    let f = &handled.report.files[0];
+    assert_eq!(tributary::storage::display(&f.file), file);
+    match &f.status {
+        FileStatus::Failed { error, .. } => {
+            assert!(error.is_retryable(), "{error}");
+            assert_eq!(error.kind(), "unowned");
+            error.to_string()
+        }
+        s => panic!("{file} not failed: {s:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_of_a_table_just_added_is_neither_ignored_nor_lost() {
     use tributary::lambda::live::LiveEngine;
@@ -782,14 +805,11 @@ async fn a_file_of_a_table_just_added_is_neither_ignored_nor_lost() {
             .len(),
         2
     );
-    let err = live.engine_for(&event("c")).await.unwrap_err().to_string();
-    assert!(
-        err.contains("s3://raw/dms/c/1.parquet") && err.contains("does not load"),
-        "{err}"
-    );
+    let err = unowned_failure(&live, &event("c"), "s3://raw/dms/c/1.parquet").await;
+    assert!(err.contains("does not load"), "{err}");
     // The configuration cannot be read at all (deleted): a file no table owns fails too.
     std::fs::remove_file(&path).unwrap();
-    let err = live.engine_for(&event("d")).await.unwrap_err().to_string();
+    let err = unowned_failure(&live, &event("d"), "s3://raw/dms/d/1.parquet").await;
     assert!(err.contains("cannot be read"), "{err}");
     assert_eq!(
         live.engine_for(&event("a"))

@@ -38,6 +38,9 @@ pub struct Engine {
     options: Arc<HashMap<String, String>>,
     catalog: Arc<Catalog>,
     local_s3_root: Option<Arc<std::path::PathBuf>>,
+    /// Why files no table owns fail instead of being ignored (a newer configuration is
+    /// refused: they may belong to a table it adds).
+    unowned: Option<Arc<str>>,
     #[cfg(test)]
     before_merge: Option<tests::Hook>,
     /// Runs in `merge_batch` before the deletes are recorded (the table already loaded).
@@ -80,6 +83,7 @@ impl Engine {
             options: Arc::new(storage::delta_storage_options()),
             catalog: Arc::new(Catalog::from_env()),
             local_s3_root: None,
+            unowned: None,
             #[cfg(test)]
             before_merge: None,
             #[cfg(test)]
@@ -90,6 +94,13 @@ impl Engine {
     /// Serve `s3://bucket/key` from `<root>/bucket/key` on the local disk — the announced
     /// files and the configured tables alike: for running the Lambda locally
     /// (`cargo lambda watch`) against the sample events without AWS.
+    /// This engine, failing (retryably) the files no table owns instead of ignoring them,
+    /// with `why` ([`crate::lambda::live`]: a newer configuration does not load).
+    pub fn failing_unowned(mut self, why: impl Into<Arc<str>>) -> Self {
+        self.unowned = Some(why.into());
+        self
+    }
+
     pub fn with_local_s3_root(mut self, root: impl Into<std::path::PathBuf>) -> Self {
         let root: std::path::PathBuf = root.into();
         let root = std::fs::canonicalize(&root).unwrap_or(root);
@@ -197,6 +208,15 @@ impl Engine {
         let mut by_table: BTreeMap<String, Vec<Url>> = BTreeMap::new();
         for f in files.iter().map(|f| self.resolve(f)) {
             let Some(t) = self.config.table_for(&f) else {
+                if let Some(why) = &self.unowned {
+                    let e = Error::Unowned {
+                        file: storage::display(&f),
+                        why: why.to_string(),
+                    };
+                    log_failure(UNOWNED, &f, &e);
+                    outcomes.push(FileOutcome::failed(f, UNOWNED, Arc::new(e)));
+                    continue;
+                }
                 tracing::warn!(file = %storage::display(&f), "ignored: no configured table has this prefix (check the tables' `source`)");
                 outcomes.push(FileOutcome {
                     file: f,
@@ -521,6 +541,9 @@ impl Engine {
         }
     }
 }
+
+/// The table named for files no table owns (logs, metrics).
+const UNOWNED: &str = "(unowned)";
 
 /// A large file opened for reading in the table's slices.
 fn slices_of(

@@ -137,10 +137,11 @@ impl LiveEngine {
 
     /// The engine for an invocation with this payload: [`Self::engine`], and when the
     /// payload announces a file that no table of the configuration in force owns, a check
-    /// now (the file may belong to a table just added). An error when such a file remains
-    /// unowned while a newer configuration exists that does not load, or when the store
-    /// cannot say whether there is one: whether the file is to be merged cannot be known
-    /// then, and the invocation fails (retried, then dead-lettered) instead of ignoring it.
+    /// now (the file may belong to a table just added). While such a file remains unowned
+    /// and a newer configuration exists that does not load, or the store cannot say whether
+    /// there is one, the engine returned fails those files (retryably: `unowned`) instead of
+    /// ignoring them — only their messages are retried, then dead-lettered; the other
+    /// files of the invocation are merged.
     pub async fn engine_for(&self, payload: &serde_json::Value) -> Result<Arc<Engine>> {
         let engine = self.engine().await;
         if unowned(&engine, payload).is_none() {
@@ -151,9 +152,9 @@ impl LiveEngine {
             self.check_logged().await
         };
         let engine = self.current_engine();
-        let Some(unowned) = unowned(&engine, payload) else {
+        if unowned(&engine, payload).is_none() {
             return Ok(engine);
-        };
+        }
         let why = match checked {
             Checked::Current => return Ok(engine),
             Checked::Refused(e) => format!("the newer configuration does not load ({e})"),
@@ -161,12 +162,7 @@ impl LiveEngine {
                 format!("whether the configuration changed cannot be read ({e})")
             }
         };
-        Err(Error::config(
-            &self.location,
-            format!(
-                "no table of the configuration in force owns {unowned}, and {why}; the file is not ignored while that is so: once the configuration loads, the retried message is merged or ignored by it"
-            ),
-        ))
+        Ok(Arc::new(engine.as_ref().clone().failing_unowned(why)))
     }
 
     /// Check, log what a failed check means, and say how it ended.
