@@ -587,6 +587,37 @@ async fn partition_values_with_nulls_and_special_characters_are_maintained() {
     assert_eq!(r.files_compacted, 2, "{r:?}");
     assert_exact_manifests(&int_part).await;
 
+    // The same with a date partition column (NULL twice, then a date).
+    let date_part = Fixture::new(PARTITIONED);
+    for i in 1..=3 {
+        let p: ArrayRef = Arc::new(tributary::deltalake::arrow::array::Date32Array::from(vec![
+            if i < 3 { None } else { Some(19_723) }, // 2024-01-01
+        ]));
+        date_part
+            .merge_ok(&[cdc(
+                &date_part,
+                &format!("20240101-000000000{i}.parquet"),
+                "I",
+                i,
+                i as i64,
+                vec![("p", p)],
+            )])
+            .await;
+    }
+    let r = maintain(&date_part)
+        .await
+        .expect("maintenance with a NULL date partition");
+    assert_eq!(r.files_compacted, 2, "{r:?}");
+    assert_exact_manifests(&date_part).await;
+    assert_eq!(
+        t_rows(
+            &date_part,
+            "SELECT COALESCE(CAST(p AS VARCHAR), 'NULL') FROM t ORDER BY id"
+        )
+        .await,
+        vec!["NULL", "NULL", "2024-01-01"]
+    );
+
     let str_part = Fixture::new(PARTITIONED);
     let values = [
         None,
