@@ -441,7 +441,8 @@ manifests = {manifests}
     let (mut rewritten, mut rewritten_bytes, mut added) = (0usize, 0i64, 0usize);
     let mut phases: std::collections::BTreeMap<String, f64> = Default::default();
     for f in &files {
-        let before = manifest::live_files(&delta::open(&tcfg.target, &Default::default()).await?)?;
+        let before =
+            manifest::live_files(&delta::open(tcfg.state_table()?, &Default::default()).await?)?;
         // "Landing": DMS writes the file, then the merge runs.
         let landed = Instant::now();
         let dest = raw.join(f.file_name().context("file name")?);
@@ -455,7 +456,8 @@ manifests = {manifests}
         }
         freshness.push(landed.elapsed().as_secs_f64() * 1000.0);
         latency.push(ms);
-        let after = manifest::live_files(&delta::open(&tcfg.target, &Default::default()).await?)?;
+        let after =
+            manifest::live_files(&delta::open(tcfg.state_table()?, &Default::default()).await?)?;
         let after_set: std::collections::HashSet<&str> =
             after.iter().map(|f| f.path.as_str()).collect();
         for b in &before {

@@ -73,7 +73,7 @@ impl Demo {
     }
 
     async fn open(&self, version: Option<u64>) -> Result<DeltaTable> {
-        let mut t = delta::open(&self.table().target, self.engine.storage_options()).await?;
+        let mut t = delta::open(self.table().state_table()?, self.engine.storage_options()).await?;
         if let Some(v) = version {
             t.load_version(v).await?;
         }

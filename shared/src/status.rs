@@ -86,7 +86,7 @@ pub async fn table_status(
 ) -> Result<TableStatus> {
     let mut st = TableStatus {
         table: cfg.name.clone(),
-        target: storage::display(&cfg.target),
+        target: storage::display(cfg.state_table()?),
         exists: false,
         version: None,
         last_commit: None,
@@ -101,7 +101,7 @@ pub async fn table_status(
         catalog: None,
         change_data_feed: false,
     };
-    let table = delta::open(&cfg.target, options).await?;
+    let table = delta::open(cfg.state_table()?, options).await?;
     if !delta::exists(&table) {
         return Ok(st);
     }
@@ -118,7 +118,15 @@ pub async fn table_status(
     let props = delta::props(&table);
     st.change_data_feed = props.change_data_feed;
     file_figures(cfg, &table, &mut st)?;
-    let seq = quoted(&cfg.sequence_column);
+    // A history table's newest change closed a version or was its last.
+    let seq = match cfg.target {
+        Some(_) => quoted(&cfg.sequence_column),
+        None => format!(
+            "COALESCE({}, {})",
+            quoted(crate::history::END_SEQ_COLUMN),
+            quoted(crate::history::LAST_SEQ_COLUMN)
+        ),
+    };
     let (rows, newest_row) = count_and_max(&table, &seq).await?;
     st.rows = rows;
     // A delete's tombstone is recorded just before the commit that applies it: tombstones
@@ -131,11 +139,16 @@ pub async fn table_status(
         ),
         None => "NULL".to_string(),
     };
-    let tombs = delta::open(&cfg.tombstones, options).await?;
-    let (tombstones, newest_delete) = if delta::exists(&tombs) {
-        count_and_max(&tombs, &applied).await?
-    } else {
-        (0, None)
+    let (tombstones, newest_delete) = match &cfg.tombstones {
+        Some(url) => {
+            let tombs = delta::open(url, options).await?;
+            if delta::exists(&tombs) {
+                count_and_max(&tombs, &applied).await?
+            } else {
+                (0, None)
+            }
+        }
+        None => (0, None),
     };
     st.tombstones = tombstones;
     let newest = newest_row.into_iter().chain(newest_delete).max();

@@ -58,16 +58,13 @@ impl<'a> Tombstones<'a> {
     ) -> Result<Self> {
         let schema = schema(cfg, plan_schema)?;
         let name = format!("{}_tombstones", cfg.name);
-        let table = delta::open_or_create(
-            &cfg.tombstones,
-            options,
-            &name,
-            &schema,
-            &[],
-            Default::default(),
-        )
-        .await?
-        .0;
+        let url = cfg
+            .tombstones
+            .as_ref()
+            .ok_or_else(|| Error::internal(format!("table `{}` keeps no tombstones", cfg.name)))?;
+        let table = delta::open_or_create(url, options, &name, &schema, &[], Default::default())
+            .await?
+            .0;
         Ok(Self {
             cfg,
             table,
@@ -126,7 +123,7 @@ impl<'a> Tombstones<'a> {
                     message: format!(
                         "the tombstone table has a column `{}` the files do not carry; the primary key or sequence column changed: delete {} and replay the table's files",
                         f.name(),
-                        crate::storage::display(&self.cfg.tombstones)
+                        self.table.table_url()
                     ),
                 })?;
                 crate::coerce::exact_cast(c, f.data_type())

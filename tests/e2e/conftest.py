@@ -30,7 +30,7 @@ ENDPOINT = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
 REGION = "us-east-1"
 CREDS = dict(aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION)
 TIMINGS = []
-TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist", "cat", "big", "known", "cdf"]
+TABLES = ["seed", "twice", "reverse", "burst", "bad", "csvgz", "hist", "histonly", "cat", "big", "known", "cdf"]
 GLUE_DATABASE = "tributary_e2e"
 # Glue entries for the table and its history table (the database created on first use).
 CATALOG_TABLE = """[table.catalog]
@@ -145,6 +145,7 @@ def stack(aws):
         ],
     })
     extra = {"csvgz": CSV_TABLE, "hist": HISTORY_TABLE.format(curated=curated),
+             "histonly": HISTORY_TABLE.format(curated=curated).replace("hist_history", "histonly_history"),
              "cat": CATALOG_TABLE.format(curated=curated, database=GLUE_DATABASE),
              "burst": f'[table.catalog]\ndatabase = "{GLUE_DATABASE}"\ncreate_database = true\n',
              # large files: merged in slices of 50k rows (and, with TRIBUTARY_SPILL_MB=0.4 below,
@@ -152,6 +153,8 @@ def stack(aws):
              "big": "slice_rows = 50000\n",
              "cdf": "change_data_feed = true\n"}
     config = "".join(table_config(raw, curated, t, extra.get(t, "")) for t in TABLES)
+    # "histonly" keeps only its history table: no `target`.
+    config = config.replace(f'target = "s3://{curated}/delta/histonly"\n', "")
     config += table_config(raw, curated, "serial").replace(f"s3://{raw}/dms/serial/", f"s3://{raw}/fifo/serial/")
     aws.s3.put_object(Bucket=curated, Key="config/tributary.toml", Body=config.encode())
     return SimpleNamespace(raw=raw, curated=curated, queue_url=queue_url, queue_arn=queue_arn,

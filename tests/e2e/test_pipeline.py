@@ -188,6 +188,26 @@ def test_history_table_from_files_in_reverse_order(aws, stack, poller):
     assert closed, "the scenario has updates and deletes"
 
 
+def test_history_table_instead_of_the_current_table(aws, stack, poller):
+    """A table with a history table and no `target`: the same files (in reverse order, one
+    delivered twice) build the history alone; no current table, no tombstone table."""
+    source = dms.Source(seed=10)
+    changes, files = [], []
+    for i in range(5):
+        batch = source.random_changes(15) if i else source.insert_records(40)
+        changes += batch
+        files.append((f"2022/10/26/20221026-{i:010d}.parquet", dms.parquet(batch, True)))
+    start = time.time()
+    upload(aws, stack, "histonly", list(reversed(files)) + files[2:3])
+    want = dms.history_model(changes)
+    ok = poller.run_until(lambda: read_history(stack, "histonly") == want, timeout=120, batch=1)
+    assert ok, f"history has {len(read_history(stack, 'histonly'))} versions, the model {len(want)}"
+    record_timing("history only: reverse order", time.time() - start, f"{len(want)} versions")
+    listed = aws.s3.list_objects_v2(Bucket=stack.curated, Prefix="delta/histonly/")
+    assert listed.get("KeyCount", 0) == 0, [o["Key"] for o in listed.get("Contents", [])]
+    assert [v for v in want if not v[4]], "the scenario has updates and deletes"
+
+
 def test_change_data_feed_read_back_by_another_reader(aws, stack, poller):
     """`change_data_feed = true`: Python deltalake's CDF reader (`load_cdf`) sees each
     merge's inserts, updates and deletes; replayed from an empty table they give the

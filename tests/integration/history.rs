@@ -33,12 +33,17 @@ current_column = "is_current"
 track_columns = ["t"]
 "#;
 
-fn config(flag: bool) -> String {
-    if flag {
-        format!("{TABLE}deletes = \"flag\"\n")
-    } else {
-        TABLE.to_string()
+/// The table's configuration: deletes flagged or closing; with `only`, no current table
+/// (the history table instead of it).
+fn config(flag: bool, only: bool) -> String {
+    let mut c = TABLE.to_string();
+    if only {
+        c = c.replace("target = \"curated/h\"\n", "");
     }
+    if flag {
+        c.push_str("deletes = \"flag\"\n");
+    }
+    c
 }
 
 fn cases() -> u32 {
@@ -255,9 +260,10 @@ proptest! {
         max_file in 1usize..5,
         delivery in any::<u64>(),
         flag in any::<bool>(),
+        only in any::<bool>(),
     ) {
         let rt = runtime();
-        let fx = Fixture::new(&config(flag));
+        let fx = Fixture::new(&config(flag, only));
         let changes = generate(seed, keys, n);
         let mut rng = StdRng::seed_from_u64(delivery);
         let urls = land(&fx, &changes, &mut rng, max_file);
@@ -271,16 +277,18 @@ proptest! {
             }
         });
         prop_assert_eq!(rt.block_on(history_rows(&fx, flag)), model(&changes, flag));
+        prop_assert_eq!(fx.path("curated/h").exists(), !only);
     }
 }
 
-/// 8 invocations merging every file twice, at the same time.
+/// 8 invocations merging every file twice, at the same time (closing and flagging
+/// deletes, with and without a current table).
 #[test]
 fn concurrent_invocations_build_the_same_history() {
     let rt = runtime();
-    for seed in 0..2u64 {
-        let flag = seed == 1;
-        let fx = Fixture::new(&config(flag));
+    for seed in 0..4u64 {
+        let (flag, only) = (seed % 2 == 1, seed >= 2);
+        let fx = Fixture::new(&config(flag, only));
         let changes = generate(500 + seed, 6, 50);
         let mut rng = StdRng::seed_from_u64(seed);
         let urls = land(&fx, &changes, &mut rng, 3);
@@ -312,4 +320,252 @@ fn concurrent_invocations_build_the_same_history() {
             "seed {seed}"
         );
     }
+}
+
+/// The `items` table keeping only its history (no `target`).
+const ITEMS_HISTORY_ONLY: &str = r#"
+[[table]]
+name = "items"
+source = "raw/shop/items/"
+primary_key = ["id"]
+partition_by = ["part"]
+sequence_by = ["ts"]
+drop_columns = ["ts"]
+target_file_size_mb = 1
+[table.history]
+target = "curated/items_history"
+current_column = "is_current"
+"#;
+
+/// (id, part, val, start as text, end as text, is_current), ordered.
+type Version = (i64, String, i64, String, Option<String>, bool);
+
+async fn item_versions(fx: &Fixture) -> Vec<Version> {
+    let b = fx
+        .query(
+            "curated/items_history",
+            r#"SELECT id, part, val, CAST("__START_AT" AS VARCHAR) AS s, CAST("__END_AT" AS VARCHAR) AS e, is_current FROM t ORDER BY id, s"#,
+        )
+        .await;
+    let mut out = Vec::new();
+    for b in &b {
+        let text = |i: usize| cast(b.column(i), &DataType::Utf8).unwrap();
+        let (part, s, e) = (text(1), text(3), text(4));
+        let (part, s, e) = (
+            part.as_string::<i32>(),
+            s.as_string::<i32>(),
+            e.as_string::<i32>(),
+        );
+        let (id, val, cur) = (
+            b.column(0).as_primitive::<Int64Type>(),
+            b.column(2).as_primitive::<Int64Type>(),
+            b.column(5).as_boolean(),
+        );
+        for i in 0..b.num_rows() {
+            out.push((
+                id.value(i),
+                part.value(i).to_string(),
+                val.value(i),
+                s.value(i).to_string(),
+                e.is_valid(i).then(|| e.value(i).to_string()),
+                cur.value(i),
+            ));
+        }
+    }
+    out
+}
+
+fn set_mtime(u: &url::Url, t: std::time::SystemTime) {
+    std::fs::File::options()
+        .write(true)
+        .open(u.to_file_path().unwrap())
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+}
+
+/// A table without a current table: the history table records what the current table would
+/// (full-load files, sequence kinds), keeps no tombstones, and a late insert older than a
+/// delete does not revive the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_only_table_records_loads_and_kinds_and_never_revives_a_deleted_key() {
+    let fx = Fixture::new(ITEMS_HISTORY_ONLY);
+    let load = fx.put_items(
+        "LOAD00000001.parquet",
+        &[
+            c('I', "2024-01-01 00:00:00.000000", 1, "a", 1),
+            c('I', "2024-01-01 00:00:00.000000", 2, "a", 2),
+        ],
+    );
+    set_mtime(
+        &load,
+        std::time::SystemTime::now() - std::time::Duration::from_secs(3600),
+    );
+    let update = fx.put_items(
+        "2024/01/01/20240101-0000000002.parquet",
+        &[c('U', "2024-01-01 00:00:02.000000", 1, "b", 10)],
+    );
+    let delete = fx.put_items(
+        "2024/01/01/20240101-0000000003.parquet",
+        &[c('D', "2024-01-01 00:00:03.000000", 2, "a", 2)],
+    );
+    // Delivered newest first: the delete before the insert it follows.
+    fx.merge_ok(std::slice::from_ref(&delete)).await;
+    fx.merge_ok(std::slice::from_ref(&update)).await;
+    fx.merge_ok(std::slice::from_ref(&load)).await;
+    let late_insert = fx.put_items(
+        "2024/01/01/20240101-0000000001.parquet",
+        &[c('I', "2024-01-01 00:00:01.000000", 2, "a", 20)],
+    );
+    fx.merge_ok(std::slice::from_ref(&late_insert)).await;
+    let want: Vec<Version> = vec![
+        (
+            1,
+            "a".into(),
+            1,
+            "2024-01-01T00:00:00".into(),
+            Some("2024-01-01T00:00:02".into()),
+            false,
+        ),
+        (1, "b".into(), 10, "2024-01-01T00:00:02".into(), None, true),
+        (
+            2,
+            "a".into(),
+            2,
+            "2024-01-01T00:00:00".into(),
+            Some("2024-01-01T00:00:01".into()),
+            false,
+        ),
+        (
+            2,
+            "a".into(),
+            20,
+            "2024-01-01T00:00:01".into(),
+            Some("2024-01-01T00:00:03".into()),
+            false,
+        ),
+    ];
+    let got = item_versions(&fx).await;
+    let norm = |v: Vec<Version>| -> Vec<Version> {
+        v.into_iter()
+            .map(|(i, p, x, s, e, c)| {
+                let t = |s: String| s.trim_end_matches('Z').replace(' ', "T");
+                (i, p, x, t(s), e.map(t), c)
+            })
+            .collect()
+    };
+    assert_eq!(norm(got), want, "key 2 stays deleted");
+    assert!(!fx.path("curated/items").exists(), "no current table");
+    assert!(
+        !walk(&fx.path("curated")).any(|p| p.contains("_tributary_tombstones")),
+        "no tombstone table"
+    );
+
+    // The full-load file delivered again changes nothing; rewritten by a DMS reload it is
+    // refused, as with a current table.
+    fx.merge_ok(std::slice::from_ref(&load)).await;
+    assert_eq!(
+        norm(item_versions(&fx).await),
+        want,
+        "a re-delivered full load changes nothing"
+    );
+    let rewritten = fx.put_items(
+        "LOAD00000001.parquet",
+        &[c('I', "2099-01-01 00:00:00.000000", 1, "a", 99)],
+    );
+    let r = fx.engine.process(std::slice::from_ref(&rewritten)).await;
+    assert_eq!(Fixture::failure(&r, &rewritten).kind(), "reload");
+
+    // The sequence kind (timestamp) is recorded: a file of integers is refused.
+    let ints = fx.put_batch(
+        "shop/items",
+        "2024/01/01/20240101-0000000004.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("ts", Arc::new(Int64Array::from(vec![5]))),
+            ("id", Arc::new(Int64Array::from(vec![1]))),
+            ("part", strings(&["b"])),
+            ("val", Arc::new(Int64Array::from(vec![11]))),
+        ]),
+    );
+    let r = fx.engine.process(std::slice::from_ref(&ints)).await;
+    let e = Fixture::failure(&r, &ints);
+    assert!(e.to_string().contains("integer"), "{e}");
+}
+
+/// Maintenance of a history-only table compacts the history table (and its change log)
+/// and changes no version; status reports the history table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_and_status_of_a_history_only_table() {
+    let fx = Fixture::new(ITEMS_HISTORY_ONLY);
+    let mut files = Vec::new();
+    for i in 0..6i64 {
+        let ts = format!("2024-01-01 00:00:{i:02}.000000");
+        files.push(fx.put_items(
+            &format!("2024/01/01/20240101-{:010}.parquet", i + 1),
+            &[c('I', &ts, 10 + i, "a", i)],
+        ));
+    }
+    for f in &files {
+        fx.merge_ok(std::slice::from_ref(f)).await;
+    }
+    let before = item_versions(&fx).await;
+    assert_eq!(before.len(), 6);
+    let cfg = &fx.engine.config().tables[0];
+    let m = tributary::maintenance::maintain(
+        cfg,
+        fx.engine.storage(),
+        fx.engine.storage_options(),
+        Default::default(),
+    )
+    .await
+    .expect("maintenance");
+    assert!(m.skipped.is_none(), "{m:?}");
+    let h = m.history.as_ref().expect("history upkeep");
+    assert!(h.files_compacted >= 2, "{h:?}");
+    assert!(h.files_after < h.files_before, "{h:?}");
+    assert_eq!(
+        item_versions(&fx).await,
+        before,
+        "maintenance changes no version"
+    );
+    // Manifests list exactly the live files after the compaction.
+    let st = tributary::status::table_status(
+        cfg,
+        fx.engine.storage_options(),
+        fx.engine.storage(),
+        None,
+        chrono::Utc::now(),
+    )
+    .await
+    .expect("status");
+    assert!(
+        st.target.ends_with("curated/items_history"),
+        "{}",
+        st.target
+    );
+    assert_eq!(st.rows, 6);
+    assert_eq!(st.tombstones, 0);
+    assert_eq!(st.manifests.as_ref().map(|m| m.exact), Some(true), "{st:?}");
+    assert_eq!(
+        st.freshness.newest_sequence.as_deref(),
+        Some("2024-01-01 00:00:05.000000"),
+        "{st:?}"
+    );
+}
+
+/// Every file path under `dir`.
+fn walk(dir: &std::path::Path) -> impl Iterator<Item = String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            out.push(p.display().to_string());
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out.into_iter()
 }

@@ -516,7 +516,9 @@ async fn seed_scenario_equals_source() {
         let r = engine.process(&[u]).await;
         assert_eq!(r.failures().count(), 0);
     }
-    let table = delta::open(&t.target, &Default::default()).await.unwrap();
+    let table = delta::open(t.target.as_ref().unwrap(), &Default::default())
+        .await
+        .unwrap();
     let got = delta::query(
         &table,
         "SELECT destination, count(*) FROM t GROUP BY destination ORDER BY destination",

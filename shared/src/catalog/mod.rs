@@ -285,10 +285,7 @@ impl Catalog {
         };
         let glue = self.glue().await;
         let mut out = Vec::new();
-        let mut targets = vec![(false, &cfg.target)];
-        if let Some(h) = &cfg.history {
-            targets.push((true, &h.target));
-        }
+        let targets = tables_of(cfg);
         for (history, url) in targets {
             let table = delta::open(url, options).await?;
             for (name, kind) in entries(cfg, c, history) {
@@ -350,10 +347,7 @@ impl Catalog {
         let Some(c) = cfg.catalog.as_ref() else {
             return Ok(None);
         };
-        let mut targets = vec![(false, &cfg.target)];
-        if let Some(h) = &cfg.history {
-            targets.push((true, &h.target));
-        }
+        let targets = tables_of(cfg);
         let mut tables = Vec::new();
         for (history, url) in targets {
             let table = delta::open(url, options).await?;
@@ -433,9 +427,16 @@ enum Plan {
     Failed(Error),
 }
 
+/// The table's Delta tables: (of the history, location), the current table first.
+fn tables_of(cfg: &TableConfig) -> Vec<(bool, &url::Url)> {
+    let mut targets: Vec<(bool, &url::Url)> = cfg.target.iter().map(|t| (false, t)).collect();
+    targets.extend(cfg.history.iter().map(|h| (true, &h.target)));
+    targets
+}
+
 /// The table's entries of the main table or of its history.
 fn entries(cfg: &TableConfig, c: &CatalogConfig, history: bool) -> Vec<(String, EntryKind)> {
-    c.entries(cfg.history.is_some())
+    c.entries(cfg.target.is_some(), cfg.history.is_some())
         .into_iter()
         .filter(|(_, k)| {
             matches!(k, EntryKind::Delta { history: h } | EntryKind::Manifest { history: h } if *h == history)

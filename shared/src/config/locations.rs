@@ -45,11 +45,9 @@ fn hidden_inside(tombstones: &Url, target: &Url) -> bool {
 }
 
 fn named(t: &TableConfig) -> Vec<(&'static str, &Url)> {
-    let mut v = vec![
-        ("source", &t.source),
-        ("target", &t.target),
-        ("tombstones", &t.tombstones),
-    ];
+    let mut v = vec![("source", &t.source)];
+    v.extend(t.target.as_ref().map(|u| ("target", u)));
+    v.extend(t.tombstones.as_ref().map(|u| ("tombstones", u)));
     if let Some(h) = &t.history {
         v.push(("history.target", &h.target));
     }
@@ -61,7 +59,7 @@ fn catalog_entries(tables: &[TableConfig]) -> Result<(), String> {
     let mut seen: std::collections::HashMap<(String, String), &str> = Default::default();
     for t in tables {
         let Some(c) = &t.catalog else { continue };
-        for (name, _) in c.entries(t.history.is_some()) {
+        for (name, _) in c.entries(t.target.is_some(), t.history.is_some()) {
             if let Some(other) = seen.insert((c.database.clone(), name.clone()), &t.name) {
                 return Err(format!(
                     "tables `{other}` and `{}` both keep the catalog entry {}.{name}; set `name` in [table.catalog]",
@@ -99,24 +97,27 @@ pub(super) fn check(tables: &[TableConfig]) -> Result<(), String> {
 
 fn within(t: &TableConfig) -> Result<(), String> {
     let ctx = format!("table `{}`", t.name);
-    if overlaps(&t.source, &t.target) {
-        return Err(format!(
-            "{ctx}: `target` ({}) and `source` ({}) overlap: the merge would be triggered by its own writes; put the Delta table outside the DMS folder",
-            t.target, t.source
-        ));
+    if let Some(target) = &t.target {
+        if overlaps(&t.source, target) {
+            return Err(format!(
+                "{ctx}: `target` ({target}) and `source` ({}) overlap: the merge would be triggered by its own writes; put the Delta table outside the DMS folder",
+                t.source
+            ));
+        }
     }
-    if overlaps(&t.source, &t.tombstones) {
-        return Err(format!(
-            "{ctx}: `tombstones` ({}) and `source` ({}) overlap; put the tombstone table outside the DMS folder",
-            t.tombstones, t.source
-        ));
+    if let Some(tombstones) = &t.tombstones {
+        if overlaps(&t.source, tombstones) {
+            return Err(format!(
+                "{ctx}: `tombstones` ({tombstones}) and `source` ({}) overlap; put the tombstone table outside the DMS folder",
+                t.source
+            ));
+        }
     }
     if let Some(h) = &t.history {
-        for (what, l) in [
-            ("source", &t.source),
-            ("target", &t.target),
-            ("tombstones", &t.tombstones),
-        ] {
+        let mut others = vec![("source", &t.source)];
+        others.extend(t.target.as_ref().map(|u| ("target", u)));
+        others.extend(t.tombstones.as_ref().map(|u| ("tombstones", u)));
+        for (what, l) in others {
             if overlaps(&h.target, l) {
                 return Err(format!(
                     "{ctx}: `history.target` ({}) overlaps `{what}` ({l}); give the history table a folder of its own",
@@ -125,11 +126,12 @@ fn within(t: &TableConfig) -> Result<(), String> {
             }
         }
     }
-    if overlaps(&t.target, &t.tombstones) && !hidden_inside(&t.tombstones, &t.target) {
-        return Err(format!(
-            "{ctx}: `tombstones` ({}) overlaps `target` ({}); use a folder of its own, or a hidden folder (starting with `_`) inside the target",
-            t.tombstones, t.target
-        ));
+    if let (Some(target), Some(tombstones)) = (&t.target, &t.tombstones) {
+        if overlaps(target, tombstones) && !hidden_inside(tombstones, target) {
+            return Err(format!(
+                "{ctx}: `tombstones` ({tombstones}) overlaps `target` ({target}); use a folder of its own, or a hidden folder (starting with `_`) inside the target"
+            ));
+        }
     }
     Ok(())
 }

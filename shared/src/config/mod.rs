@@ -84,10 +84,12 @@ pub struct TableConfig {
     pub name: String,
     /// Prefix under which DMS lands this table's files (always ends with `/`).
     pub source: Url,
-    /// The Delta table.
-    pub target: Url,
-    /// The Delta table of delete tombstones (default: `<target>/_tributary_tombstones`).
-    pub tombstones: Url,
+    /// The current Delta table; `None` for a table that keeps only its history
+    /// (`[table.history]` without a table `target`).
+    pub target: Option<Url>,
+    /// The Delta table of delete tombstones (default: `<target>/_tributary_tombstones`);
+    /// `None` without a current table (the history's change log holds the deletes).
+    pub tombstones: Option<Url>,
     pub primary_key: Vec<String>,
     pub partition_by: Vec<String>,
     /// Columns that order changes (e.g. DMS `TimestampColumnName` or `AR_H_CHANGE_SEQ`).
@@ -137,9 +139,13 @@ pub struct CatalogConfig {
 }
 
 impl CatalogConfig {
-    /// The entries to keep: (name, kind), history entries included when `history`.
-    pub fn entries(&self, history: bool) -> Vec<(String, EntryKind)> {
-        let mut bases = vec![(self.name.clone(), false)];
+    /// The entries to keep: (name, kind), the current table's when `current`, the history
+    /// table's when `history`.
+    pub fn entries(&self, current: bool, history: bool) -> Vec<(String, EntryKind)> {
+        let mut bases = Vec::new();
+        if current {
+            bases.push((self.name.clone(), false));
+        }
         if history {
             bases.push((format!("{}_history", self.name), true));
         }
@@ -241,6 +247,20 @@ pub struct MaintenanceConfig {
 }
 
 impl TableConfig {
+    /// The Delta table that records what the table applied (its sequence kinds, the
+    /// full-load files): the current table, or the history table of a table that keeps
+    /// only its history.
+    pub fn state_table(&self) -> Result<&Url> {
+        match (&self.target, &self.history) {
+            (Some(t), _) => Ok(t),
+            (None, Some(h)) => Ok(&h.target),
+            (None, None) => Err(Error::internal(format!(
+                "table `{}` has neither a target nor a history table",
+                self.name
+            ))),
+        }
+    }
+
     /// Whether `column` (a source column) is written to the curated table.
     pub fn keeps_column(&self, column: &str) -> bool {
         column != self.op_column && !self.drop_columns.iter().any(|c| c == column)
@@ -297,7 +317,9 @@ impl Config {
                 && format!("{}/", u.path().trim_end_matches('/')).starts_with(root.path())
         };
         for t in &self.tables {
-            let mut places = vec![("target", &t.target), ("tombstones", &t.tombstones)];
+            let mut places = Vec::new();
+            places.extend(t.target.as_ref().map(|u| ("target", u)));
+            places.extend(t.tombstones.as_ref().map(|u| ("tombstones", u)));
             if let Some(h) = &t.history {
                 places.push(("history target", &h.target));
                 places.push(("history change log", &h.changes));
@@ -364,11 +386,11 @@ mod tests {
             "s3://tributary-raw/dms/delta_emr_source/travel_details/"
         );
         assert_eq!(
-            t.target.as_str(),
+            t.target.as_ref().unwrap().as_str(),
             "s3://tributary-curated/delta/travel_details"
         );
         assert_eq!(
-            t.tombstones.as_str(),
+            t.tombstones.as_ref().unwrap().as_str(),
             "s3://tributary-curated/delta/travel_details/_tributary_tombstones"
         );
         assert_eq!(t.op_column, "Op");
@@ -393,7 +415,10 @@ mod tests {
         let text = test_table("t", "raw/s/t", "curated/t", "");
         let c = Config::from_toml(&text, "x", Some(Path::new("/data/demo"))).unwrap();
         assert_eq!(c.tables[0].source.as_str(), "file:///data/demo/raw/s/t/");
-        assert_eq!(c.tables[0].target.as_str(), "file:///data/demo/curated/t");
+        assert_eq!(
+            c.tables[0].target.as_ref().unwrap().as_str(),
+            "file:///data/demo/curated/t"
+        );
     }
 
     fn err_of(text: &str) -> String {
@@ -525,7 +550,7 @@ mod tests {
             }
         );
         assert_eq!(
-            a.entries(true),
+            a.entries(true, true),
             vec![
                 ("trips_2024".into(), EntryKind::Delta { history: false }),
                 (
@@ -619,5 +644,37 @@ mod tests {
             let e = err_of(&two(a, b, defaults));
             assert!(e.contains(want), "{want}: {e}");
         }
+    }
+
+    #[test]
+    fn a_table_without_target_keeps_only_its_history() {
+        let only = |extra: &str| {
+            format!(
+                "[[table]]\nname = \"t\"\nsource = \"s3://b/raw/\"\nprimary_key = [\"id\"]\nsequence_by = [\"ts\"]\n{extra}"
+            )
+        };
+        let history = "[table.history]\ntarget = \"s3://c/t_history\"\n";
+        let c = Config::from_toml(&only(history), "cfg.toml", None).unwrap();
+        let t = &c.tables[0];
+        assert_eq!((t.target.as_ref(), t.tombstones.as_ref()), (None, None));
+        assert_eq!(t.state_table().unwrap().as_str(), "s3://c/t_history");
+        assert!(c.check_within(&Url::parse("s3://c/").unwrap()).is_ok());
+        let e = err_of(&only(""));
+        assert!(
+            e.contains("`target` is missing") && e.contains("[table.history]"),
+            "{e}"
+        );
+        let e = err_of(&only(&format!("tombstones = \"s3://c/tombs\"\n{history}")));
+        assert!(e.contains("remove `tombstones`"), "{e}");
+        let e = err_of(&only(&format!("change_data_feed = true\n{history}")));
+        assert!(
+            e.contains("`change_data_feed` applies to the current table"),
+            "{e}"
+        );
+        let catalog = "[table.catalog]\ndatabase = \"lake\"\n";
+        let c = Config::from_toml(&only(&format!("{history}{catalog}")), "cfg.toml", None).unwrap();
+        let entries = c.tables[0].catalog.as_ref().unwrap().entries(false, true);
+        let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["t_history", "t_history_manifest"]);
     }
 }

@@ -84,7 +84,7 @@ with_tuning_fields! {
     struct RawTable {
         name: String,
         source: String,
-        target: String,
+        target: Option<String>,
         tombstones: Option<String>,
         primary_key: Vec<String>,
         #[serde(default)]
@@ -209,6 +209,9 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     };
     let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
     let change_data_feed = pick(&tuning.change_data_feed, &d.change_data_feed).unwrap_or(false);
+    if change_data_feed && target.is_none() {
+        return Err("`change_data_feed` applies to the current table, and this table keeps only its history (no `target`): remove it, or read the history table's versions instead".into());
+    }
     let catalog = catalog(
         &t.name,
         tuning.catalog.as_ref(),
@@ -290,21 +293,28 @@ fn check_name(name: &str) -> Msg<()> {
     Ok(())
 }
 
-/// `source` (always ending with `/`), `target` and `tombstones` (no trailing slash).
-fn locations(t: &RawTable, base_dir: Option<&Path>) -> Msg<(Url, Url, Url)> {
+/// `source` (always ending with `/`), `target` and `tombstones` (no trailing slash; none
+/// for a table that keeps only its history).
+fn locations(t: &RawTable, base_dir: Option<&Path>) -> Msg<(Url, Option<Url>, Option<Url>)> {
     let mut source = resolve_uri(&t.source, base_dir).map_err(|m| format!("`source`: {m}"))?;
     if !source.path().ends_with('/') {
         let p = format!("{}/", source.path());
         source.set_path(&p);
     }
-    let target = trim_trailing_slash(
-        resolve_uri(&t.target, base_dir).map_err(|m| format!("`target`: {m}"))?,
-    );
-    let tombstones = match &t.tombstones {
-        Some(s) => {
-            trim_trailing_slash(resolve_uri(s, base_dir).map_err(|m| format!("`tombstones`: {m}"))?)
-        }
-        None => crate::storage::join(&target, TOMBSTONE_DIR),
+    let target = match &t.target {
+        Some(s) => Some(trim_trailing_slash(
+            resolve_uri(s, base_dir).map_err(|m| format!("`target`: {m}"))?,
+        )),
+        None if t.history.is_some() => None,
+        None => return Err("`target` is missing: give the Delta table's location (e.g. target = \"s3://my-curated-bucket/delta/<table>\"), or add a [table.history] to keep only a history table".into()),
+    };
+    let tombstones = match (&t.tombstones, &target) {
+        (Some(s), Some(_)) => Some(trim_trailing_slash(
+            resolve_uri(s, base_dir).map_err(|m| format!("`tombstones`: {m}"))?,
+        )),
+        (None, Some(target)) => Some(crate::storage::join(target, TOMBSTONE_DIR)),
+        (Some(_), None) => return Err("`tombstones` is set but `target` is not: a table that keeps only its history table records its deletes in the history's change log; remove `tombstones`".into()),
+        (None, None) => None,
     };
     Ok((source, target, tombstones))
 }

@@ -76,6 +76,9 @@ impl Engine {
             .iter()
             .map(|c| storage::display(&c.file))
             .collect();
+        if table.target.is_none() {
+            return self.merge_history_only(table, batch, &files, start).await;
+        }
         let base_plan = plan::plan(table, batch.changes)?;
         let mut report = TableReport {
             table: table.name.clone(),
@@ -108,11 +111,7 @@ impl Engine {
             }
         }
         let extras = MergeExtras {
-            txns: batch
-                .changes
-                .iter()
-                .filter_map(|c| crate::reload::load_txn(table, c))
-                .collect(),
+            txns: load_txns(table, batch),
             delete_unmatched_below: batch.delete_unmatched_below.clone(),
         };
         let attempt = Attempt {
@@ -144,9 +143,43 @@ impl Engine {
             self.after_commit(table, c, &mut report).await;
         }
         if let Some(h) = &table.history {
-            self.merge_history(table, h, batch, &files, &mut report)
+            self.merge_history(table, h, batch, &files, None, &mut report)
                 .await?;
         }
+        report.duration_ms = ms_since(start);
+        report.log();
+        Ok(report)
+    }
+
+    /// A table that keeps only its history: the batch goes to the history table, which
+    /// records what the current table would (the sequence kinds, the full-load files) in
+    /// its commit. No tombstones: the history's change log keeps every delete, and a late
+    /// change is placed in its key's chain from it (docs/design.md, "History only").
+    async fn merge_history_only(
+        &self,
+        table: &TableConfig,
+        batch: &Batch<'_>,
+        files: &[String],
+        start: Instant,
+    ) -> Result<TableReport> {
+        let h = table
+            .history
+            .as_ref()
+            .ok_or_else(|| crate::error::Error::internal("no target and no history table"))?;
+        let mut report = TableReport {
+            table: table.name.clone(),
+            files: batch.changes.len(),
+            source_rows: batch.changes.iter().map(|c| c.counts.rows).sum(),
+            ..Default::default()
+        };
+        let record = crate::history::Record {
+            kinds: batch.kinds.clone(),
+            txns: load_txns(table, batch),
+        };
+        self.merge_history(table, h, batch, files, Some(record), &mut report)
+            .await?;
+        report.version = report.history.as_ref().and_then(|r| r.version);
+        report.commit_attempts = report.history.as_ref().map_or(0, |r| r.commit_attempts);
         report.duration_ms = ms_since(start);
         report.log();
         Ok(report)
@@ -186,6 +219,7 @@ impl Engine {
         h: &crate::config::HistoryConfig,
         batch: &Batch<'_>,
         files: &[String],
+        record: Option<crate::history::Record>,
         report: &mut TableReport,
     ) -> Result<()> {
         let t = Instant::now();
@@ -198,6 +232,7 @@ impl Engine {
             sets: batch.changes,
             kind,
             files,
+            record,
         };
         let mut r = crate::history::apply(
             table,
@@ -238,7 +273,7 @@ impl Engine {
                 t
             }
         };
-        let target = record_kinds(target, batch).await?;
+        let target = record_kinds(target, batch.kinds.as_deref()).await?;
         let target = enable_change_data_feed(table, target).await?;
         report.phases_ms.load_table = ms_since(t);
         let t = Instant::now();
@@ -301,7 +336,7 @@ impl Engine {
             props.extend(TableProps::for_change_data_feed());
         }
         delta::open_or_create(
-            &table.target,
+            table.state_table()?,
             &self.options,
             &table.name,
             &plan.table_schema(),
@@ -376,6 +411,15 @@ async fn write(
     Ok(target)
 }
 
+/// The Delta application transactions that record the batch's full-load files.
+fn load_txns(table: &TableConfig, batch: &Batch<'_>) -> Vec<Transaction> {
+    batch
+        .changes
+        .iter()
+        .filter_map(|c| crate::reload::load_txn(table, c))
+        .collect()
+}
+
 /// Add a catalog sync's report to the table's.
 fn absorb(report: &mut TableReport, r: Option<crate::catalog::CatalogReport>) {
     if let Some(r) = r {
@@ -388,8 +432,11 @@ fn absorb(report: &mut TableReport, r: Option<crate::catalog::CatalogReport>) {
 
 /// A table without recorded sequence kinds (created before they were recorded, or by
 /// another writer) gets the batch's, once, so that later files are checked against them.
-async fn record_kinds(target: DeltaTable, batch: &Batch<'_>) -> Result<DeltaTable> {
-    let Some(kinds) = &batch.kinds else {
+pub(crate) async fn record_kinds(
+    target: DeltaTable,
+    kinds: Option<&[SeqKind]>,
+) -> Result<DeltaTable> {
+    let Some(kinds) = kinds else {
         return Ok(target);
     };
     if kinds.is_empty() || delta::props(&target).sequence_kinds.is_some() {
@@ -411,7 +458,7 @@ async fn enable_change_data_feed(table: &TableConfig, target: DeltaTable) -> Res
 
 /// Full-load files whose rows changed nothing produce no MERGE commit; their versions are
 /// still recorded (reload detection needs them), in a commit of their own.
-async fn record_unrecorded_loads(
+pub(crate) async fn record_unrecorded_loads(
     target: DeltaTable,
     txns: &[Transaction],
     read_version: Option<u64>,

@@ -27,7 +27,7 @@ use crate::props::TableProps;
 use crate::source::{self, ChangeSet, FileClass};
 use crate::storage::{self, Storage};
 
-pub(crate) use batch::Batch;
+pub(crate) use batch::{record_kinds, record_unrecorded_loads, Batch};
 pub use report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport};
 
 /// The merge engine: configuration, storage and delta-rs options, built once.
@@ -66,7 +66,7 @@ pub(crate) struct TableView {
 
 impl TableView {
     pub(crate) async fn open(cfg: &TableConfig, options: &HashMap<String, String>) -> Result<Self> {
-        let table = delta::open(&cfg.target, options).await?;
+        let table = delta::open(cfg.state_table()?, options).await?;
         Ok(TableView {
             schema: delta::arrow_schema(&table),
             props: delta::props(&table),
@@ -108,8 +108,12 @@ impl Engine {
         let mut config = (*self.config).clone();
         for t in &mut config.tables {
             t.source = self.resolve(&t.source);
-            t.target = self.resolve(&t.target);
-            t.tombstones = self.resolve(&t.tombstones);
+            t.target = t.target.as_ref().map(|u| self.resolve(u));
+            t.tombstones = t.tombstones.as_ref().map(|u| self.resolve(u));
+            if let Some(h) = &mut t.history {
+                h.target = self.resolve(&h.target);
+                h.changes = self.resolve(&h.changes);
+            }
         }
         self.config = Arc::new(config);
         self

@@ -23,9 +23,12 @@ impl std::fmt::Debug for Hook {
 
 /// The ids in the table, in order.
 async fn ids_of(config: &Config) -> Vec<i64> {
-    let table = delta::open(&config.tables[0].target, &Default::default())
-        .await
-        .unwrap();
+    let table = delta::open(
+        config.tables[0].target.as_ref().unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
     let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
         .await
         .unwrap();

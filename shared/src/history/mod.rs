@@ -76,6 +76,17 @@ pub(crate) struct Changes<'a> {
     pub(crate) sets: &'a [ChangeSet],
     pub(crate) kind: SeqKind,
     pub(crate) files: &'a [String],
+    /// For a table that keeps only its history: what its commit records.
+    pub(crate) record: Option<Record>,
+}
+
+/// What the history table of a table without a current table records, as the current
+/// table would: the batch's sequence kinds (once, on a table that has none) and its
+/// full-load files (application transactions in the commit that applies them; reload
+/// detection reads them).
+pub(crate) struct Record {
+    pub(crate) kinds: Option<Vec<SeqKind>>,
+    pub(crate) txns: Vec<deltalake::kernel::Transaction>,
 }
 
 /// Apply a batch of admitted change sets to the table's history (one commit), then its
@@ -240,19 +251,34 @@ impl Attempt<'_> {
         let label = format!("{} history", cfg.name);
         let mut schema_fields = self.columns.to_vec();
         schema_fields.extend(own_columns(cfg, h, kind));
+        let record = self.changes.record.as_ref();
+        let props = match record {
+            Some(r) => {
+                let kinds: Vec<Option<SeqKind>> = match &r.kinds {
+                    Some(k) => k.iter().copied().map(Some).collect(),
+                    None => vec![None; cfg.sequence_by.len()],
+                };
+                crate::props::TableProps::for_new_table(&kinds)
+            }
+            None => Default::default(),
+        };
         let (table, created) = delta::open_or_create(
             &h.target,
             self.options,
             &format!("{}_history", cfg.name),
             &Schema::new(schema_fields),
             &h.partition_by,
-            Default::default(),
+            props,
         )
         .await?;
         let mut created_report = None;
         if created {
             created_report = self.catalog.created(cfg, true, &table).await;
         }
+        let table = match record {
+            Some(r) => crate::engine::record_kinds(table, r.kinds.as_deref()).await?,
+            None => table,
+        };
         let data = history_data_columns(cfg, h, &table, self.columns, kind)?;
         let keys = key_batch(cfg, self.changes.sets, &data)?;
         let existing = delta::rows_with_keys(&table, &label, &cfg.primary_key, &keys).await?;
@@ -275,7 +301,11 @@ impl Attempt<'_> {
             ..Default::default()
         };
         add_catalog(&mut report, created_report);
+        let txns = record.map(|r| r.txns.as_slice()).unwrap_or_default();
         if out.batch.num_rows() == 0 {
+            let read_version = table.version();
+            let table = crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
+            report.version = table.version();
             return Ok((report, None));
         }
         let before = if cfg.manifests {
@@ -285,7 +315,8 @@ impl Attempt<'_> {
         };
         let schema_before = delta::arrow_schema(&table);
         let read_version = table.version();
-        let table = merge_versions(cfg, table, &out.batch, self.changes.files).await?;
+        let table = merge_versions(cfg, table, &out.batch, self.changes.files, txns).await?;
+        let table = crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
         report.version = table.version();
         let written = (table.version() != read_version).then_some(Written {
             schema_before,
@@ -808,6 +839,7 @@ async fn merge_versions(
     table: DeltaTable,
     source: &RecordBatch,
     files: &[String],
+    txns: &[deltalake::kernel::Transaction],
 ) -> Result<DeltaTable> {
     let label = format!("{} history", cfg.name);
     let delta_err = |e| Error::delta(&label, e);
@@ -839,7 +871,9 @@ async fn merge_versions(
         .with_source_alias("s")
         .with_target_alias("t")
         .with_merge_schema(new_columns)
-        .with_commit_properties(delta::tributary_commit(files))
+        .with_commit_properties(
+            delta::tributary_commit(files).with_application_transactions(txns.to_vec()),
+        )
         .when_matched_delete(|d| d.predicate(qcol("s", OP).eq(lit(PlanOp::Delete.marker()))))
         .map_err(delta_err)?
         .when_matched_update(|u| {

@@ -128,29 +128,44 @@ pub async fn maintain(
 ) -> Result<MaintenanceReport> {
     let start = Instant::now();
     check_vacuum_retention(table_cfg, opts)?;
-    let main = Tidy {
-        url: &table_cfg.target,
-        label: &table_cfg.name,
-        cfg: table_cfg,
-        manifests: table_cfg.manifests,
-    };
-    let Some(mut report) = main.run(storage, options).await? else {
-        return Ok(MaintenanceReport {
+    let mut report = match &table_cfg.target {
+        Some(target) => {
+            let main = Tidy {
+                url: target,
+                label: &table_cfg.name,
+                cfg: table_cfg,
+                manifests: table_cfg.manifests,
+            };
+            let Some(mut report) = main.run(storage, options).await? else {
+                return Ok(not_created(table_cfg, "the Delta table"));
+            };
+            // Tombstones past their retention (after moving the table's horizon), then tidy
+            // the tombstone table itself.
+            report.tombstones_expired = expire_tombstones(table_cfg, options).await?;
+            report
+        }
+        None => MaintenanceReport {
             table: table_cfg.name.clone(),
-            skipped: Some("the Delta table does not exist yet".into()),
             ..Default::default()
-        });
+        },
     };
-    // Tombstones past their retention (after moving the table's horizon), then tidy the
-    // tombstone table itself.
-    report.tombstones_expired = expire_tombstones(table_cfg, options).await?;
     if let Some(h) = &table_cfg.history {
-        report.history = history_upkeep(table_cfg, h, storage, options)
-            .await?
-            .map(Box::new);
+        let history = history_upkeep(table_cfg, h, storage, options).await?;
+        if history.is_none() && table_cfg.target.is_none() {
+            return Ok(not_created(table_cfg, "the history table"));
+        }
+        report.history = history.map(Box::new);
     }
     report.duration_ms = start.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+fn not_created(table_cfg: &TableConfig, what: &str) -> MaintenanceReport {
+    MaintenanceReport {
+        table: table_cfg.name.clone(),
+        skipped: Some(format!("{what} does not exist yet")),
+        ..Default::default()
+    }
 }
 
 /// The history table (like the main table) and its change log (compaction, checkpoint,
@@ -354,21 +369,24 @@ async fn expire_tombstones(
     table_cfg: &TableConfig,
     options: &std::collections::HashMap<String, String>,
 ) -> Result<usize> {
+    let (Some(target), Some(tombstones)) = (&table_cfg.target, &table_cfg.tombstones) else {
+        return Ok(0);
+    };
     let label = format!("{} tombstones", table_cfg.name);
     let cutoff = expiry_cutoff(Utc::now(), table_cfg.tombstone_retention);
-    let t = delta::open(&table_cfg.tombstones, options).await?;
+    let t = delta::open(tombstones, options).await?;
     if !delta::exists(&t) {
         return Ok(0);
     }
     let mut expired = 0;
     if let Some(newest) = newest_expiring(&t, cutoff).await? {
-        move_horizon(table_cfg, options, newest).await?;
-        expired = delete_tombstones_up_to(table_cfg, options, newest).await?;
+        move_horizon(table_cfg, target, options, newest).await?;
+        expired = delete_tombstones_up_to(table_cfg, tombstones, options, newest).await?;
     }
     // The tombstone table gets one small file per delete batch: compact and vacuum it too.
     let target = table_cfg.maintenance.target_file_size.max(1);
     match compact_table(
-        &table_cfg.tombstones,
+        tombstones,
         &label,
         table_cfg,
         options,
@@ -383,7 +401,7 @@ async fn expire_tombstones(
         }
         Err(e) => return Err(e),
     }
-    let t = delta::open(&table_cfg.tombstones, options).await?;
+    let t = delta::open(tombstones, options).await?;
     deltalake::checkpoints::create_checkpoint(&t, None)
         .await
         .map_err(|e| Error::delta(&label, e))?;
@@ -402,12 +420,13 @@ fn expiry_cutoff(now: DateTime<Utc>, retention: std::time::Duration) -> DateTime
 /// Record on the main table that tombstones up to `horizon` may be gone.
 async fn move_horizon(
     table_cfg: &TableConfig,
+    target: &url::Url,
     options: &std::collections::HashMap<String, String>,
     horizon: DateTime<Utc>,
 ) -> Result<()> {
     let mut retry = Retry::new(&table_cfg.name, table_cfg.max_commit_attempts);
     loop {
-        let t = delta::open(&table_cfg.target, options).await?;
+        let t = delta::open(target, options).await?;
         if !delta::exists(&t) || delta::props(&t).tombstone_horizon >= Some(horizon) {
             return Ok(());
         }
@@ -420,13 +439,14 @@ async fn move_horizon(
 
 async fn delete_tombstones_up_to(
     table_cfg: &TableConfig,
+    tombstones: &url::Url,
     options: &std::collections::HashMap<String, String>,
     horizon: DateTime<Utc>,
 ) -> Result<usize> {
     let label = format!("{} tombstones", table_cfg.name);
     let mut retry = Retry::new(&label, 5);
     loop {
-        let t = delta::open(&table_cfg.tombstones, options).await?;
+        let t = delta::open(tombstones, options).await?;
         let predicate = col(crate::tombstones::DELETED_AT_COLUMN).lt_eq(lit(
             deltalake::datafusion::scalar::ScalarValue::TimestampMicrosecond(
                 Some(horizon.timestamp_micros()),
