@@ -578,6 +578,17 @@ pub(crate) async fn append_predicate(
     table: &DeltaTable,
     plan: &MergePlan,
 ) -> Result<Option<String>> {
+    Ok(append_range(cfg, table, plan)
+        .await?
+        .map(|r| r.predicate(&cfg.primary_key[0])))
+}
+
+/// The plan's key range when it can be appended (see [`append_predicate`]).
+pub(crate) async fn append_range(
+    cfg: &TableConfig,
+    table: &DeltaTable,
+    plan: &MergePlan,
+) -> Result<Option<KeyRange>> {
     let [key] = cfg.primary_key.as_slice() else {
         return Ok(None);
     };
@@ -598,38 +609,89 @@ pub(crate) async fn append_predicate(
     let Some(keys) = plan.batch.column_by_name(key) else {
         return Ok(None);
     };
-    let Some((lo, hi)) = key_range(keys)? else {
+    let Some(range) = KeyRange::of(keys)? else {
         return Ok(None);
     };
-    let ident = format!("\"{}\"", key.replace('"', "\"\""));
-    let predicate = format!("{ident} >= {lo} AND {ident} <= {hi}");
+    let predicate = range.predicate(key);
     let found = query(table, &format!("SELECT 1 FROM t WHERE {predicate} LIMIT 1")).await?;
-    Ok(found.iter().all(|b| b.num_rows() == 0).then_some(predicate))
+    Ok(found.iter().all(|b| b.num_rows() == 0).then_some(range))
 }
 
-/// SQL literals of the smallest and largest key (integer and string keys; none for others).
-fn key_range(keys: &ArrayRef) -> Result<Option<(String, String)>> {
-    use arrow::array::AsArray;
-    use arrow::datatypes::{DataType, Int64Type};
-    Ok(match keys.data_type() {
-        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
-            let a = arrow::compute::cast(keys, &DataType::Int64).map_err(Error::arrow)?;
-            let a = a.as_primitive::<Int64Type>();
-            match (arrow::compute::min(a), arrow::compute::max(a)) {
-                (Some(lo), Some(hi)) => Some((lo.to_string(), hi.to_string())),
-                _ => None,
-            }
+/// A bound of a key range: integer and string keys.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum KeyBound {
+    Int(i64),
+    Text(String),
+}
+
+impl KeyBound {
+    fn literal(&self) -> String {
+        match self {
+            KeyBound::Int(v) => v.to_string(),
+            KeyBound::Text(s) => format!("'{}'", s.replace('\'', "''")),
         }
-        DataType::Utf8 => {
-            let a = keys.as_string::<i32>();
-            let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
-            match (arrow::compute::min_string(a), arrow::compute::max_string(a)) {
-                (Some(lo), Some(hi)) => Some((quote(lo), quote(hi))),
-                _ => None,
+    }
+}
+
+/// The smallest and largest key of a batch (integer and string keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyRange {
+    pub(crate) lo: KeyBound,
+    pub(crate) hi: KeyBound,
+}
+
+impl KeyRange {
+    /// The range of `keys`; none for other types or no keys.
+    fn of(keys: &ArrayRef) -> Result<Option<KeyRange>> {
+        use arrow::array::AsArray;
+        use arrow::datatypes::{DataType, Int64Type};
+        Ok(match keys.data_type() {
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+                let a = arrow::compute::cast(keys, &DataType::Int64).map_err(Error::arrow)?;
+                let a = a.as_primitive::<Int64Type>();
+                match (arrow::compute::min(a), arrow::compute::max(a)) {
+                    (Some(lo), Some(hi)) => Some(KeyRange {
+                        lo: KeyBound::Int(lo),
+                        hi: KeyBound::Int(hi),
+                    }),
+                    _ => None,
+                }
             }
+            DataType::Utf8 => {
+                let a = keys.as_string::<i32>();
+                match (arrow::compute::min_string(a), arrow::compute::max_string(a)) {
+                    (Some(lo), Some(hi)) => Some(KeyRange {
+                        lo: KeyBound::Text(lo.to_string()),
+                        hi: KeyBound::Text(hi.to_string()),
+                    }),
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+    }
+
+    /// `key >= lo AND key <= hi` (SQL).
+    pub(crate) fn predicate(&self, key: &str) -> String {
+        let ident = format!("\"{}\"", key.replace('"', "\"\""));
+        format!(
+            "{ident} >= {} AND {ident} <= {}",
+            self.lo.literal(),
+            self.hi.literal()
+        )
+    }
+
+    pub(crate) fn overlaps(&self, other: &KeyRange) -> bool {
+        self.lo <= other.hi && other.lo <= self.hi
+    }
+
+    /// The smallest range holding both.
+    pub(crate) fn union(&self, other: &KeyRange) -> KeyRange {
+        KeyRange {
+            lo: self.lo.clone().min(other.lo.clone()),
+            hi: self.hi.clone().max(other.hi.clone()),
         }
-        _ => None,
-    })
+    }
 }
 
 /// Append the plan's rows (see [`append_predicate`]) in one commit that also records
@@ -642,14 +704,25 @@ pub(crate) async fn append(
     files: &[String],
     extras: &MergeExtras,
 ) -> Result<(DeltaTable, usize)> {
+    let adds = write_rows(cfg, &table, plan).await?;
+    let written = adds.len();
+    let table = commit_append(cfg, table, adds, predicate, files, &extras.txns).await?;
+    Ok((table, written))
+}
+
+/// Write the plan's rows as data files of the table (in its schema; columns the plan lacks
+/// are null), without committing them: the `add` actions that would.
+pub(crate) async fn write_rows(
+    cfg: &TableConfig,
+    table: &DeltaTable,
+    plan: &MergePlan,
+) -> Result<Vec<deltalake::kernel::Action>> {
     use deltalake::datafile::writer::DeltaWriter;
     use deltalake::kernel::Action;
     let label = cfg.name.as_str();
     let delta_err = |e| Error::delta(label, e);
     let snapshot = table.snapshot().map_err(delta_err)?;
     let schema = snapshot.snapshot().arrow_schema();
-    let partition_columns = snapshot.metadata().partition_columns().to_vec();
-    // The plan's rows in the table's schema (columns the plan lacks are null).
     let rows = plan.batch.num_rows();
     let columns = schema
         .fields()
@@ -664,17 +737,32 @@ pub(crate) async fn append(
     let config = writer_config(snapshot, Some(writer_properties(cfg)), None);
     let mut writer = DeltaWriter::new(table.log_store().object_store(None), config);
     writer.write(&batch).await.map_err(delta_err)?;
-    let adds: Vec<Action> = writer
+    Ok(writer
         .close()
         .await
         .map_err(delta_err)?
         .into_iter()
         .map(Action::Add)
-        .collect();
-    let written = adds.len();
+        .collect())
+}
+
+/// Commit written files as an append on the table's snapshot, declaring `predicate` (the
+/// key range) as what it read, with the application transactions `txns`.
+pub(crate) async fn commit_append(
+    cfg: &TableConfig,
+    mut table: DeltaTable,
+    adds: Vec<deltalake::kernel::Action>,
+    predicate: String,
+    files: &[String],
+    txns: &[Transaction],
+) -> Result<DeltaTable> {
+    let label = cfg.name.as_str();
+    let delta_err = |e| Error::delta(label, e);
+    let snapshot = table.snapshot().map_err(delta_err)?;
+    let partition_columns = snapshot.metadata().partition_columns().to_vec();
     let mut commit = tributary_commit(files);
-    if !extras.txns.is_empty() {
-        commit = commit.with_application_transactions(extras.txns.clone());
+    if !txns.is_empty() {
+        commit = commit.with_application_transactions(txns.to_vec());
     }
     let version = CommitBuilder::from(commit)
         .with_actions(adds)
@@ -690,10 +778,9 @@ pub(crate) async fn append(
         .await
         .map_err(delta_err)?
         .version();
-    let mut table = table;
     table
         .update_incremental(Some(version))
         .await
         .map_err(delta_err)?;
-    Ok((table, written))
+    Ok(table)
 }

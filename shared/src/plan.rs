@@ -274,6 +274,8 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
     let enc = KeyEncoder::new(&rows.all.schema(), &table.primary_key)?;
     let chosen = latest_per_key(&rows, &enc.rows(&rows.all)?);
     let idx: Vec<u32> = chosen.iter().map(|(i, _)| *i as u32).collect();
+    // Every row chosen, in row order (a full load, a file of distinct keys): no copy.
+    let identity = idx.len() == rows.all.num_rows();
     let indices = UInt32Array::from(idx.clone());
     let mut fields: Vec<Field> = rows
         .all
@@ -284,14 +286,17 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
         .collect();
     let mut cols = Vec::with_capacity(fields.len() + 2 + rows.present.len());
     for (c, f) in rows.all.columns().iter().zip(&fields) {
-        if rows.present.iter().any(|(n, _)| n == f.name()) {
-            cols.push(c.clone()); // replaced below
+        if rows.present.iter().any(|(n, _)| n == f.name()) || identity {
+            cols.push(c.clone()); // sparse: replaced below
         } else {
             cols.push(take(c, &indices, None).map_err(Error::arrow)?);
         }
     }
     fields.push(Field::new(&table.sequence_column, DataType::Utf8, false));
-    cols.push(string_array(idx.iter().map(|&i| rows.order[i as usize])));
+    match changes {
+        [one] if identity => cols.push(Arc::new(one.order.clone())),
+        _ => cols.push(string_array(idx.iter().map(|&i| rows.order[i as usize]))),
+    }
     let mut sparse = Vec::new();
     for (n, (column, present)) in rows.present.iter().enumerate() {
         let (values, seqs) = fold_sparse(&rows, present, &chosen)?;
@@ -409,8 +414,13 @@ fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
         if has.iter().any(|p| !p) {
             present.push((f.name().clone(), has));
         }
-        let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-        columns.push(concat(&refs).map_err(Error::arrow)?);
+        match parts.as_slice() {
+            [one] => columns.push(one.clone()), // one file: no copy
+            _ => {
+                let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+                columns.push(concat(&refs).map_err(Error::arrow)?);
+            }
+        }
     }
     let all = RecordBatch::try_new_with_options(
         Arc::new(Schema::new(fields)),

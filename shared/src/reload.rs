@@ -45,7 +45,7 @@ pub(crate) fn load_txn(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction>
 }
 
 /// The transaction identifying a full-load file's version (whichever slice `cs` is).
-fn file_txn(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
+pub(crate) fn file_txn(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
     if cs.kind != FileKind::FullLoad {
         return None;
     }

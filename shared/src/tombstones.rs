@@ -154,6 +154,22 @@ impl<'a> Tombstones<'a> {
         self.scan(plan).await
     }
 
+    /// The tombstone table's version at the last [`Tombstones::read`].
+    pub(crate) fn read_version(&self) -> Option<u64> {
+        self.read_version
+    }
+
+    /// Whether the tombstone table has moved since version `v` (re-reading its log).
+    pub(crate) async fn moved_since(&mut self, v: Option<u64>) -> Result<bool> {
+        self.refresh().await?;
+        Ok(self.table.version() != v)
+    }
+
+    /// Forget the last read: the next [`Tombstones::read_if_changed`] reads.
+    pub(crate) fn forget_read(&mut self) {
+        self.read_version = None;
+    }
+
     /// After a commit: the tombstones for the plan's upsert keys if the tombstone table
     /// moved since the last [`Tombstones::read`] (a concurrent delete may have been
     /// recorded), `None` when it has not (nothing new can be there).

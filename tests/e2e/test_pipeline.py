@@ -232,20 +232,27 @@ def test_change_data_feed_read_back_by_another_reader(aws, stack, poller):
 
 
 def test_large_files_spilled_to_disk_and_merged_in_slices(aws, stack, poller, functions):
-    """Files larger than the spill threshold are streamed to a temporary file, and files of
-    more rows than `slice_rows` are merged in slices: the table is the same."""
+    """Files larger than the spill threshold are streamed to a temporary file; a full load of
+    more rows than `slice_rows` into a new table is appended whole in one commit, and a CDC
+    file of more rows is merged in slices: the table is the same."""
     source = dms.Source(seed=9)
     load = [(None, "2022-10-25 23:59:59.000000", *r[2:]) for r in source.insert_records(200_000)]
+    loaded = source.state()
     changes = source.update(lambda r: r["route_id"] in "ABC", destination="Tucson")
     changes += source.delete(lambda r: r["route_id"] == "D")
     files = [("LOAD00000001.parquet", dms.parquet(load, False)),
              ("2022/10/26/20221026-0000000000.parquet", dms.parquet(changes, True))]
     assert all(len(body) > 0.4 * 1024 * 1024 for _, body in files), "both files above the 0.4 MB spill threshold"
     start = time.time()
-    upload(aws, stack, "big", files)
+    upload(aws, stack, "big", files[:1])
+    converge(aws, stack, poller, "big", loaded, "large full load: appended whole", start, timeout=400)
+    upload(aws, stack, "big", files[1:])
     converge(aws, stack, poller, "big", source.state(), "large files: spilled, in slices", start, timeout=400)
-    log = Path(functions.log.name).read_text()
-    for key, _ in files:
+    log = Path(functions.log.name).read_text().splitlines()
+    for (key, _), how in zip(files, ["appended the whole file in one commit", "slice by slice"]):
         name = f"dms/big/travel_details/{key}"
-        assert any(name in line and "spilled to a temporary file" in line for line in log.splitlines()), name
-        assert any(name in line and "slice by slice" in line for line in log.splitlines()), name
+        assert any(name in line and "spilled to a temporary file" in line for line in log), name
+        assert any(name in line and how in line for line in log), (name, how)
+    dt, _ = read_table(stack, "big")
+    writes = [h for h in dt.history() if "tributary.files" in json.dumps(h) and "LOAD00000001" in json.dumps(h)]
+    assert len(writes) == 1, f"the full load in one commit: {len(writes)}"

@@ -59,12 +59,15 @@ async fn a_file_larger_than_a_slice_merges_in_slices_with_the_same_result() {
     assert_eq!(fx.items_rows().await, want);
     for t in &r.tables {
         assert_eq!(t.files, 1, "a large file is merged alone");
-        assert!(
-            t.slices >= 4,
-            "5000 rows in slices of 1024: {} commits",
-            t.slices
-        );
     }
+    // The full load into a new table: appended whole, one commit; the CDC file (updates
+    // and deletes): one commit per slice.
+    let commits: Vec<(usize, bool)> = r.tables.iter().map(|t| (t.slices, t.appended)).collect();
+    assert_eq!(commits[0], (1, true), "{commits:?}");
+    assert!(
+        commits[1].0 >= 4,
+        "5000 rows in slices of 1024: {commits:?}"
+    );
     for f in &r.files {
         match &f.status {
             FileStatus::Merged { counts, .. } => assert_eq!(counts.rows, 5000),
@@ -283,10 +286,92 @@ async fn wide_rows_make_shorter_slices() {
         fx.put_items("20240101-1000000000.parquet", &cdc),
     ];
     let r = fx.merge_ok(&files).await;
+    let slices: Vec<usize> = r.tables.iter().map(|t| t.slices).collect();
     assert!(
-        r.tables.iter().all(|t| t.slices >= 4),
-        "{:?}",
-        r.tables.iter().map(|t| t.slices).collect::<Vec<_>>()
+        slices[0] == 1 && slices[1] >= 4,
+        "load whole, CDC in slices: {slices:?}"
     );
     assert_eq!(fx.items_rows().await, model(&[load, cdc].concat()));
+}
+
+/// Data files (`*.parquet`) under a table folder, outside `_delta_log` and hidden folders.
+fn data_files(dir: &std::path::Path) -> usize {
+    let mut n = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if p.is_dir() && !name.starts_with('_') {
+                stack.push(p);
+            } else if name.ends_with(".parquet") {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// A full-load file larger than a slice into a new table: read once and appended in one
+/// commit (readers never see part of it), recorded for reload detection; a bad row in its
+/// last slice fails it with nothing committed and no data file left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_full_load_is_appended_whole_in_one_commit() {
+    let fx = sliced();
+    let rows = load(1..=5000, 1);
+    // A bad row (null key) in the last slice: nothing of the file is committed.
+    let mut bad = items_batch(&rows, false);
+    let ids: Vec<Option<i64>> = (1..=5000).map(|i| (i != 4800).then_some(i)).collect();
+    let mut cols = bad.columns().to_vec();
+    cols[1] = std::sync::Arc::new(tributary::deltalake::arrow::array::Int64Array::from(ids));
+    bad = tributary::deltalake::arrow::array::RecordBatch::try_new(bad.schema(), cols).unwrap();
+    let bad_file = fx.put_batch("shop/items", "LOAD00000001.parquet", &bad);
+    let r = fx.engine.process(std::slice::from_ref(&bad_file)).await;
+    let e = Fixture::failure(&r, &bad_file).to_string();
+    assert!(e.contains("row 4800"), "{e}");
+    assert_eq!(
+        data_files(&fx.path("curated/items")),
+        0,
+        "the slices written before the bad row are deleted"
+    );
+    // The good file: one commit.
+    let good = fx.put_items("LOAD00000001.parquet", &rows);
+    let before = tributary::delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap()
+        .version();
+    let r = fx.merge_ok(std::slice::from_ref(&good)).await;
+    let t = &r.tables[0];
+    assert_eq!((t.slices, t.appended, t.inserted), (1, true, 5000), "{t:?}");
+    assert_eq!(
+        t.version,
+        before.map(|v| v + 1),
+        "one commit after the table existed"
+    );
+    assert_eq!(counts(&fx).await, (5000, 5000));
+    // Recorded: the same file again changes nothing; rewritten by a DMS reload, refused.
+    let r = fx.merge_ok(std::slice::from_ref(&good)).await;
+    assert_eq!(r.tables[0].inserted + r.tables[0].updated, 0);
+    let rewritten = fx.put_items("LOAD00000001.parquet", &load(1..=5000, 2));
+    let r = fx.engine.process(std::slice::from_ref(&rewritten)).await;
+    assert_eq!(Fixture::failure(&r, &rewritten).kind(), "reload");
+}
+
+/// Keys out of order across slices (a heap table's full load): the slices' key ranges
+/// overlap, so the file is merged slice by slice — no key twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_load_with_keys_out_of_order_is_merged_slice_by_slice() {
+    let fx = sliced();
+    let mut rows = load(1..=4000, 1);
+    rows.reverse();
+    rows.swap(0, 3999);
+    let f = fx.put_items("LOAD00000001.parquet", &rows);
+    let r = fx.merge_ok(std::slice::from_ref(&f)).await;
+    assert!(r.tables[0].slices >= 4, "{:?}", r.tables[0]);
+    assert_eq!(counts(&fx).await, (4000, 4000));
+    assert_eq!(
+        data_files(&fx.path("curated/items")),
+        live_files(&fx.url("curated/items")).await,
+        "the files of the abandoned whole append are deleted"
+    );
 }

@@ -39,17 +39,38 @@ fn ms_since(t: Instant) -> u64 {
 /// that committed (a MERGE) and then failed (its tombstone re-check conflicted) leaves its
 /// commit in the table, and the retry's own "before" already contains it.
 #[derive(Clone)]
-struct Before {
+pub(super) struct Before {
     version: Option<u64>,
     schema: Option<arrow::datatypes::SchemaRef>,
     /// Live files (only when manifests are on: nothing else needs them).
     files: Vec<manifest::LiveFile>,
 }
 
+impl Before {
+    /// The table as it is now (live files only when manifests are on).
+    pub(super) fn of(table: &TableConfig, target: &DeltaTable) -> Result<Self> {
+        Ok(Before {
+            version: target.version(),
+            schema: delta::arrow_schema(target),
+            files: if table.manifests {
+                manifest::live_files(target)?
+            } else {
+                Vec::new()
+            },
+        })
+    }
+}
+
 /// A commit as the post-commit steps see it.
 pub(crate) struct Committed {
     before: Before,
     after: DeltaTable,
+}
+
+impl Committed {
+    pub(super) fn new(before: Before, after: DeltaTable) -> Self {
+        Committed { before, after }
+    }
 }
 
 /// The state a commit attempt starts from.
@@ -187,7 +208,12 @@ impl Engine {
 
     /// After a commit: the manifests of the partitions it touched, then the catalog
     /// entries (neither fails the merge: it is committed).
-    async fn after_commit(&self, table: &TableConfig, c: Committed, report: &mut TableReport) {
+    pub(super) async fn after_commit(
+        &self,
+        table: &TableConfig,
+        c: Committed,
+        report: &mut TableReport,
+    ) {
         let t = Instant::now();
         let for_catalog = table.catalog.is_some().then(|| c.after.clone());
         if table.manifests {
@@ -288,15 +314,7 @@ impl Engine {
         }
         let read_version = target.version();
         if first_read.is_none() {
-            *first_read = Some(Before {
-                version: read_version,
-                schema: delta::arrow_schema(&target),
-                files: if table.manifests {
-                    manifest::live_files(&target)?
-                } else {
-                    Vec::new()
-                },
-            });
+            *first_read = Some(Before::of(table, &target)?);
         }
         let t = Instant::now();
         let target = write(table, target, &plan, a, report).await?;
@@ -321,7 +339,7 @@ impl Engine {
         }))
     }
 
-    async fn load_or_create(
+    pub(super) async fn load_or_create(
         &self,
         table: &TableConfig,
         batch: &Batch<'_>,
@@ -421,7 +439,7 @@ fn load_txns(table: &TableConfig, batch: &Batch<'_>) -> Vec<Transaction> {
 }
 
 /// Add a catalog sync's report to the table's.
-fn absorb(report: &mut TableReport, r: Option<crate::catalog::CatalogReport>) {
+pub(super) fn absorb(report: &mut TableReport, r: Option<crate::catalog::CatalogReport>) {
     if let Some(r) = r {
         report
             .catalog
@@ -448,7 +466,10 @@ pub(crate) async fn record_kinds(
 /// `change_data_feed = true` on a table that does not have the feed on yet: turned on (a
 /// metadata commit) before this merge, so that the merge's changes are in the feed. Never
 /// turned off by tributary (a table property other tools may rely on).
-async fn enable_change_data_feed(table: &TableConfig, target: DeltaTable) -> Result<DeltaTable> {
+pub(super) async fn enable_change_data_feed(
+    table: &TableConfig,
+    target: DeltaTable,
+) -> Result<DeltaTable> {
     if !table.change_data_feed || delta::props(&target).change_data_feed {
         return Ok(target);
     }

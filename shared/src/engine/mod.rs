@@ -10,6 +10,7 @@
 mod batch;
 mod recheck;
 mod report;
+mod whole;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -331,6 +332,12 @@ impl Engine {
         raw: &source::RawFile,
         outcomes: &mut Vec<FileOutcome>,
     ) -> Result<Option<TableReport>> {
+        match self.append_whole(table, file, raw, outcomes).await? {
+            whole::Whole::Done(r) => return Ok(r.map(|r| *r)),
+            whole::Whole::Fallback(why) => {
+                tracing::info!(table = %table.name, file = %storage::display(file), why, "not appendable as a whole")
+            }
+        }
         tracing::info!(table = %table.name, file = %storage::display(file), slice_rows = table.slice_rows, "more rows than a slice: checking the whole file, then merging it slice by slice");
         let mut view = TableView::open(table, &self.options).await?;
         let Some(counts) = self.check_large(table, &view, file, raw, outcomes).await? else {

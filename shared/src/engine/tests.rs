@@ -230,3 +230,61 @@ async fn a_delete_planned_on_a_table_loaded_before_a_late_insert_still_deletes_i
     let ids = ids_of(&config).await;
     assert_eq!(ids, vec![2], "the deleted row stays deleted");
 }
+
+/// A full-load file appended whole while a delete of one of its keys is recorded and
+/// merged (finding no row: the append is not committed yet): the re-check after the append
+/// reads the file again and deletes the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_racing_a_whole_file_append_still_deletes_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "sequence_by = [\"ts\"]\nslice_rows = 1024";
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", extra);
+    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+    let src = config.tables[0].source.clone();
+    let storage = Storage::new();
+    let load = src.join("LOAD00000001.parquet").unwrap();
+    let n = 3000i64;
+    let b = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("ts", DataType::Utf8, true),
+            Field::new("id", DataType::Int64, true),
+        ])),
+        vec![
+            Arc::new(StringArray::from(vec!["2024-01-01 00:00:00"; n as usize])),
+            Arc::new(Int64Array::from_iter_values(1..=n)),
+        ],
+    )
+    .unwrap();
+    storage
+        .put(&load, crate::demo::to_parquet(&b).unwrap())
+        .await
+        .unwrap();
+    let delete = src.join("20240101-0000000002.parquet").unwrap();
+    storage
+        .put(&delete, cdc("D", "2024-01-01 00:00:02", 5))
+        .await
+        .unwrap();
+    let deleter = Engine::new(config.clone());
+    let fired = Arc::new(AtomicBool::new(false));
+    let mut loader = Engine::new(config.clone());
+    let (d, f, del) = (deleter.clone(), fired.clone(), delete.clone());
+    loader.before_merge = Some(Hook(Arc::new(move || {
+        let (d, f, del) = (d.clone(), f.clone(), del.clone());
+        Box::pin(async move {
+            if !f.swap(true, Ordering::SeqCst) {
+                let r = d.process(&[del]).await;
+                assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+                assert_eq!(r.tables[0].deleted, 0, "the row is not there yet");
+            }
+        })
+    })));
+    let r = loader.process(&[load]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    assert!(fired.load(Ordering::SeqCst));
+    let t = &r.tables[0];
+    assert_eq!((t.slices, t.appended, t.inserted), (1, true, 3000), "{t:?}");
+    assert_eq!(t.deleted, 1, "the re-check removed it again");
+    let ids = ids_of(&config).await;
+    assert_eq!(ids.len(), 2999);
+    assert!(!ids.contains(&5));
+}

@@ -1,0 +1,352 @@
+//! A large file appended whole, in one commit, reading it once (docs/design.md, "Large
+//! files"): when every slice can be appended — no row of the table has a key in the slice's
+//! key range, and the slices' ranges do not overlap each other — each slice is checked,
+//! planned and written as data files as it is read, and one commit adds them all (with the
+//! full-load file's transaction id). A full load into a new table, or LOAD files with
+//! disjoint key ranges, take this path. Otherwise (a slice that would update or delete rows,
+//! keys out of order across slices, a concurrent commit in the range) the files written are
+//! discarded and the file is merged slice by slice, as before.
+
+use std::time::Instant;
+
+use deltalake::kernel::Action;
+use deltalake::DeltaTable;
+use url::Url;
+
+use super::{Engine, TableReport, TableView};
+use crate::config::TableConfig;
+use crate::delta::{self, KeyRange};
+use crate::error::Result;
+use crate::plan::{self, MergePlan};
+use crate::source::{self, ChangeSet, FileCounts};
+use crate::storage;
+use crate::tombstones::Tombstones;
+
+/// How a whole-file append ended.
+pub(super) enum Whole {
+    /// Applied in one commit (the report), or settled by screening (`None`).
+    Done(Option<Box<TableReport>>),
+    /// Not appendable as a whole: merge it slice by slice.
+    Fallback(&'static str),
+}
+
+/// What the pass has written so far.
+struct Written {
+    adds: Vec<Action>,
+    ranges: Vec<KeyRange>,
+    counts: FileCounts,
+    rows: usize,
+    slices: usize,
+    superseded: usize,
+    txn: Option<deltalake::kernel::Transaction>,
+    /// The slice being written (one at a time, while the next is read and planned).
+    pending: Option<tokio::task::JoinHandle<Result<Vec<Action>>>>,
+    /// Time spent waiting for data files to be written.
+    write_wait_ms: u64,
+}
+
+impl Written {
+    /// Wait for the slice being written; its files join the others.
+    async fn settle(&mut self) -> Result<()> {
+        if let Some(p) = self.pending.take() {
+            let t = Instant::now();
+            let adds = p
+                .await
+                .map_err(|e| crate::error::Error::internal(format!("slice writer: {e}")))??;
+            self.adds.extend(adds);
+            self.write_wait_ms += t.elapsed().as_millis() as u64;
+        }
+        Ok(())
+    }
+
+    /// Every file written so far, for discarding (after the slice being written).
+    async fn written(&mut self) -> Vec<Action> {
+        if let Err(e) = self.settle().await {
+            tracing::warn!(error = %e, "a slice's files could not be written; VACUUM removes what is left");
+        }
+        std::mem::take(&mut self.adds)
+    }
+}
+
+impl Engine {
+    /// Try to apply a large file as one append (see the module documentation).
+    pub(super) async fn append_whole(
+        &self,
+        table: &TableConfig,
+        file: &Url,
+        raw: &source::RawFile,
+        outcomes: &mut Vec<super::FileOutcome>,
+    ) -> Result<Whole> {
+        if table.history.is_some() || table.target.is_none() || table.primary_key.len() != 1 {
+            return Ok(Whole::Fallback("history table or composite key"));
+        }
+        let start = Instant::now();
+        let view = TableView::open(table, &self.options).await?;
+        let mut slices = super::slices_of(table, &view, file, raw)?;
+        let Some(first) = slices.next_slice()? else {
+            return Ok(Whole::Done(None));
+        };
+        let Some(first) = self.screen(table, &view, vec![first], outcomes).await.pop() else {
+            return Ok(Whole::Done(None));
+        };
+        let mut kinds = view.props.sequence_kinds.clone();
+        let first = admit_one(first, &view, &mut kinds)?;
+        let base_plan = plan::plan(table, std::slice::from_ref(&first))?;
+        let batch = super::Batch {
+            changes: std::slice::from_ref(&first),
+            kinds: kinds.clone(),
+            delete_unmatched_below: None,
+        };
+        let (target, created) = self.load_or_create(table, &batch, &base_plan).await?;
+        let target = super::batch::record_kinds(target, kinds.as_deref()).await?;
+        let target = super::batch::enable_change_data_feed(table, target).await?;
+        let mut tombstones =
+            Tombstones::open(table, &self.options, &base_plan.batch.schema()).await?;
+        let mut w = Written {
+            adds: Vec::new(),
+            ranges: Vec::new(),
+            counts: FileCounts::default(),
+            rows: 0,
+            slices: 0,
+            superseded: 0,
+            txn: crate::reload::file_txn(table, &first),
+            pending: None,
+            write_wait_ms: 0,
+        };
+        let mut first_read = None;
+        let pass = async {
+            let mut next = Some((first, base_plan));
+            while let Some((cs, plan)) = next.take() {
+                if let Some(why) = self
+                    .write_slice(table, &target, &mut tombstones, cs, plan, &mut w)
+                    .await?
+                {
+                    return Ok(Some(why));
+                }
+                first_read = first_read.or(tombstones.read_version());
+                if let Some(cs) = slices.next_slice()? {
+                    let cs = admit_one(cs, &view, &mut kinds)?;
+                    let plan = plan::plan(table, std::slice::from_ref(&cs))?;
+                    next = Some((cs, plan));
+                }
+            }
+            w.settle().await?;
+            Ok::<_, crate::error::Error>(None)
+        }
+        .await;
+        match pass {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                discard(&target, w.written().await).await;
+                return Ok(Whole::Fallback(why));
+            }
+            // A bad row anywhere fails the file, nothing of it committed.
+            Err(e) => {
+                discard(&target, w.written().await).await;
+                return Err(e);
+            }
+        }
+        let report = self
+            .commit_whole(
+                table, target, created, file, tombstones, first_read, w, start,
+            )
+            .await?;
+        let Some((report, counts)) = report else {
+            return Ok(Whole::Fallback("a concurrent commit in the key range"));
+        };
+        outcomes.extend(merged_file(table, file, counts));
+        Ok(Whole::Done(Some(Box::new(report))))
+    }
+
+    /// Check one slice against the table and tombstones and write it (uncommitted). `Some`
+    /// with the reason when the file cannot be appended whole.
+    async fn write_slice(
+        &self,
+        table: &TableConfig,
+        target: &DeltaTable,
+        tombstones: &mut Tombstones<'_>,
+        cs: ChangeSet,
+        mut plan: MergePlan,
+        w: &mut Written,
+    ) -> Result<Option<&'static str>> {
+        let tombs = tombstones.read(&plan).await?;
+        if plan::apply_tombstones(&mut plan, table, &tombs)? > 0 {
+            return Ok(Some("a tombstone blocks a row"));
+        }
+        delta::align_to_table(table, &mut plan, target)?;
+        let Some(range) = delta::append_range(table, target, &plan).await? else {
+            return Ok(Some("the table has rows in the slice's key range"));
+        };
+        if w.ranges.iter().any(|r| r.overlaps(&range)) {
+            return Ok(Some("slices with overlapping key ranges"));
+        }
+        w.ranges.push(range);
+        w.counts.add(&cs.counts);
+        w.rows += plan.batch.num_rows();
+        w.superseded += plan.superseded;
+        // Written while the next slice is read and planned (the other core).
+        w.settle().await?;
+        let (cfg, t) = (table.clone(), target.clone());
+        w.pending = Some(tokio::spawn(async move {
+            delta::write_rows(&cfg, &t, &plan).await
+        }));
+        w.slices += 1;
+        Ok(None)
+    }
+
+    /// Commit the written files in one append; then the tombstone re-check, manifests and
+    /// catalog, as after any commit. `None` when a concurrent commit in the key range made
+    /// the append conflict (the files are discarded).
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_whole(
+        &self,
+        table: &TableConfig,
+        target: DeltaTable,
+        created: bool,
+        file: &Url,
+        mut tombstones: Tombstones<'_>,
+        first_read: Option<u64>,
+        w: Written,
+        start: Instant,
+    ) -> Result<Option<(TableReport, FileCounts)>> {
+        let name = storage::display(file);
+        let files = [name.clone()];
+        let range = w
+            .ranges
+            .iter()
+            .skip(1)
+            .fold(w.ranges[0].clone(), |a, r| a.union(r));
+        let before = super::batch::Before::of(table, &target)?;
+        let written = w.adds.len();
+        let predicate = range.predicate(&table.primary_key[0]);
+        let keep = target.clone();
+        let txns: Vec<_> = w.txn.into_iter().collect();
+        #[cfg(test)]
+        if let Some(hook) = &self.before_merge {
+            (hook.0)().await;
+        }
+        let after = match delta::commit_append(
+            table,
+            target,
+            w.adds.clone(),
+            predicate,
+            &files,
+            &txns,
+        )
+        .await
+        {
+            Ok(t) => t,
+            Err(e) if e.is_retryable() => {
+                tracing::info!(table = %table.name, file = %name, error = %e, "whole-file append conflicted; merging the file slice by slice");
+                discard(&keep, w.adds).await;
+                return Ok(None);
+            }
+            Err(e) => {
+                discard(&keep, w.adds).await;
+                return Err(e);
+            }
+        };
+        let mut report = TableReport {
+            table: table.name.clone(),
+            files: 1,
+            source_rows: w.counts.rows,
+            superseded_in_batch: w.superseded,
+            inserted: w.rows,
+            files_added: written,
+            commit_attempts: 1,
+            slices: 1,
+            appended: true,
+            ..Default::default()
+        };
+        if created {
+            let r = self.catalog.created(table, false, &after).await;
+            super::batch::absorb(&mut report, r);
+        }
+        let after = if tombstones.moved_since(first_read).await? {
+            self.recheck_whole(table, after, file, &mut tombstones, &mut report)
+                .await?
+        } else {
+            after
+        };
+        report.version = after.version();
+        tracing::info!(table = %table.name, file = %name, slices = w.slices, rows = w.rows, files_added = written, write_wait_ms = w.write_wait_ms, total_ms = start.elapsed().as_millis() as u64, "appended the whole file in one commit");
+        self.after_commit(
+            table,
+            super::batch::Committed::new(before, after),
+            &mut report,
+        )
+        .await;
+        report.duration_ms = start.elapsed().as_millis() as u64;
+        report.log();
+        Ok(Some((report, w.counts)))
+    }
+
+    /// A delete was recorded while the file was being appended: its MERGE may have found
+    /// no row (ours were not committed), so read the file again and delete what a newer
+    /// tombstone supersedes, slice by slice (the rare path).
+    async fn recheck_whole(
+        &self,
+        table: &TableConfig,
+        mut target: DeltaTable,
+        file: &Url,
+        tombstones: &mut Tombstones<'_>,
+        report: &mut TableReport,
+    ) -> Result<DeltaTable> {
+        let raw = self.storage.get_file(file).await?;
+        let view = TableView::open(table, &self.options).await?;
+        let mut slices = super::slices_of(table, &view, file, &raw)?;
+        let files = [storage::display(file)];
+        while let Some(cs) = slices.next_slice()? {
+            let mut plan = plan::plan(table, std::slice::from_ref(&cs))?;
+            tombstones.forget_read();
+            target = super::recheck::recheck_tombstones(
+                table, target, &mut plan, tombstones, &files, report,
+            )
+            .await?;
+        }
+        Ok(target)
+    }
+}
+
+/// Admit one slice against the table (and the kinds the file established so far).
+fn admit_one(
+    cs: ChangeSet,
+    view: &TableView,
+    kinds: &mut Option<Vec<source::SeqKind>>,
+) -> Result<ChangeSet> {
+    let mut a = plan::admit(vec![cs], view.schema.as_deref(), kinds.as_deref());
+    if let Some((_, e)) = a.rejected.pop() {
+        return Err(e);
+    }
+    *kinds = a.kinds.take();
+    a.admitted
+        .pop()
+        .ok_or_else(|| crate::error::Error::internal("an admitted slice went missing"))
+}
+
+/// The file's outcome (logged as `merged` logs it).
+fn merged_file(table: &TableConfig, file: &Url, counts: FileCounts) -> Vec<super::FileOutcome> {
+    tracing::info!(table = %table.name, file = %storage::display(file), rows = counts.rows, inserts = counts.inserts, updates = counts.updates, deletes = counts.deletes, "file merged");
+    vec![super::FileOutcome {
+        file: file.clone(),
+        status: super::FileStatus::Merged {
+            table: table.name.clone(),
+            counts,
+        },
+    }]
+}
+
+/// Delete data files written but never committed (best effort: VACUUM removes what is
+/// left, as it does after any failed write).
+async fn discard(table: &DeltaTable, adds: Vec<Action>) {
+    use object_store::ObjectStoreExt;
+    let store = table.log_store().object_store(None);
+    for a in adds {
+        if let Action::Add(add) = a {
+            let path = object_store::path::Path::from(add.path.as_str());
+            if let Err(e) = store.delete(&path).await {
+                tracing::warn!(file = %add.path, error = %e, "uncommitted data file not deleted; VACUUM will");
+            }
+        }
+    }
+}
