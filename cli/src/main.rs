@@ -298,19 +298,39 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
             }
         }
         for t in &report.tables {
-            out!(
-                "{}: v{} files={} inserted={} updated={} deleted={} skipped_stale={} ({} ms)",
-                t.table,
-                t.version
-                    .map(|v| v.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                t.files,
-                t.inserted,
-                t.updated,
-                t.deleted,
-                t.skipped_stale,
-                t0.elapsed().as_millis()
-            );
+            let history_only = engine
+                .config()
+                .table(&t.table)
+                .is_some_and(|c| c.target.is_none());
+            if let Some(h) = &t.history {
+                out!(
+                    "{}{}: v{} files={} versions written={} removed={} late_keys={}",
+                    t.table,
+                    if history_only { "" } else { " history" },
+                    h.version
+                        .map(|v| v.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    t.files,
+                    h.versions_written,
+                    h.versions_removed,
+                    h.late_keys
+                );
+            }
+            if !history_only {
+                out!(
+                    "{}: v{} files={} inserted={} updated={} deleted={} skipped_stale={} ({} ms)",
+                    t.table,
+                    t.version
+                        .map(|v| v.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    t.files,
+                    t.inserted,
+                    t.updated,
+                    t.deleted,
+                    t.skipped_stale,
+                    t0.elapsed().as_millis()
+                );
+            }
             if let Some(c) = &t.catalog {
                 print_catalog(&t.table, c, "  ");
             }

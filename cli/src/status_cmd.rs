@@ -103,7 +103,8 @@ fn print(st: &TableStatus, now: DateTime<Utc>) {
         st.version.map(|v| v.to_string()).unwrap_or_default()
     );
     out!(
-        "  rows        {} in {} files, {} ({} small), {} partition(s)",
+        "  {:<12}{} in {} files, {} ({} small), {} partition(s)",
+        if st.history_only { "versions" } else { "rows" },
         thousands(st.rows),
         thousands(st.files),
         bytes(st.bytes),
@@ -131,10 +132,14 @@ fn print(st: &TableStatus, now: DateTime<Utc>) {
         }
     };
     out!("  freshness   {fresh}");
-    out!(
-        "  tombstones  {} recorded (a re-delivered delete counts again)",
-        thousands(st.tombstones)
-    );
+    if st.history_only {
+        out!("  tombstones  none kept (history table only: its change log keeps the deletes)");
+    } else {
+        out!(
+            "  tombstones  {} recorded (a re-delivered delete counts again)",
+            thousands(st.tombstones)
+        );
+    }
     match &st.manifests {
         None => out!("  manifests   off"),
         Some(m) if m.exact => out!("  manifests   exact (list the live files)"),

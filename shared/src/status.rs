@@ -47,6 +47,9 @@ pub struct TableStatus {
     pub catalog: Option<Vec<EntryStatus>>,
     /// `delta.enableChangeDataFeed` is on.
     pub change_data_feed: bool,
+    /// The table keeps only its history table (no `target`): `target` is the history
+    /// table, `rows` its versions, and no tombstones are kept.
+    pub history_only: bool,
 }
 
 /// The newest change the table reflects.
@@ -100,6 +103,7 @@ pub async fn table_status(
         manifests: None,
         catalog: None,
         change_data_feed: false,
+        history_only: cfg.target.is_none(),
     };
     let table = delta::open(cfg.state_table()?, options).await?;
     if !delta::exists(&table) {

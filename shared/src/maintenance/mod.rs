@@ -151,10 +151,18 @@ pub async fn maintain(
     };
     if let Some(h) = &table_cfg.history {
         let history = history_upkeep(table_cfg, h, storage, options).await?;
-        if history.is_none() && table_cfg.target.is_none() {
-            return Ok(not_created(table_cfg, "the history table"));
+        match (history, &table_cfg.target) {
+            (Some(h), Some(_)) => report.history = Some(Box::new(h)),
+            // Without a current table, the history table is the table.
+            (Some(h), None) => {
+                report = MaintenanceReport {
+                    table: table_cfg.name.clone(),
+                    ..h
+                }
+            }
+            (None, Some(_)) => {}
+            (None, None) => return Ok(not_created(table_cfg, "the history table")),
         }
-        report.history = history.map(Box::new);
     }
     report.duration_ms = start.elapsed().as_millis() as u64;
     Ok(report)
