@@ -57,6 +57,8 @@ fn cases() -> u32 {
 /// untracked u.
 #[derive(Debug, Clone)]
 struct Ch {
+    /// A full-load row (in a `LOAD*` file, no `Op`).
+    load: bool,
     op: char,
     us: i64,
     id: i64,
@@ -74,11 +76,30 @@ fn ts_text(us: i64) -> String {
 }
 
 /// A consistent random history (ties on the timestamp happen: one transaction).
-fn generate(seed: u64, keys: i64, n: usize) -> Vec<Ch> {
+/// With `load`, some keys start in a full load written at a random time, which can be
+/// later than CDC changes that follow it (changes cached during the load).
+fn generate(seed: u64, keys: i64, n: usize, load: bool) -> Vec<Ch> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut present: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
     let mut us = 0;
     let mut out = Vec::new();
+    if load {
+        let at = rng.random_range(0..=n as i64 / 2);
+        for id in 0..keys {
+            if rng.random_bool(0.5) {
+                let (t, u) = (rng.random_range(0..3), rng.random_range(0..100));
+                present.insert(id, (t, u));
+                out.push(Ch {
+                    load: true,
+                    op: 'I',
+                    us: at,
+                    id,
+                    t,
+                    u,
+                });
+            }
+        }
+    }
     for _ in 0..n {
         if rng.random_bool(0.7) {
             us += 1;
@@ -89,6 +110,7 @@ fn generate(seed: u64, keys: i64, n: usize) -> Vec<Ch> {
                 let (t, u) = (rng.random_range(0..3), rng.random_range(0..100));
                 present.insert(id, (t, u));
                 Ch {
+                    load: false,
                     op: 'I',
                     us,
                     id,
@@ -99,6 +121,7 @@ fn generate(seed: u64, keys: i64, n: usize) -> Vec<Ch> {
             Some((t, u)) if rng.random_bool(0.25) => {
                 present.remove(&id);
                 Ch {
+                    load: false,
                     op: 'D',
                     us,
                     id,
@@ -116,6 +139,7 @@ fn generate(seed: u64, keys: i64, n: usize) -> Vec<Ch> {
                 let u = rng.random_range(0..100);
                 present.insert(id, (t, u));
                 Ch {
+                    load: false,
                     op: 'U',
                     us,
                     id,
@@ -133,7 +157,9 @@ fn generate(seed: u64, keys: i64, n: usize) -> Vec<Ch> {
 type Row = (i64, i64, i64, i64, Option<i64>, bool, bool);
 
 /// The versions the changes (in their true order) make; with `flag`, a delete also opens a
-/// version flagged as deleted (the deleted row's values), current until a re-insert.
+/// version flagged as deleted (the deleted row's values), current until a re-insert. A
+/// version never starts before the one it follows (a full load's time can be later than the
+/// changes after it).
 fn model(changes: &[Ch], flag: bool) -> Vec<Row> {
     let mut out = Vec::new();
     // id → (t, u, start, deleted)
@@ -143,20 +169,23 @@ fn model(changes: &[Ch], flag: bool) -> Vec<Row> {
         match (c.op, prev) {
             ('D', Some((_, _, _, true))) | ('D', None) => {}
             ('D', Some((t, u, start, false))) => {
-                out.push((c.id, t, u, start, Some(c.us), false, false));
+                let at = c.us.max(start);
+                out.push((c.id, t, u, start, Some(at), false, false));
                 open.remove(&c.id);
                 if flag {
-                    open.insert(c.id, (c.t, c.u, c.us, true));
+                    open.insert(c.id, (c.t, c.u, at, true));
                 }
             }
             (_, Some((t, _, start, false))) if t == c.t => {
                 open.insert(c.id, (t, c.u, start, false));
             }
             (_, prev) => {
+                let mut at = c.us;
                 if let Some((t, u, start, deleted)) = prev {
-                    out.push((c.id, t, u, start, Some(c.us), false, deleted));
+                    at = at.max(start);
+                    out.push((c.id, t, u, start, Some(at), false, deleted));
                 }
-                open.insert(c.id, (c.t, c.u, c.us, false));
+                open.insert(c.id, (c.t, c.u, at, false));
             }
         }
     }
@@ -175,23 +204,34 @@ fn file(changes: &[Ch]) -> RecordBatch {
     let text = |f: &dyn Fn(&Ch) -> String| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(changes.iter().map(f)))
     };
-    batch(vec![
-        ("Op", text(&|c| c.op.to_string())),
+    let mut cols = vec![("Op", text(&|c| c.op.to_string()))];
+    if changes.iter().all(|c| c.load) {
+        cols.clear(); // a full-load file has no `Op`
+    }
+    cols.extend([
         ("ts", text(&|c| ts_text(c.us))),
         ("id", ints(&|c| c.id)),
         ("t", ints(&|c| c.t)),
         ("u", ints(&|c| c.u)),
-    ])
+    ]);
+    batch(cols)
 }
 
 /// Land the history as DMS files of random sizes (in DMS order).
+/// Full-load rows go to `LOAD*` files, the changes to CDC files.
 fn land(fx: &Fixture, changes: &[Ch], rng: &mut StdRng, max_file: usize) -> Vec<url::Url> {
     let mut urls = Vec::new();
+    let loads = changes.iter().take_while(|c| c.load).count();
+    let (load, cdc) = changes.split_at(loads);
+    for (i, part) in load.chunks(load.len().div_ceil(2).max(1)).enumerate() {
+        let name = format!("LOAD{:08}.parquet", i + 1);
+        urls.push(fx.put_batch("h", &name, &file(part)));
+    }
     let mut i = 0;
-    while i < changes.len() {
-        let n = rng.random_range(1..=max_file).min(changes.len() - i);
+    while i < cdc.len() {
+        let n = rng.random_range(1..=max_file).min(cdc.len() - i);
         let name = format!("2024/01/01/20240101-{:010}.parquet", urls.len() + 1);
-        urls.push(fx.put_batch("h", &name, &file(&changes[i..i + n])));
+        urls.push(fx.put_batch("h", &name, &file(&cdc[i..i + n])));
         i += n;
     }
     urls
@@ -261,10 +301,11 @@ proptest! {
         delivery in any::<u64>(),
         flag in any::<bool>(),
         only in any::<bool>(),
+        load in any::<bool>(),
     ) {
         let rt = runtime();
         let fx = Fixture::new(&config(flag, only));
-        let changes = generate(seed, keys, n);
+        let changes = generate(seed, keys, n, load);
         let mut rng = StdRng::seed_from_u64(delivery);
         let urls = land(&fx, &changes, &mut rng, max_file);
         let d = deliveries(&urls, &mut rng);
@@ -289,7 +330,7 @@ fn concurrent_invocations_build_the_same_history() {
     for seed in 0..4u64 {
         let (flag, only) = (seed % 2 == 1, seed >= 2);
         let fx = Fixture::new(&config(flag, only));
-        let changes = generate(500 + seed, 6, 50);
+        let changes = generate(500 + seed, 6, 50, true);
         let mut rng = StdRng::seed_from_u64(seed);
         let urls = land(&fx, &changes, &mut rng, 3);
         let mut all: Vec<url::Url> = urls.iter().chain(urls.iter()).cloned().collect();
