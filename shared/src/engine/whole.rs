@@ -98,6 +98,11 @@ impl Engine {
             delete_unmatched_below: None,
         };
         let (target, created) = self.load_or_create(table, &batch, &base_plan).await?;
+        // The catalog entries of a new table, now (the file may still fall back to slices).
+        let created = match created {
+            true => self.catalog.created(table, false, &target).await,
+            false => None,
+        };
         let target = super::batch::record_kinds(target, kinds.as_deref()).await?;
         let target = super::batch::enable_change_data_feed(table, target).await?;
         let mut tombstones =
@@ -202,7 +207,7 @@ impl Engine {
         &self,
         table: &TableConfig,
         target: DeltaTable,
-        created: bool,
+        created: Option<crate::catalog::CatalogReport>,
         file: &Url,
         mut tombstones: Tombstones<'_>,
         first_read: Option<u64>,
@@ -258,10 +263,7 @@ impl Engine {
             appended: true,
             ..Default::default()
         };
-        if created {
-            let r = self.catalog.created(table, false, &after).await;
-            super::batch::absorb(&mut report, r);
-        }
+        super::batch::absorb(&mut report, created);
         let after = if tombstones.moved_since(first_read).await? {
             self.recheck_whole(table, after, file, &mut tombstones, &mut report)
                 .await?
