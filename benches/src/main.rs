@@ -11,6 +11,9 @@
 //! ```
 //! `benches/run.sh` drives the matrix (and the Python deltalake comparison) and writes
 //! `docs/benchmarks.md` numbers; see there.
+// The engine's futures (merge, whole-file append, history) nest deeper than the default
+// limit allows when the release build computes their layout.
+#![recursion_limit = "256"]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -65,6 +65,9 @@ fn reload_error(cfg: &TableConfig, file: &Url, message: String) -> Error {
 }
 
 fn how_to_apply(cfg: &TableConfig) -> String {
+    if cfg.history.is_some() {
+        return "tributary cannot apply a reload to a table with a history table yet (the history would not close the versions of the rows the reload deletes): nothing of it was applied; the file stays in the dead-letter queue (docs/design.md, \"Full loads and DMS table reloads\")".to_string();
+    }
     format!(
         "once DMS reports the table's reload complete, apply it as a whole with `tributary reload --config <config> {}` (or the maintenance function with {{\"reload\": \"{}\"}}), then redrive the dead-letter queue",
         cfg.name, cfg.name

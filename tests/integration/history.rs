@@ -515,7 +515,13 @@ async fn a_history_only_table_records_loads_and_kinds_and_never_revives_a_delete
         &[c('I', "2099-01-01 00:00:00.000000", 1, "a", 99)],
     );
     let r = fx.engine.process(std::slice::from_ref(&rewritten)).await;
-    assert_eq!(Fixture::failure(&r, &rewritten).kind(), "reload");
+    let e = Fixture::failure(&r, &rewritten);
+    assert_eq!(e.kind(), "reload");
+    assert!(
+        e.to_string()
+            .contains("cannot apply a reload to a table with a history table"),
+        "{e}"
+    );
 
     // The sequence kind (timestamp) is recorded: a file of integers is refused.
     let ints = fx.put_batch(

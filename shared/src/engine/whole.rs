@@ -84,7 +84,7 @@ impl Engine {
         let view = TableView::open(table, &self.options).await?;
         let mut slices = super::slices_of(table, &view, file, raw)?;
         let Some(first) = slices.next_slice()? else {
-            return Ok(Whole::Done(None));
+            return Ok(Whole::Fallback("no rows"));
         };
         let Some(first) = self.screen(table, &view, vec![first], outcomes).await.pop() else {
             return Ok(Whole::Done(None));
@@ -105,6 +105,8 @@ impl Engine {
         };
         let target = super::batch::record_kinds(target, kinds.as_deref()).await?;
         let target = super::batch::enable_change_data_feed(table, target).await?;
+        let before = super::batch::Before::of(table, &target)?;
+        let first_kinds = kinds.clone();
         let mut tombstones =
             Tombstones::open(table, &self.options, &base_plan.batch.schema()).await?;
         let mut w = Written {
@@ -136,6 +138,12 @@ impl Engine {
                 }
             }
             w.settle().await?;
+            if kinds != first_kinds {
+                // Recording them would be a commit between the checks and the append.
+                return Ok(Some(
+                    "the sequence kinds became known after the first slice",
+                ));
+            }
             Ok::<_, crate::error::Error>(None)
         }
         .await;
@@ -151,11 +159,16 @@ impl Engine {
                 return Err(e);
             }
         }
-        let report = self
-            .commit_whole(
-                table, target, created, file, tombstones, first_read, w, start,
-            )
-            .await?;
+        let commit = Commit {
+            target,
+            created,
+            before,
+            tombstones,
+            first_read,
+            written: w,
+            start,
+        };
+        let report = self.commit_whole(table, file, raw, commit).await?;
         let Some((report, counts)) = report else {
             return Ok(Whole::Fallback("a concurrent commit in the key range"));
         };
@@ -201,55 +214,51 @@ impl Engine {
 
     /// Commit the written files in one append; then the tombstone re-check, manifests and
     /// catalog, as after any commit. `None` when a concurrent commit in the key range made
-    /// the append conflict (the files are discarded).
-    #[allow(clippy::too_many_arguments)]
+    /// the append conflict (the file then goes slice by slice).
     async fn commit_whole(
         &self,
         table: &TableConfig,
-        target: DeltaTable,
-        created: Option<crate::catalog::CatalogReport>,
         file: &Url,
-        mut tombstones: Tombstones<'_>,
-        first_read: Option<u64>,
-        w: Written,
-        start: Instant,
+        raw: &source::RawFile,
+        c: Commit<'_>,
     ) -> Result<Option<(TableReport, FileCounts)>> {
         let name = storage::display(file);
         let files = [name.clone()];
-        let range = w
-            .ranges
-            .iter()
-            .skip(1)
-            .fold(w.ranges[0].clone(), |a, r| a.union(r));
-        let before = super::batch::Before::of(table, &target)?;
+        let Commit {
+            target,
+            created,
+            before,
+            mut tombstones,
+            first_read,
+            written: w,
+            start,
+        } = c;
+        let Some((first, rest)) = w.ranges.split_first() else {
+            return Err(crate::error::Error::internal(
+                "a whole-file append without slices",
+            ));
+        };
+        let range = rest.iter().fold(first.clone(), |a, r| a.union(r));
         let written = w.adds.len();
         let predicate = range.predicate(&table.primary_key[0]);
-        let keep = target.clone();
         let txns: Vec<_> = w.txn.into_iter().collect();
         #[cfg(test)]
         if let Some(hook) = &self.before_merge {
             (hook.0)().await;
         }
-        let after = match delta::commit_append(
-            table,
-            target,
-            w.adds.clone(),
-            predicate,
-            &files,
-            &txns,
-        )
-        .await
+        // The written files are never deleted once the commit was tried: it may have landed
+        // (a lost response, a failed post-commit step) — VACUUM removes them if it did not.
+        let after = match delta::commit_append(table, target, w.adds, predicate, &files, &txns)
+            .await
         {
             Ok(t) => t,
-            Err(e) if e.is_retryable() => {
-                tracing::info!(table = %table.name, file = %name, error = %e, "whole-file append conflicted; merging the file slice by slice");
-                discard(&keep, w.adds).await;
+            Err(crate::error::Error::Delta { source, .. })
+                if crate::error::is_commit_conflict(&source) =>
+            {
+                tracing::info!(table = %table.name, file = %name, error = %source, "whole-file append conflicted; merging the file slice by slice");
                 return Ok(None);
             }
-            Err(e) => {
-                discard(&keep, w.adds).await;
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         };
         let mut report = TableReport {
             table: table.name.clone(),
@@ -264,11 +273,18 @@ impl Engine {
             ..Default::default()
         };
         super::batch::absorb(&mut report, created);
-        let after = if tombstones.moved_since(first_read).await? {
-            self.recheck_whole(table, after, file, &mut tombstones, &mut report)
-                .await?
-        } else {
-            after
+        let recheck = self
+            .recheck_whole(
+                table,
+                after.clone(),
+                (file, raw),
+                (&mut tombstones, first_read),
+                &mut report,
+            )
+            .await;
+        let (after, failed) = match recheck {
+            Ok(t) => (t, None),
+            Err(e) => (after, Some(e)),
         };
         report.version = after.version();
         tracing::info!(table = %table.name, file = %name, slices = w.slices, rows = w.rows, files_added = written, write_wait_ms = w.write_wait_ms, total_ms = start.elapsed().as_millis() as u64, "appended the whole file in one commit");
@@ -278,36 +294,77 @@ impl Engine {
             &mut report,
         )
         .await;
+        if let Some(e) = failed {
+            // Committed, but a delete recorded meanwhile may not be applied: the file fails
+            // (retried: its rows are there, and the tombstone turns them into the delete).
+            return Err(e);
+        }
         report.duration_ms = start.elapsed().as_millis() as u64;
         report.log();
         Ok(Some((report, w.counts)))
     }
 
     /// A delete was recorded while the file was being appended: its MERGE may have found
-    /// no row (ours were not committed), so read the file again and delete what a newer
-    /// tombstone supersedes, slice by slice (the rare path).
+    /// no row (ours were not committed), so read the file again (the same bytes) and delete
+    /// what a newer tombstone supersedes, slice by slice (the rare path), retried like a
+    /// merge. Nothing to do when the tombstone table did not move.
     async fn recheck_whole(
         &self,
         table: &TableConfig,
         mut target: DeltaTable,
-        file: &Url,
-        tombstones: &mut Tombstones<'_>,
+        (file, raw): (&Url, &source::RawFile),
+        (tombstones, first_read): (&mut Tombstones<'_>, Option<u64>),
         report: &mut TableReport,
     ) -> Result<DeltaTable> {
-        let raw = self.storage.get_file(file).await?;
+        if !tombstones.moved_since(first_read).await? {
+            return Ok(target);
+        }
         let view = TableView::open(table, &self.options).await?;
-        let mut slices = super::slices_of(table, &view, file, &raw)?;
         let files = [storage::display(file)];
+        let mut slices = super::slices_of(table, &view, file, raw)?;
         while let Some(cs) = slices.next_slice()? {
-            let mut plan = plan::plan(table, std::slice::from_ref(&cs))?;
-            tombstones.forget_read();
-            target = super::recheck::recheck_tombstones(
-                table, target, &mut plan, tombstones, &files, report,
-            )
-            .await?;
+            let plan = plan::plan(table, std::slice::from_ref(&cs))?;
+            let mut retry = crate::retry::Retry::new(&table.name, table.max_commit_attempts);
+            target = loop {
+                tombstones.forget_read();
+                let mut p = plan.clone();
+                let res = super::recheck::recheck_tombstones(
+                    table,
+                    target.clone(),
+                    &mut p,
+                    tombstones,
+                    &files,
+                    report,
+                )
+                .await;
+                match res {
+                    Ok(t) => break t,
+                    Err(e) => {
+                        retry.on_error(e, "tombstone re-check").await?;
+                        target
+                            .update_incremental(None)
+                            .await
+                            .map_err(|e| crate::error::Error::delta(&table.name, e))?;
+                    }
+                }
+            };
         }
         Ok(target)
     }
+}
+
+/// What the commit of a whole-file append works with.
+struct Commit<'a> {
+    target: DeltaTable,
+    /// The new table's catalog sync, when this append created it.
+    created: Option<crate::catalog::CatalogReport>,
+    /// The table before the append (for manifests and catalog).
+    before: super::batch::Before,
+    tombstones: Tombstones<'a>,
+    /// The tombstone table's version at the first slice's read.
+    first_read: Option<u64>,
+    written: Written,
+    start: Instant,
 }
 
 /// Admit one slice against the table (and the kinds the file established so far).
