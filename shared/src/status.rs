@@ -133,27 +133,7 @@ pub async fn table_status(
     };
     let (rows, newest_row) = count_and_max(&table, &seq).await?;
     st.rows = rows;
-    // A delete's tombstone is recorded just before the commit that applies it: tombstones
-    // recorded after the last commit belong to a merge not committed (yet), not counted.
-    let applied = match st.last_commit {
-        Some(t) => format!(
-            "CASE WHEN CAST({} AS BIGINT) <= {} THEN {seq} END",
-            quoted(crate::tombstones::DELETED_AT_COLUMN),
-            t.timestamp_micros()
-        ),
-        None => "NULL".to_string(),
-    };
-    let (tombstones, newest_delete) = match &cfg.tombstones {
-        Some(url) => {
-            let tombs = delta::open(url, options).await?;
-            if delta::exists(&tombs) {
-                count_and_max(&tombs, &applied).await?
-            } else {
-                (0, None)
-            }
-        }
-        None => (0, None),
-    };
+    let (tombstones, newest_delete) = tombstone_figures(cfg, options, st.last_commit).await?;
     st.tombstones = tombstones;
     let newest = newest_row.into_iter().chain(newest_delete).max();
     let kind = props
@@ -178,6 +158,33 @@ pub async fn table_status(
         });
     }
     Ok(st)
+}
+
+/// Tombstones kept, and the newest order key among those applied. A delete's tombstone is
+/// recorded just before the commit that applies it: tombstones recorded after the last
+/// commit belong to a merge not committed (yet), not counted.
+async fn tombstone_figures(
+    cfg: &TableConfig,
+    options: &HashMap<String, String>,
+    last_commit: Option<DateTime<Utc>>,
+) -> Result<(u64, Option<String>)> {
+    let Some(url) = &cfg.tombstones else {
+        return Ok((0, None));
+    };
+    let applied = match last_commit {
+        Some(t) => format!(
+            "CASE WHEN CAST({} AS BIGINT) <= {} THEN {} END",
+            quoted(crate::tombstones::DELETED_AT_COLUMN),
+            t.timestamp_micros(),
+            quoted(&cfg.sequence_column)
+        ),
+        None => "NULL".to_string(),
+    };
+    let tombs = delta::open(url, options).await?;
+    if !delta::exists(&tombs) {
+        return Ok((0, None));
+    }
+    count_and_max(&tombs, &applied).await
 }
 
 /// Live files, bytes, small files and partitions.

@@ -30,6 +30,26 @@ pub(crate) struct Batch<'a> {
     pub delete_unmatched_below: Option<String>,
 }
 
+impl Batch<'_> {
+    /// A report of the batch's files and rows, nothing applied yet.
+    fn report(&self, table: &TableConfig) -> TableReport {
+        TableReport {
+            table: table.name.clone(),
+            files: self.changes.len(),
+            source_rows: self.changes.iter().map(|c| c.counts.rows).sum(),
+            ..Default::default()
+        }
+    }
+
+    /// The batch's files, as logs and commits name them.
+    fn file_names(&self) -> Vec<String> {
+        self.changes
+            .iter()
+            .map(|c| storage::display(&c.file))
+            .collect()
+    }
+}
+
 fn ms_since(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
 }
@@ -92,22 +112,13 @@ impl Engine {
         mut loaded: Option<DeltaTable>,
     ) -> Result<TableReport> {
         let start = Instant::now();
-        let files: Vec<String> = batch
-            .changes
-            .iter()
-            .map(|c| storage::display(&c.file))
-            .collect();
+        let files = batch.file_names();
         if table.target.is_none() {
             return self.merge_history_only(table, batch, &files, start).await;
         }
         let base_plan = plan::plan(table, batch.changes)?;
-        let mut report = TableReport {
-            table: table.name.clone(),
-            files: batch.changes.len(),
-            source_rows: batch.changes.iter().map(|c| c.counts.rows).sum(),
-            superseded_in_batch: base_plan.superseded,
-            ..Default::default()
-        };
+        let mut report = batch.report(table);
+        report.superseded_in_batch = base_plan.superseded;
         // Deletes are recorded first: a tombstone states a fact of the source, true whether
         // or not the main table has caught up, and it stops late older upserts.
         #[cfg(test)]
@@ -187,12 +198,7 @@ impl Engine {
             .history
             .as_ref()
             .ok_or_else(|| crate::error::Error::internal("no target and no history table"))?;
-        let mut report = TableReport {
-            table: table.name.clone(),
-            files: batch.changes.len(),
-            source_rows: batch.changes.iter().map(|c| c.counts.rows).sum(),
-            ..Default::default()
-        };
+        let mut report = batch.report(table);
         let record = crate::history::Record {
             kinds: batch.kinds.clone(),
             txns: load_txns(table, batch),

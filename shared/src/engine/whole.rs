@@ -46,6 +46,22 @@ struct Written {
 }
 
 impl Written {
+    /// The table report of the committed append.
+    fn report(&self, table: &TableConfig) -> TableReport {
+        TableReport {
+            table: table.name.clone(),
+            files: 1,
+            source_rows: self.counts.rows,
+            superseded_in_batch: self.superseded,
+            inserted: self.rows,
+            files_added: self.adds.len(),
+            commit_attempts: 1,
+            slices: 1,
+            appended: true,
+            ..Default::default()
+        }
+    }
+
     /// Wait for the slice being written; its files join the others.
     async fn settle(&mut self) -> Result<()> {
         if let Some(p) = self.pending.take() {
@@ -92,88 +108,76 @@ impl Engine {
         let mut kinds = view.props.sequence_kinds.clone();
         let first = admit_one(first, &view, &mut kinds)?;
         let base_plan = plan::plan(table, std::slice::from_ref(&first))?;
+        let mut c = self
+            .prepare(table, &first, &base_plan, &kinds, start)
+            .await?;
+        let mut pass = Pass {
+            table,
+            view: &view,
+            slices: &mut slices,
+            kinds,
+        };
+        match pass.run(self, &mut c, first, base_plan).await {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                discard(&c.target, c.written.written().await).await;
+                return Ok(Whole::Fallback(why));
+            }
+            // A bad row anywhere fails the file, nothing of it committed.
+            Err(e) => {
+                discard(&c.target, c.written.written().await).await;
+                return Err(e);
+            }
+        }
+        let report = self.commit_whole(table, file, raw, c).await?;
+        let Some((report, counts)) = report else {
+            return Ok(Whole::Fallback("a concurrent commit in the key range"));
+        };
+        outcomes.extend(merged_file(table, file, counts));
+        Ok(Whole::Done(Some(Box::new(report))))
+    }
+
+    /// The table (created from the first slice when new, with its catalog entries at once:
+    /// the file may still fall back to slices), its state before, and the tombstones.
+    async fn prepare<'a>(
+        &self,
+        table: &'a TableConfig,
+        first: &ChangeSet,
+        base_plan: &MergePlan,
+        kinds: &Option<Vec<source::SeqKind>>,
+        start: Instant,
+    ) -> Result<Commit<'a>> {
         let batch = super::Batch {
-            changes: std::slice::from_ref(&first),
+            changes: std::slice::from_ref(first),
             kinds: kinds.clone(),
             delete_unmatched_below: None,
         };
-        let (target, created) = self.load_or_create(table, &batch, &base_plan).await?;
-        // The catalog entries of a new table, now (the file may still fall back to slices).
+        let (target, created) = self.load_or_create(table, &batch, base_plan).await?;
         let created = match created {
             true => self.catalog.created(table, false, &target).await,
             false => None,
         };
         let target = super::batch::record_kinds(target, kinds.as_deref()).await?;
         let target = super::batch::enable_change_data_feed(table, target).await?;
-        let before = super::batch::Before::of(table, &target)?;
-        let first_kinds = kinds.clone();
-        let mut tombstones =
-            Tombstones::open(table, &self.options, &base_plan.batch.schema()).await?;
-        let mut w = Written {
-            adds: Vec::new(),
-            ranges: Vec::new(),
-            counts: FileCounts::default(),
-            rows: 0,
-            slices: 0,
-            superseded: 0,
-            txn: crate::reload::file_txn(table, &first),
-            pending: None,
-            write_wait_ms: 0,
-        };
-        let mut first_read = None;
-        let pass = async {
-            let mut next = Some((first, base_plan));
-            while let Some((cs, plan)) = next.take() {
-                if let Some(why) = self
-                    .write_slice(table, &target, &mut tombstones, cs, plan, &mut w)
-                    .await?
-                {
-                    return Ok(Some(why));
-                }
-                first_read = first_read.or(tombstones.read_version());
-                if let Some(cs) = slices.next_slice()? {
-                    let cs = admit_one(cs, &view, &mut kinds)?;
-                    let plan = plan::plan(table, std::slice::from_ref(&cs))?;
-                    next = Some((cs, plan));
-                }
-            }
-            w.settle().await?;
-            if kinds != first_kinds {
-                // Recording them would be a commit between the checks and the append.
-                return Ok(Some(
-                    "the sequence kinds became known after the first slice",
-                ));
-            }
-            Ok::<_, crate::error::Error>(None)
-        }
-        .await;
-        match pass {
-            Ok(None) => {}
-            Ok(Some(why)) => {
-                discard(&target, w.written().await).await;
-                return Ok(Whole::Fallback(why));
-            }
-            // A bad row anywhere fails the file, nothing of it committed.
-            Err(e) => {
-                discard(&target, w.written().await).await;
-                return Err(e);
-            }
-        }
-        let commit = Commit {
+        Ok(Commit {
+            before: super::batch::Before::of(table, &target)?,
             target,
             created,
-            before,
-            tombstones,
-            first_read,
-            written: w,
+            tombstones: Tombstones::open(table, &self.options, &base_plan.batch.schema()).await?,
+            first_read: None,
+            written: Written {
+                adds: Vec::new(),
+                ranges: Vec::new(),
+                counts: FileCounts::default(),
+                rows: 0,
+                slices: 0,
+                superseded: 0,
+                txn: crate::reload::file_txn(table, first),
+                pending: None,
+                write_wait_ms: 0,
+            },
             start,
-        };
-        let report = self.commit_whole(table, file, raw, commit).await?;
-        let Some((report, counts)) = report else {
-            return Ok(Whole::Fallback("a concurrent commit in the key range"));
-        };
-        outcomes.extend(merged_file(table, file, counts));
-        Ok(Whole::Done(Some(Box::new(report))))
+        })
     }
 
     /// Check one slice against the table and tombstones and write it (uncommitted). `Some`
@@ -223,7 +227,6 @@ impl Engine {
         c: Commit<'_>,
     ) -> Result<Option<(TableReport, FileCounts)>> {
         let name = storage::display(file);
-        let files = [name.clone()];
         let Commit {
             target,
             created,
@@ -233,45 +236,11 @@ impl Engine {
             written: w,
             start,
         } = c;
-        let Some((first, rest)) = w.ranges.split_first() else {
-            return Err(crate::error::Error::internal(
-                "a whole-file append without slices",
-            ));
-        };
-        let range = rest.iter().fold(first.clone(), |a, r| a.union(r));
         let written = w.adds.len();
-        let predicate = range.predicate(&table.primary_key[0]);
-        let txns: Vec<_> = w.txn.into_iter().collect();
-        #[cfg(test)]
-        if let Some(hook) = &self.before_merge {
-            (hook.0)().await;
-        }
-        // The written files are never deleted once the commit was tried: it may have landed
-        // (a lost response, a failed post-commit step) — VACUUM removes them if it did not.
-        let after = match delta::commit_append(table, target, w.adds, predicate, &files, &txns)
-            .await
-        {
-            Ok(t) => t,
-            Err(crate::error::Error::Delta { source, .. })
-                if crate::error::is_commit_conflict(&source) =>
-            {
-                tracing::info!(table = %table.name, file = %name, error = %source, "whole-file append conflicted; merging the file slice by slice");
-                return Ok(None);
-            }
-            Err(e) => return Err(e),
+        let Some(after) = self.try_commit(table, target, &w, &name).await? else {
+            return Ok(None);
         };
-        let mut report = TableReport {
-            table: table.name.clone(),
-            files: 1,
-            source_rows: w.counts.rows,
-            superseded_in_batch: w.superseded,
-            inserted: w.rows,
-            files_added: written,
-            commit_attempts: 1,
-            slices: 1,
-            appended: true,
-            ..Default::default()
-        };
+        let mut report = w.report(table);
         super::batch::absorb(&mut report, created);
         let recheck = self
             .recheck_whole(
@@ -302,6 +271,42 @@ impl Engine {
         report.duration_ms = start.elapsed().as_millis() as u64;
         report.log();
         Ok(Some((report, w.counts)))
+    }
+
+    /// The append commit: the written files, the file's load transaction id, the union of
+    /// the slices' key ranges as what it read. `None` when a concurrent commit conflicts.
+    async fn try_commit(
+        &self,
+        table: &TableConfig,
+        target: DeltaTable,
+        w: &Written,
+        name: &str,
+    ) -> Result<Option<DeltaTable>> {
+        let Some((first, rest)) = w.ranges.split_first() else {
+            return Err(crate::error::Error::internal(
+                "a whole-file append without slices",
+            ));
+        };
+        let range = rest.iter().fold(first.clone(), |a, r| a.union(r));
+        let predicate = range.predicate(&table.primary_key[0]);
+        let txns: Vec<_> = w.txn.iter().cloned().collect();
+        #[cfg(test)]
+        if let Some(hook) = &self.before_merge {
+            (hook.0)().await;
+        }
+        // The written files are never deleted once the commit was tried: it may have landed
+        // (a lost response, a failed post-commit step) — VACUUM removes them if it did not.
+        let files = [name.to_string()];
+        match delta::commit_append(table, target, w.adds.clone(), predicate, &files, &txns).await {
+            Ok(t) => Ok(Some(t)),
+            Err(crate::error::Error::Delta { source, .. })
+                if crate::error::is_commit_conflict(&source) =>
+            {
+                tracing::info!(table = %table.name, file = %name, error = %source, "whole-file append conflicted; merging the file slice by slice");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A delete was recorded while the file was being appended: its MERGE may have found
@@ -350,6 +355,59 @@ impl Engine {
             };
         }
         Ok(target)
+    }
+}
+
+/// Reading, checking and writing the slices after the first.
+struct Pass<'a, 'b> {
+    table: &'a TableConfig,
+    view: &'b TableView,
+    slices: &'b mut source::Slices,
+    /// The sequence kinds the file established so far.
+    kinds: Option<Vec<source::SeqKind>>,
+}
+
+impl Pass<'_, '_> {
+    /// Write every slice (each while the next is read and planned). `Some` with the reason
+    /// when the file cannot be appended whole.
+    async fn run(
+        &mut self,
+        engine: &Engine,
+        c: &mut Commit<'_>,
+        first: ChangeSet,
+        base_plan: MergePlan,
+    ) -> Result<Option<&'static str>> {
+        let first_kinds = self.kinds.clone();
+        let mut next = Some((first, base_plan));
+        while let Some((cs, plan)) = next.take() {
+            let why = engine
+                .write_slice(
+                    self.table,
+                    &c.target,
+                    &mut c.tombstones,
+                    cs,
+                    plan,
+                    &mut c.written,
+                )
+                .await?;
+            if why.is_some() {
+                return Ok(why);
+            }
+            c.first_read = c.first_read.or(c.tombstones.read_version());
+            if let Some(cs) = self.slices.next_slice()? {
+                let cs = admit_one(cs, self.view, &mut self.kinds)?;
+                let plan = plan::plan(self.table, std::slice::from_ref(&cs))?;
+                next = Some((cs, plan));
+            }
+        }
+        c.written.settle().await?;
+        if self.kinds != first_kinds {
+            // Recording them would be a commit between the checks and the append.
+            return Ok(Some(
+                "the sequence kinds became known after the first slice",
+            ));
+        }
+        Ok(None)
     }
 }
 
