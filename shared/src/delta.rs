@@ -612,9 +612,13 @@ pub(crate) async fn append_range(
     let Some(range) = KeyRange::of(keys)? else {
         return Ok(None);
     };
-    let predicate = range.predicate(key);
+    Ok((!rows_in_range(table, &range.predicate(key)).await?).then_some(range))
+}
+
+/// Whether the table has a row matching `predicate` (SQL; a key range).
+pub(crate) async fn rows_in_range(table: &DeltaTable, predicate: &str) -> Result<bool> {
     let found = query(table, &format!("SELECT 1 FROM t WHERE {predicate} LIMIT 1")).await?;
-    Ok(found.iter().all(|b| b.num_rows() == 0).then_some(range))
+    Ok(found.iter().any(|b| b.num_rows() > 0))
 }
 
 /// A bound of a key range: integer and string keys.

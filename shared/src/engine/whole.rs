@@ -297,15 +297,42 @@ impl Engine {
         // The written files are never deleted once the commit was tried: it may have landed
         // (a lost response, a failed post-commit step) — VACUUM removes them if it did not.
         let files = [name.to_string()];
-        match delta::commit_append(table, target, w.adds.clone(), predicate, &files, &txns).await {
-            Ok(t) => Ok(Some(t)),
-            Err(crate::error::Error::Delta { source, .. })
-                if crate::error::is_commit_conflict(&source) =>
-            {
-                tracing::info!(table = %table.name, file = %name, error = %source, "whole-file append conflicted; merging the file slice by slice");
-                Ok(None)
+        let schema = delta::arrow_schema(&target);
+        let mut target = target;
+        let mut retry = crate::retry::Retry::new(&table.name, table.max_commit_attempts);
+        loop {
+            let res = delta::commit_append(
+                table,
+                target.clone(),
+                w.adds.clone(),
+                predicate.clone(),
+                &files,
+                &txns,
+            )
+            .await;
+            let conflict = match res {
+                Ok(t) => return Ok(Some(t)),
+                Err(crate::error::Error::Delta { source, .. })
+                    if crate::error::is_commit_conflict(&source) =>
+                {
+                    source
+                }
+                Err(e) => return Err(e),
+            };
+            // Another writer committed first (often another file's append, or a concurrent
+            // creation of the table): still an append if the schema is the same and no row
+            // entered the key range; then commit on the new snapshot.
+            target
+                .update_incremental(None)
+                .await
+                .map_err(|e| crate::error::Error::delta(&table.name, e))?;
+            let still = delta::arrow_schema(&target) == schema
+                && !delta::rows_in_range(&target, &predicate).await?;
+            let e = crate::error::Error::delta(&table.name, conflict);
+            if !still || retry.on_error(e, "whole-file append").await.is_err() {
+                tracing::info!(table = %table.name, file = %name, "whole-file append conflicted; merging the file slice by slice");
+                return Ok(None);
             }
-            Err(e) => Err(e),
         }
     }
 
