@@ -343,6 +343,18 @@ async fn a_large_full_load_is_appended_whole_in_one_commit() {
     let r = fx.merge_ok(std::slice::from_ref(&good)).await;
     let t = &r.tables[0];
     assert_eq!((t.slices, t.appended, t.inserted), (1, true, 5000), "{t:?}");
+    // The same without `sequence_by` (no sequence kinds to record).
+    let plain = Fixture::new(&format!(
+        "{}slice_rows = 1024\n",
+        ITEMS_TABLE
+            .replace("sequence_by = [\"ts\"]\n", "")
+            .replace("drop_columns = [\"ts\"]\n", "")
+    ));
+    let r = plain
+        .merge_ok(&[plain.put_items("LOAD00000001.parquet", &rows)])
+        .await;
+    let p = &r.tables[0];
+    assert_eq!((p.slices, p.appended, p.inserted), (1, true, 5000), "{p:?}");
     assert_eq!(
         t.version,
         before.map(|v| v + 1),

@@ -43,6 +43,8 @@ struct Written {
     pending: Option<tokio::task::JoinHandle<Result<Vec<Action>>>>,
     /// Time spent waiting for data files to be written.
     write_wait_ms: u64,
+    /// The sequence kinds the file's order keys were made with.
+    kinds: Option<Vec<source::SeqKind>>,
 }
 
 impl Written {
@@ -175,6 +177,7 @@ impl Engine {
                 txn: crate::reload::file_txn(table, first),
                 pending: None,
                 write_wait_ms: 0,
+                kinds: kinds.clone(),
             },
             start,
         })
@@ -298,6 +301,11 @@ impl Engine {
         // (a lost response, a failed post-commit step) — VACUUM removes them if it did not.
         let files = [name.to_string()];
         let schema = delta::arrow_schema(&target);
+        if !same_kinds(&target, &w.kinds) {
+            // A concurrent writer created the table with other kinds: the slice path refuses
+            // the file with a named error.
+            return Ok(None);
+        }
         let mut target = target;
         let mut retry = crate::retry::Retry::new(&table.name, table.max_commit_attempts);
         loop {
@@ -326,7 +334,9 @@ impl Engine {
                 .update_incremental(None)
                 .await
                 .map_err(|e| crate::error::Error::delta(&table.name, e))?;
+            // The same sequence kinds too: order keys of other kinds do not compare.
             let still = delta::arrow_schema(&target) == schema
+                && same_kinds(&target, &w.kinds)
                 && !delta::rows_in_range(&target, &predicate).await?;
             let e = crate::error::Error::delta(&table.name, conflict);
             if !still || retry.on_error(e, "whole-file append").await.is_err() {
@@ -450,6 +460,13 @@ struct Commit<'a> {
     first_read: Option<u64>,
     written: Written,
     start: Instant,
+}
+
+/// The table records the sequence kinds the order keys were made with (none recorded and
+/// none needed — a table without `sequence_by` — is the same).
+fn same_kinds(table: &DeltaTable, kinds: &Option<Vec<source::SeqKind>>) -> bool {
+    let recorded = delta::props(table).sequence_kinds.unwrap_or_default();
+    recorded == kinds.clone().unwrap_or_default()
 }
 
 /// Admit one slice against the table (and the kinds the file established so far).
