@@ -341,7 +341,8 @@ fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<u
     let n = keys.num_rows();
     let later = |a: usize, b: usize| rows.order[a] > rows.order[b];
     let mut chosen: Vec<(usize, Vec<usize>)> = if rows.present.is_empty() {
-        let mut best: HashMap<arrow::row::Row<'_>, usize> = HashMap::with_capacity(n);
+        let mut best: HashMap<arrow::row::Row<'_>, usize, foldhash::fast::RandomState> =
+            HashMap::with_capacity_and_hasher(n, Default::default());
         for i in 0..n {
             match best.entry(keys.row(i)) {
                 Entry::Occupied(mut e) if later(i, *e.get()) => {
@@ -355,7 +356,8 @@ fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<u
         }
         best.into_values().map(|i| (i, Vec::new())).collect()
     } else {
-        let mut groups: HashMap<arrow::row::Row<'_>, Vec<usize>> = HashMap::with_capacity(n);
+        let mut groups: HashMap<arrow::row::Row<'_>, Vec<usize>, foldhash::fast::RandomState> =
+            HashMap::with_capacity_and_hasher(n, Default::default());
         for i in 0..n {
             groups.entry(keys.row(i)).or_default().push(i);
         }
