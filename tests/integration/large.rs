@@ -221,6 +221,46 @@ async fn new_keys_are_appended_and_anything_else_is_merged() {
     assert_eq!(counts(&fx).await, (1003, 1003));
 }
 
+/// Every file merged by an engine of its own, all at once; none may fail.
+async fn race(fx: &Fixture, files: &[url::Url], round: usize) -> Vec<tributary::ProcessReport> {
+    let runs = files.iter().map(|f| {
+        let (e, f) = (fx.another_engine(), f.clone());
+        async move { e.process(std::slice::from_ref(&f)).await }
+    });
+    let reports = futures::future::join_all(runs).await;
+    for r in &reports {
+        assert!(
+            r.failures().next().is_none(),
+            "round {round}: {:?}",
+            r.files
+        );
+    }
+    reports
+}
+
+/// After a race of LOAD00000001 and an overlapping LOAD00000002 (with disjoint LOAD files
+/// and the CDC update of key 10): `rows` rows, no key twice; the CDC change wins, and
+/// LOAD00000002 ranks above LOAD00000001 (same full load: file order) — `keys` are one key
+/// of each overlapping file's range: (in both, only in the first).
+async fn check_winners(fx: &Fixture, round: usize, rows: i64, keys: (i64, i64)) {
+    assert_eq!(
+        counts(fx).await,
+        (rows, rows),
+        "round {round}: no key twice"
+    );
+    let got = fx.items_rows().await;
+    assert!(
+        got.contains(&(10, "b".into(), 7)),
+        "round {round}: the CDC change wins"
+    );
+    let (both, first) = keys;
+    assert!(
+        got.contains(&(both, "a".into(), 2)),
+        "round {round}: LOAD2 over LOAD1"
+    );
+    assert!(got.contains(&(first, "a".into(), 1)), "round {round}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_appends_never_duplicate_a_key() {
     for round in 0..8 {
@@ -237,40 +277,8 @@ async fn concurrent_appends_never_duplicate_a_key() {
             "20240101-1000000000.parquet",
             &[c('U', "2024-01-01 10:00:00.000000", 10, "b", 7)],
         );
-        let (e1, e2, e3, e4, e5) = (
-            fx.another_engine(),
-            fx.another_engine(),
-            fx.another_engine(),
-            fx.another_engine(),
-            fx.another_engine(),
-        );
-        let (r1, r2, r3, r4, r5) = tokio::join!(
-            e1.process(std::slice::from_ref(&a)),
-            e2.process(std::slice::from_ref(&b)),
-            e3.process(std::slice::from_ref(&d1)),
-            e4.process(std::slice::from_ref(&d2)),
-            e5.process(std::slice::from_ref(&cdc)),
-        );
-        for r in [&r1, &r2, &r3, &r4, &r5] {
-            assert!(
-                r.failures().next().is_none(),
-                "round {round}: {:?}",
-                r.files
-            );
-        }
-        assert_eq!(
-            counts(&fx).await,
-            (2000, 2000),
-            "round {round}: no key twice"
-        );
-        let rows = fx.items_rows().await;
-        assert!(
-            rows.contains(&(10, "b".into(), 7)),
-            "round {round}: the CDC change wins"
-        );
-        // LOAD00000002 ranks above LOAD00000001 (same full load: file order)
-        assert!(rows.contains(&(500, "a".into(), 2)), "round {round}");
-        assert!(rows.contains(&(300, "a".into(), 1)), "round {round}");
+        race(&fx, &[a, b, d1, d2, cdc], round).await;
+        check_winners(&fx, round, 2000, (500, 300)).await;
     }
 }
 
@@ -406,33 +414,8 @@ async fn concurrent_whole_file_appends_never_duplicate_a_key() {
                 &[c('U', "2024-01-01 10:00:00.000000", 10, "b", 7)],
             ),
         ];
-        let runs = files.iter().map(|f| {
-            let (e, f) = (fx.another_engine(), f.clone());
-            async move { e.process(std::slice::from_ref(&f)).await }
-        });
-        let reports = futures::future::join_all(runs).await;
-        for r in &reports {
-            assert!(
-                r.failures().next().is_none(),
-                "round {round}: {:?}",
-                r.files
-            );
-        }
-        assert_eq!(
-            counts(&fx).await,
-            (9000, 9000),
-            "round {round}: no key twice"
-        );
-        let rows = fx.items_rows().await;
-        assert!(
-            rows.contains(&(10, "b".into(), 7)),
-            "round {round}: the CDC change wins"
-        );
-        assert!(
-            rows.contains(&(2500, "a".into(), 2)),
-            "round {round}: LOAD2 over LOAD1"
-        );
-        assert!(rows.contains(&(1500, "a".into(), 1)), "round {round}");
+        let reports = race(&fx, &files, round).await;
+        check_winners(&fx, round, 9000, (2500, 1500)).await;
         // The disjoint files are appended whole (a commit that loses to another file's append
         // or to the table's creation is re-checked and committed again); an overlapping one
         // that finds rows in its range takes slices.
