@@ -59,6 +59,9 @@ enum Cmd {
         rows: i64,
         #[arg(long)]
         history: bool,
+        /// The base table's Parquet codec (the table's `parquet_compression`).
+        #[arg(long, default_value = "snappy")]
+        compression: String,
     },
     /// Write the workload's CDC files (cached), print their paths.
     Files(Workload),
@@ -98,6 +101,9 @@ struct RunArgs {
     /// Also keep a history (SCD type 2) table, from the base one `prepare --history` wrote.
     #[arg(long)]
     history: bool,
+    /// The table's `parquet_compression`; the base table `prepare --compression` wrote.
+    #[arg(long, default_value = "snappy")]
+    compression: String,
 }
 
 fn schema(with_dms: bool) -> Arc<Schema> {
@@ -142,19 +148,43 @@ fn trip_columns(ids: &[i64], tstamp_micros: i64, rng: &mut StdRng) -> Vec<ArrayR
     ]
 }
 
-fn base_dir(dir: &Path, rows: i64) -> PathBuf {
-    dir.join(format!("base-{rows}"))
+/// The base table of `rows` rows written with `compression` (snappy: no suffix).
+fn base_dir(dir: &Path, rows: i64, compression: &str) -> PathBuf {
+    match compression {
+        "snappy" => dir.join(format!("base-{rows}")),
+        c => dir.join(format!("base-{rows}-{c}")),
+    }
+}
+
+/// Writer settings of a base table written with `compression`.
+fn base_writer(
+    compression: &str,
+) -> Result<tributary::deltalake::parquet::file::properties::WriterProperties> {
+    use tributary::deltalake::parquet::basic::Compression;
+    let c = match compression {
+        "snappy" => Compression::SNAPPY,
+        "zstd" => Compression::ZSTD(Default::default()),
+        "gzip" => Compression::GZIP(Default::default()),
+        other => bail!("unknown compression {other}"),
+    };
+    Ok(
+        tributary::deltalake::parquet::file::properties::WriterProperties::builder()
+            .set_compression(c)
+            .build(),
+    )
 }
 
 /// The base table: `rows` trips loaded by a full load, written with delta-rs in 1M-row
 /// batches (one file per partition per batch); with `history`, the history table of the
 /// same load (one version per trip) beside it.
-async fn prepare(dir: &Path, rows: i64, history: bool) -> Result<()> {
+async fn prepare(dir: &Path, rows: i64, history: bool, compression: &str) -> Result<()> {
     let dir = std::fs::canonicalize(dir)?;
     let url = |name: String| {
         url::Url::from_directory_path(dir.join(name)).map_err(|_| anyhow::anyhow!("bad dir"))
     };
-    let current = url(format!("base-{rows}"))?;
+    let current = url(base_dir(Path::new(""), rows, compression)
+        .display()
+        .to_string())?;
     let versions = url(format!("base-{rows}-history"))?;
     let mut targets = vec![(current, false)];
     if history {
@@ -167,7 +197,7 @@ async fn prepare(dir: &Path, rows: i64, history: bool) -> Result<()> {
             continue;
         }
         let t0 = Instant::now();
-        write_base(t, rows, history).await?;
+        write_base(t, rows, history, base_writer(compression)?).await?;
         eprintln!(
             "wrote {rows} rows to {url} in {:.1}s",
             t0.elapsed().as_secs_f64()
@@ -179,7 +209,12 @@ async fn prepare(dir: &Path, rows: i64, history: bool) -> Result<()> {
 /// The load's versions: open since the transfer time, first and last change the load row.
 const TRANSFER_MICROS: i64 = 1_666_731_600_000_000;
 
-async fn write_base(mut table: DeltaTable, rows: i64, history: bool) -> Result<()> {
+async fn write_base(
+    mut table: DeltaTable,
+    rows: i64,
+    history: bool,
+    props: tributary::deltalake::parquet::file::properties::WriterProperties,
+) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(rows as u64);
     let batch_rows = 1_000_000i64;
     let mut start = 1i64;
@@ -225,6 +260,7 @@ async fn write_base(mut table: DeltaTable, rows: i64, history: bool) -> Result<(
         table = table
             .write(vec![batch])
             .with_partition_columns(vec!["route_id".to_string()])
+            .with_writer_properties(props.clone())
             .with_table_name("bench")
             .await?;
         start = end + 1;
@@ -331,6 +367,8 @@ struct RunResult {
     engine: &'static str,
     /// With a history table (its MERGE is the `history` phase).
     history: bool,
+    /// The table's Parquet codec.
+    compression: String,
     rows: i64,
     changes: usize,
     mix: Mix,
@@ -378,9 +416,10 @@ async fn run(args: RunArgs) -> Result<()> {
         maintain_first,
         target_file_size_mb,
         history,
+        compression,
     } = args;
     let dir = std::fs::canonicalize(&dir)?;
-    let base = base_dir(&dir, rows);
+    let base = base_dir(&dir, rows, &compression);
     if !base.join("_delta_log").exists() {
         bail!("no base table at {}: run `prepare` first", base.display());
     }
@@ -414,6 +453,7 @@ partition_by = ["route_id"]
 sequence_by = ["update_ts_dms"]
 drop_columns = ["update_ts_dms"]
 manifests = {manifests}
+parquet_compression = "{compression}"
 "#
     );
     let config = match target_file_size_mb {
@@ -493,6 +533,7 @@ manifests = {manifests}
     let r = RunResult {
         engine: "tributary",
         history,
+        compression,
         rows,
         changes,
         mix,
@@ -518,9 +559,14 @@ manifests = {manifests}
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<()> {
     match Cli::parse().command {
-        Cmd::Prepare { dir, rows, history } => {
+        Cmd::Prepare {
+            dir,
+            rows,
+            history,
+            compression,
+        } => {
             std::fs::create_dir_all(&dir)?;
-            prepare(&dir, rows, history).await
+            prepare(&dir, rows, history, &compression).await
         }
         Cmd::Files(Workload {
             dir,

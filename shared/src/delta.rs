@@ -232,9 +232,15 @@ pub(crate) fn writer_config(
 /// key — skip the dictionary attempt, which never pays off there and costs hashing every
 /// value of every rewritten file.
 pub(crate) fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
+    use crate::config::ParquetCompression as C;
+    let compression = match table_cfg.compression {
+        C::Snappy => Compression::SNAPPY,
+        C::Zstd => Compression::ZSTD(Default::default()),
+        C::Gzip => Compression::GZIP(Default::default()),
+    };
     let mut b = WriterProperties::builder()
         .set_created_by(format!("tributary {}", env!("CARGO_PKG_VERSION")))
-        .set_compression(Compression::SNAPPY)
+        .set_compression(compression)
         .set_column_dictionary_enabled(ColumnPath::from(table_cfg.sequence_column.as_str()), false);
     if let [key] = table_cfg.primary_key.as_slice() {
         b = b.set_column_dictionary_enabled(ColumnPath::from(key.as_str()), false);

@@ -1,6 +1,6 @@
 //! Integration tests of the merge engine on a local store.
 
-use tributary::{delta, demo, FileStatus};
+use tributary::{delta, demo, Config, FileStatus};
 use tributary_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1114,5 +1114,96 @@ async fn status_reports_each_figure_of_the_table() {
     assert!(
         !m.exact && m.differing_partitions == vec!["part=c".to_string()],
         "{m:?}"
+    );
+}
+
+/// The codec of every column chunk of every data file under `dir` (not `_` folders).
+fn codecs(dir: &std::path::Path) -> std::collections::BTreeSet<String> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let mut out = std::collections::BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if p.is_dir() && !name.starts_with('_') {
+                stack.push(p);
+            } else if name.ends_with(".parquet") {
+                let r = SerializedFileReader::new(std::fs::File::open(&p).unwrap()).unwrap();
+                for rg in r.metadata().row_groups() {
+                    for c in rg.columns() {
+                        out.insert(
+                            format!("{:?}", c.compression())
+                                .split('(')
+                                .next()
+                                .unwrap()
+                                .to_string(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `parquet_compression = "zstd"`: merges, appends (new keys) and compaction all write zstd
+/// files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parquet_compression_applies_to_every_file_written() {
+    let fx = Fixture::new(&format!("{ITEMS_TABLE}parquet_compression = \"zstd\"\n"));
+    let load = fx.put_items(
+        "LOAD00000001.parquet",
+        &(1..=50)
+            .map(|i| c('I', "2024-01-01 09:00:00.000000", i, "a", i))
+            .collect::<Vec<_>>(),
+    );
+    fx.merge_ok(&[load]).await;
+    for i in 0..3 {
+        let f = fx.put_items(
+            &format!("20240101-100000000{i}.parquet"),
+            &[c(
+                'I',
+                &format!("2024-01-01 10:00:0{i}.000000"),
+                100 + i,
+                "a",
+                i,
+            )],
+        );
+        fx.merge_ok(&[f]).await;
+    }
+    let cfg = &fx.engine.config().tables[0];
+    let m = tributary::maintenance::maintain(
+        cfg,
+        fx.engine.storage(),
+        fx.engine.storage_options(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert!(m.files_compacted >= 2, "{m:?}");
+    // A MERGE rewriting the compacted file.
+    let update = fx.put_items(
+        "20240101-1100000000.parquet",
+        &[c('U', "2024-01-01 11:00:00.000000", 1, "a", 1000)],
+    );
+    let r = fx.merge_ok(&[update]).await;
+    assert_eq!((r.tables[0].updated, r.tables[0].appended), (1, false));
+    let table = fx.path("curated/items");
+    assert_eq!(
+        codecs(&table),
+        ["ZSTD".to_string()].into(),
+        "live and replaced files alike"
+    );
+    let e = Config::from_toml(
+        &format!("{ITEMS_TABLE}parquet_compression = \"lz4\"\n"),
+        "t.toml",
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("use \"snappy\" (default), \"zstd\" or \"gzip\""),
+        "{e}"
     );
 }

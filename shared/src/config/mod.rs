@@ -32,6 +32,18 @@ pub struct Config {
     pub tables: Vec<TableConfig>,
 }
 
+/// The codec of the data files tributary writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParquetCompression {
+    /// Fast, read everywhere (Redshift Spectrum documents snappy, gzip and bzip2).
+    Snappy,
+    /// Level 3: on the benchmark table 4× smaller than snappy and no slower; read by Athena,
+    /// Spark, Trino, DuckDB and delta-rs, not documented for Redshift Spectrum.
+    Zstd,
+    /// Smaller than snappy, read everywhere, much slower to write.
+    Gzip,
+}
+
 /// Input file format.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Format {
@@ -113,6 +125,8 @@ pub struct TableConfig {
     /// Turn on Delta's change data feed (`delta.enableChangeDataFeed`): each merge's
     /// inserts, updates and deletes readable with `table_changes` / `load_cdf`.
     pub change_data_feed: bool,
+    /// The codec of the Parquet data files tributary writes (merges, appends, compaction).
+    pub compression: ParquetCompression,
     pub maintenance: MaintenanceConfig,
     /// The history (SCD type 2) output, when configured.
     pub history: Option<HistoryConfig>,

@@ -11,7 +11,8 @@ use url::Url;
 
 use super::{
     CatalogConfig, ColumnSpec, CsvOptions, Format, HistoryConfig, HistoryDeletes,
-    MaintenanceConfig, TableConfig, Track, CHANGES_DIR, DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
+    MaintenanceConfig, ParquetCompression, TableConfig, Track, CHANGES_DIR,
+    DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
 };
 use crate::source::RESERVED_PREFIX;
 
@@ -51,6 +52,7 @@ macro_rules! with_tuning_fields {
             sequence_column: Option<String>,
             manifests: Option<bool>,
             change_data_feed: Option<bool>,
+            parquet_compression: Option<String>,
             target_file_size_mb: Option<f64>,
             vacuum_retention_hours: Option<f64>,
             min_vacuum_retention_hours: Option<f64>,
@@ -132,6 +134,7 @@ impl RawTable {
             sequence_column: self.sequence_column.clone(),
             manifests: self.manifests,
             change_data_feed: self.change_data_feed,
+            parquet_compression: self.parquet_compression.clone(),
             target_file_size_mb: self.target_file_size_mb,
             vacuum_retention_hours: self.vacuum_retention_hours,
             min_vacuum_retention_hours: self.min_vacuum_retention_hours,
@@ -208,6 +211,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         None => None,
     };
     let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
+    let compression = compression(pick(&tuning.parquet_compression, &d.parquet_compression))?;
     let change_data_feed = pick(&tuning.change_data_feed, &d.change_data_feed).unwrap_or(false);
     if change_data_feed && target.is_none() {
         return Err("`change_data_feed` applies to the current table, and this table keeps only its history (no `target`): remove it, or read the history table's versions instead".into());
@@ -262,10 +266,22 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         slice_bytes: (slice_mb * 1024.0 * 1024.0) as usize,
         manifests,
         change_data_feed,
+        compression,
         maintenance,
         history,
         catalog,
     })
+}
+
+fn compression(v: Option<String>) -> Msg<ParquetCompression> {
+    match v.as_deref().unwrap_or("snappy") {
+        "snappy" => Ok(ParquetCompression::Snappy),
+        "zstd" => Ok(ParquetCompression::Zstd),
+        "gzip" => Ok(ParquetCompression::Gzip),
+        other => Err(format!(
+            "`parquet_compression` is \"{other}\"; use \"snappy\" (default), \"zstd\" or \"gzip\""
+        )),
+    }
 }
 
 fn pick<T: Clone>(table: &Option<T>, default: &Option<T>) -> Option<T> {

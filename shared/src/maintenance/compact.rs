@@ -74,7 +74,7 @@ pub(super) fn plan(
 pub(super) async fn execute(
     table: &DeltaTable,
     plan: CompactionPlan,
-    target: u64,
+    (target, props): (u64, parquet::file::properties::WriterProperties),
     commit: deltalake::kernel::transaction::CommitProperties,
 ) -> Result<u64> {
     if plan.bins.is_empty() {
@@ -88,7 +88,11 @@ pub(super) async fn execute(
     let mut actions = Vec::new();
     let mut removed = 0u64;
     for bin in &plan.bins {
-        let config = crate::delta::writer_config(snapshot, None, std::num::NonZeroU64::new(target));
+        let config = crate::delta::writer_config(
+            snapshot,
+            Some(props.clone()),
+            std::num::NonZeroU64::new(target),
+        );
         let mut writer = DeltaWriter::new(store.clone(), config);
         for f in bin {
             for batch in read_file(store.clone(), f, &schema, &plan.partition).await? {

@@ -326,7 +326,8 @@ async fn compact_table(
     loop {
         let t = delta::open(url, options).await?;
         let plan = compact::plan(&t, partition, target_size)?;
-        match compact::execute(&t, plan, target_size, guarded_commit()).await {
+        let props = delta::writer_properties(table_cfg);
+        match compact::execute(&t, plan, (target_size, props), guarded_commit()).await {
             Ok(removed) => return Ok(removed),
             Err(e) => retry.on_error(e, "compaction").await?,
         }
