@@ -62,6 +62,9 @@ enum Cmd {
         /// The base table's Parquet codec (the table's `parquet_compression`).
         #[arg(long, default_value = "snappy")]
         compression: String,
+        /// The base table's order-key encoding (the table's `order_key_encoding`).
+        #[arg(long, default_value = "plain")]
+        order_keys: String,
     },
     /// Write the workload's CDC files (cached), print their paths.
     Files(Workload),
@@ -104,6 +107,9 @@ struct RunArgs {
     /// The table's `parquet_compression`; the base table `prepare --compression` wrote.
     #[arg(long, default_value = "snappy")]
     compression: String,
+    /// The table's `order_key_encoding`; the base table `prepare --order-keys` wrote.
+    #[arg(long, default_value = "plain")]
+    order_keys: String,
 }
 
 fn schema(with_dms: bool) -> Arc<Schema> {
@@ -148,41 +154,61 @@ fn trip_columns(ids: &[i64], tstamp_micros: i64, rng: &mut StdRng) -> Vec<ArrayR
     ]
 }
 
-/// The base table of `rows` rows written with `compression` (snappy: no suffix).
-fn base_dir(dir: &Path, rows: i64, compression: &str) -> PathBuf {
-    match compression {
-        "snappy" => dir.join(format!("base-{rows}")),
-        c => dir.join(format!("base-{rows}-{c}")),
+/// The base table of `rows` rows written with `compression` and order keys encoded
+/// `order_keys` (snappy, plain: no suffix).
+fn base_dir(dir: &Path, rows: i64, compression: &str, order_keys: &str) -> PathBuf {
+    let mut name = format!("base-{rows}");
+    if compression != "snappy" {
+        name.push_str(&format!("-{compression}"));
     }
+    if order_keys != "plain" {
+        name.push_str(&format!("-{order_keys}"));
+    }
+    dir.join(name)
 }
 
-/// Writer settings of a base table written with `compression`.
+/// Writer settings of a base table written with `compression` and `order_keys`.
 fn base_writer(
     compression: &str,
+    order_keys: &str,
 ) -> Result<tributary::deltalake::parquet::file::properties::WriterProperties> {
-    use tributary::deltalake::parquet::basic::Compression;
+    use tributary::deltalake::parquet::basic::{Compression, Encoding};
+    use tributary::deltalake::parquet::file::properties::WriterProperties;
+    use tributary::deltalake::parquet::schema::types::ColumnPath;
     let c = match compression {
         "snappy" => Compression::SNAPPY,
         "zstd" => Compression::ZSTD(Default::default()),
         "gzip" => Compression::GZIP(Default::default()),
         other => bail!("unknown compression {other}"),
     };
-    Ok(
-        tributary::deltalake::parquet::file::properties::WriterProperties::builder()
-            .set_compression(c)
-            .build(),
-    )
+    let mut b = WriterProperties::builder().set_compression(c);
+    match order_keys {
+        "plain" => {}
+        "delta" => {
+            let seq = ColumnPath::from("_tributary_seq");
+            b = b
+                .set_column_dictionary_enabled(seq.clone(), false)
+                .set_column_encoding(seq, Encoding::DELTA_BYTE_ARRAY);
+        }
+        other => bail!("unknown order-key encoding {other}"),
+    }
+    Ok(b.build())
 }
 
 /// The base table: `rows` trips loaded by a full load, written with delta-rs in 1M-row
 /// batches (one file per partition per batch); with `history`, the history table of the
 /// same load (one version per trip) beside it.
-async fn prepare(dir: &Path, rows: i64, history: bool, compression: &str) -> Result<()> {
+async fn prepare(
+    dir: &Path,
+    rows: i64,
+    history: bool,
+    (compression, order_keys): (&str, &str),
+) -> Result<()> {
     let dir = std::fs::canonicalize(dir)?;
     let url = |name: String| {
         url::Url::from_directory_path(dir.join(name)).map_err(|_| anyhow::anyhow!("bad dir"))
     };
-    let current = url(base_dir(Path::new(""), rows, compression)
+    let current = url(base_dir(Path::new(""), rows, compression, order_keys)
         .display()
         .to_string())?;
     let versions = url(format!("base-{rows}-history"))?;
@@ -197,7 +223,7 @@ async fn prepare(dir: &Path, rows: i64, history: bool, compression: &str) -> Res
             continue;
         }
         let t0 = Instant::now();
-        write_base(t, rows, history, base_writer(compression)?).await?;
+        write_base(t, rows, history, base_writer(compression, order_keys)?).await?;
         eprintln!(
             "wrote {rows} rows to {url} in {:.1}s",
             t0.elapsed().as_secs_f64()
@@ -417,9 +443,10 @@ async fn run(args: RunArgs) -> Result<()> {
         target_file_size_mb,
         history,
         compression,
+        order_keys,
     } = args;
     let dir = std::fs::canonicalize(&dir)?;
-    let base = base_dir(&dir, rows, &compression);
+    let base = base_dir(&dir, rows, &compression, &order_keys);
     if !base.join("_delta_log").exists() {
         bail!("no base table at {}: run `prepare` first", base.display());
     }
@@ -454,6 +481,7 @@ sequence_by = ["update_ts_dms"]
 drop_columns = ["update_ts_dms"]
 manifests = {manifests}
 parquet_compression = "{compression}"
+order_key_encoding = "{order_keys}"
 "#
     );
     let config = match target_file_size_mb {
@@ -564,9 +592,10 @@ async fn main() -> Result<()> {
             rows,
             history,
             compression,
+            order_keys,
         } => {
             std::fs::create_dir_all(&dir)?;
-            prepare(&dir, rows, history, &compression).await
+            prepare(&dir, rows, history, (&compression, &order_keys)).await
         }
         Cmd::Files(Workload {
             dir,

@@ -245,6 +245,20 @@ pub(crate) fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
     if let [key] = table_cfg.primary_key.as_slice() {
         b = b.set_column_dictionary_enabled(ColumnPath::from(key.as_str()), false);
     }
+    if table_cfg.delta_order_keys {
+        let history = [
+            crate::history::LAST_SEQ_COLUMN,
+            crate::history::END_SEQ_COLUMN,
+        ];
+        for c in std::iter::once(table_cfg.sequence_column.as_str()).chain(history) {
+            b = b
+                .set_column_dictionary_enabled(ColumnPath::from(c), false)
+                .set_column_encoding(
+                    ColumnPath::from(c),
+                    parquet::basic::Encoding::DELTA_BYTE_ARRAY,
+                );
+        }
+    }
     b.build()
 }
 

@@ -1207,3 +1207,92 @@ async fn parquet_compression_applies_to_every_file_written() {
         "{e}"
     );
 }
+
+/// The encodings of `column`'s chunks in every data file under `dir` (not `_` folders).
+fn encodings(dir: &std::path::Path, column: &str) -> std::collections::BTreeSet<String> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let mut out = std::collections::BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if p.is_dir() && !name.starts_with('_') {
+                stack.push(p);
+            } else if name.ends_with(".parquet") {
+                let r = SerializedFileReader::new(std::fs::File::open(&p).unwrap()).unwrap();
+                for rg in r.metadata().row_groups() {
+                    for c in rg
+                        .columns()
+                        .iter()
+                        .filter(|c| c.column_path().string() == column)
+                    {
+                        out.extend(c.encodings().map(|e| format!("{e:?}")));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `order_key_encoding = "delta"`: the order keys are written DELTA_BYTE_ARRAY by appends,
+/// merges and compaction, and the table reads back the same as with plain keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_encoded_order_keys_read_back_the_same() {
+    let mut tables = Vec::new();
+    for extra in ["", "order_key_encoding = \"delta\"\n"] {
+        let fx = Fixture::new(&format!("{ITEMS_TABLE}{extra}"));
+        let load: Vec<Change> = (1..=200)
+            .map(|i| c('I', "2024-01-01 09:00:00.000000", i, "a", i))
+            .collect();
+        fx.merge_ok(&[fx.put_items("LOAD00000001.parquet", &load)])
+            .await;
+        for i in 0..3i64 {
+            let ts = format!("2024-01-01 10:00:0{i}.000000");
+            let f = fx.put_items(
+                &format!("20240101-100000000{i}.parquet"),
+                &[
+                    c('I', &ts, 500 + i, "a", i),
+                    c('U', &ts, 1 + i, "a", 100 + i),
+                ],
+            );
+            fx.merge_ok(&[f]).await;
+        }
+        let cfg = &fx.engine.config().tables[0];
+        tributary::maintenance::maintain(
+            cfg,
+            fx.engine.storage(),
+            fx.engine.storage_options(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let rows = column_text(
+            &fx.query(
+                "curated/items",
+                "SELECT concat(CAST(id AS VARCHAR), ' ', _tributary_seq) FROM t ORDER BY id",
+            )
+            .await,
+        );
+        let enc = encodings(&fx.path("curated/items"), "_tributary_seq");
+        tables.push((rows, enc));
+    }
+    assert_eq!(tables[0].0.len(), 203);
+    assert_eq!(tables[0].0, tables[1].0, "the same keys and order keys");
+    assert!(
+        !tables[0].1.contains("DELTA_BYTE_ARRAY"),
+        "{:?}",
+        tables[0].1
+    );
+    assert!(
+        tables[1].1.contains("DELTA_BYTE_ARRAY"),
+        "{:?}",
+        tables[1].1
+    );
+    assert!(
+        !tables[1].1.contains("PLAIN_DICTIONARY") && !tables[1].1.contains("RLE_DICTIONARY"),
+        "{:?}",
+        tables[1].1
+    );
+}

@@ -127,6 +127,9 @@ pub struct TableConfig {
     pub change_data_feed: bool,
     /// The codec of the Parquet data files tributary writes (merges, appends, compaction).
     pub compression: ParquetCompression,
+    /// Write the order-key columns with Parquet's DELTA_BYTE_ARRAY encoding (prefix
+    /// compression: consecutive keys share most of their text) instead of PLAIN.
+    pub delta_order_keys: bool,
     pub maintenance: MaintenanceConfig,
     /// The history (SCD type 2) output, when configured.
     pub history: Option<HistoryConfig>,

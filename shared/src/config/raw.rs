@@ -53,6 +53,7 @@ macro_rules! with_tuning_fields {
             manifests: Option<bool>,
             change_data_feed: Option<bool>,
             parquet_compression: Option<String>,
+            order_key_encoding: Option<String>,
             target_file_size_mb: Option<f64>,
             vacuum_retention_hours: Option<f64>,
             min_vacuum_retention_hours: Option<f64>,
@@ -135,6 +136,7 @@ impl RawTable {
             manifests: self.manifests,
             change_data_feed: self.change_data_feed,
             parquet_compression: self.parquet_compression.clone(),
+            order_key_encoding: self.order_key_encoding.clone(),
             target_file_size_mb: self.target_file_size_mb,
             vacuum_retention_hours: self.vacuum_retention_hours,
             min_vacuum_retention_hours: self.min_vacuum_retention_hours,
@@ -212,6 +214,16 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     };
     let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
     let compression = compression(pick(&tuning.parquet_compression, &d.parquet_compression))?;
+    let delta_order_keys = match pick(&tuning.order_key_encoding, &d.order_key_encoding).as_deref()
+    {
+        None | Some("plain") => false,
+        Some("delta") => true,
+        Some(other) => {
+            return Err(format!(
+                "`order_key_encoding` is \"{other}\"; use \"plain\" (default) or \"delta\""
+            ))
+        }
+    };
     let change_data_feed = pick(&tuning.change_data_feed, &d.change_data_feed).unwrap_or(false);
     if change_data_feed && target.is_none() {
         return Err("`change_data_feed` applies to the current table, and this table keeps only its history (no `target`): remove it, or read the history table's versions instead".into());
@@ -267,6 +279,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         manifests,
         change_data_feed,
         compression,
+        delta_order_keys,
         maintenance,
         history,
         catalog,
