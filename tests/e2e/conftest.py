@@ -151,7 +151,9 @@ def stack(aws):
              # large files: merged in slices of 50k rows (and, with TRIBUTARY_SPILL_MB=0.4 below,
              # streamed to a temporary file instead of memory)
              "big": "slice_rows = 50000\n",
-             "cdf": "change_data_feed = true\n"}
+             "cdf": "change_data_feed = true\n",
+             # the smaller file settings, read back by Python deltalake (pyarrow) below
+             "reverse": 'parquet_compression = "zstd"\norder_key_encoding = "delta"\n'}
     config = "".join(table_config(raw, curated, t, extra.get(t, "")) for t in TABLES)
     # "histonly" keeps only its history table: no `target`.
     config = config.replace(f'target = "s3://{curated}/delta/histonly"\n', "")

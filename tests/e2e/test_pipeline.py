@@ -8,7 +8,16 @@ from pathlib import Path
 
 import dms
 import pyarrow
-from conftest import ROOT, TABLES, catalog_partitions, manifests_exact, read_history, read_table, record_timing
+import pyarrow.parquet
+from conftest import ENDPOINT, ROOT, TABLES, catalog_partitions, manifests_exact, read_history, read_table, record_timing
+
+
+def curated_fs(stack):
+    """The curated bucket as a pyarrow file system (LocalStack)."""
+    import pyarrow.fs
+    return pyarrow.fs.SubTreeFileSystem(stack.curated, pyarrow.fs.S3FileSystem(
+        access_key="test", secret_key="test", region="us-east-1",
+        endpoint_override=ENDPOINT.replace("http://", ""), scheme="http"))
 
 
 def upload(aws, stack, table, files):
@@ -61,6 +70,12 @@ def test_files_uploaded_in_reverse_order(aws, stack, poller):
     upload(aws, stack, "reverse", list(reversed(files)))
     # one message per invocation: the files are merged newest first
     converge(aws, stack, poller, "reverse", source.state(), "files uploaded in reverse order", start, batch=1)
+    # The table keeps zstd files with delta-encoded order keys (conftest): what Python
+    # deltalake just read back. Check that the files really are written that way.
+    dt, _ = read_table(stack, "reverse")
+    meta = pyarrow.parquet.ParquetFile(dt.file_uris()[0].replace(f"s3://{stack.curated}/", ""), filesystem=curated_fs(stack)).metadata
+    seq = next(meta.row_group(0).column(i) for i in range(meta.num_columns) if meta.row_group(0).column(i).path_in_schema == "_tributary_seq")
+    assert seq.compression == "ZSTD" and "DELTA_BYTE_ARRAY" in seq.encodings, (seq.compression, seq.encodings)
 
 
 def test_burst_of_concurrent_invocations(aws, stack, poller, glue):
