@@ -227,15 +227,17 @@ pub(crate) fn writer_config(
     )
 }
 
-/// Parquet settings of the files a MERGE writes: delta-rs's defaults (Snappy, dictionary
-/// encoding) except that columns unique per row — the order key, and a single-column primary
-/// key — skip the dictionary attempt, which never pays off there and costs hashing every
-/// value of every rewritten file.
+/// Parquet settings of the data files tributary writes (MERGE, appends, compaction, the
+/// history MERGE): the table's codec (`parquet_compression`; zstd at level 1) and dictionary
+/// encoding, except that columns unique per row — the order keys, and a single-column
+/// primary key — skip the dictionary attempt, which never pays off there and costs hashing
+/// every value of every rewritten file; with `order_key_encoding = "delta"` the order keys
+/// are DELTA_BYTE_ARRAY.
 pub(crate) fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
     use crate::config::ParquetCompression as C;
     let compression = match table_cfg.compression {
         C::Snappy => Compression::SNAPPY,
-        C::Zstd => Compression::ZSTD(Default::default()),
+        C::Zstd => Compression::ZSTD(Default::default()), // level 1, as measured
         C::Gzip => Compression::GZIP(Default::default()),
     };
     let mut b = WriterProperties::builder()

@@ -78,6 +78,12 @@ pub enum Error {
     #[error("table {table}: gave up after {attempts} commit conflicts; nothing was applied, retry the event")]
     Contention { table: String, attempts: u32 },
 
+    /// A DMS reload of the table was applied while the files were being merged: they were
+    /// screened against the table before it, so nothing was applied; retried, they are
+    /// screened again (a file of the older load then changes nothing).
+    #[error("table {table}: a DMS reload was applied while {file} was being merged; nothing was applied, retry the event (files of the older load then change nothing)")]
+    Reloaded { table: String, file: String },
+
     /// A full-load file belongs to a new full load (a DMS table reload) that has not been
     /// applied yet: a reload is applied as a whole (`tributary reload`). Not retryable.
     #[error("table {table}: {file} belongs to a new full load (a DMS table reload): {message}")]
@@ -155,7 +161,7 @@ impl Error {
             Error::Storage { source, .. } => object_store_is_retryable(source),
             Error::Delta { source, .. } => delta_error_is_retryable(source),
             Error::DataFusion { source, .. } => datafusion_is_retryable(source),
-            Error::Contention { .. } | Error::Unowned { .. } => true,
+            Error::Contention { .. } | Error::Unowned { .. } | Error::Reloaded { .. } => true,
             Error::Catalog { retryable, .. } => *retryable,
         }
     }
@@ -171,6 +177,7 @@ impl Error {
             Error::Schema { .. } => "schema",
             Error::Contention { .. } => "contention",
             Error::Reload { .. } => "reload",
+            Error::Reloaded { .. } => "reloaded",
             Error::TooLate { .. } => "too_late",
             Error::Io { .. } => "io",
             Error::Compaction { .. } => "compaction",

@@ -31,7 +31,6 @@ use crate::error::{Error, Result};
 use crate::plan::{KeyEncoder, MergePlan, PlanOp};
 use crate::props::TableProps;
 use crate::retry::Retry;
-use crate::source::ChangeSet;
 
 /// Column of the tombstone table holding the wall-clock time a delete was recorded.
 pub(crate) const DELETED_AT_COLUMN: &str = "deleted_at";
@@ -305,11 +304,16 @@ fn deletes_of(plan: &MergePlan) -> Result<RecordBatch> {
 
 /// Refuse a file written before the table's tombstone horizon: a delete of one of its keys
 /// may have been recorded and forgotten since, and applying the file could revive the row.
-pub(crate) fn check_horizon(cfg: &TableConfig, props: &TableProps, cs: &ChangeSet) -> Result<()> {
-    match (props.tombstone_horizon, cs.written) {
+pub(crate) fn check_horizon(
+    cfg: &TableConfig,
+    props: &TableProps,
+    file: &url::Url,
+    written: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<()> {
+    match (props.tombstone_horizon, written) {
         (Some(h), Some(w)) if w <= h => Err(Error::TooLate {
             table: cfg.name.clone(),
-            file: crate::storage::display(&cs.file),
+            file: crate::storage::display(file),
             written: w.to_rfc3339(),
             horizon: h.to_rfc3339(),
         }),

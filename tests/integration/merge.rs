@@ -1117,10 +1117,10 @@ async fn status_reports_each_figure_of_the_table() {
     );
 }
 
-/// The codec of every column chunk of every data file under `dir` (not `_` folders).
-fn codecs(dir: &std::path::Path) -> std::collections::BTreeSet<String> {
+/// The column chunks of every data file under `dir` (not `_` folders), per file.
+fn chunks(dir: &std::path::Path) -> Vec<Vec<parquet::file::metadata::ColumnChunkMetaData>> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
-    let mut out = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
@@ -1130,21 +1130,29 @@ fn codecs(dir: &std::path::Path) -> std::collections::BTreeSet<String> {
                 stack.push(p);
             } else if name.ends_with(".parquet") {
                 let r = SerializedFileReader::new(std::fs::File::open(&p).unwrap()).unwrap();
-                for rg in r.metadata().row_groups() {
-                    for c in rg.columns() {
-                        out.insert(
-                            format!("{:?}", c.compression())
-                                .split('(')
-                                .next()
-                                .unwrap()
-                                .to_string(),
-                        );
-                    }
-                }
+                let md = r.metadata();
+                out.push(
+                    md.row_groups()
+                        .iter()
+                        .flat_map(|rg| rg.columns().iter().cloned())
+                        .collect(),
+                );
             }
         }
     }
     out
+}
+
+/// The codec of every column chunk of every data file under `dir`.
+fn codecs(dir: &std::path::Path) -> std::collections::BTreeSet<String> {
+    chunks(dir)
+        .iter()
+        .flatten()
+        .map(|c| {
+            let codec = format!("{:?}", c.compression());
+            codec.split('(').next().unwrap_or_default().to_string()
+        })
+        .collect()
 }
 
 /// `parquet_compression = "zstd"`: merges, appends (new keys) and compaction all write zstd
@@ -1208,32 +1216,17 @@ async fn parquet_compression_applies_to_every_file_written() {
     );
 }
 
-/// The encodings of `column`'s chunks in every data file under `dir` (not `_` folders).
-fn encodings(dir: &std::path::Path, column: &str) -> std::collections::BTreeSet<String> {
-    use parquet::file::reader::{FileReader, SerializedFileReader};
-    let mut out = std::collections::BTreeSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().to_string();
-            if p.is_dir() && !name.starts_with('_') {
-                stack.push(p);
-            } else if name.ends_with(".parquet") {
-                let r = SerializedFileReader::new(std::fs::File::open(&p).unwrap()).unwrap();
-                for rg in r.metadata().row_groups() {
-                    for c in rg
-                        .columns()
-                        .iter()
-                        .filter(|c| c.column_path().string() == column)
-                    {
-                        out.extend(c.encodings().map(|e| format!("{e:?}")));
-                    }
-                }
-            }
-        }
-    }
-    out
+/// The encodings of `column`'s chunks, per data file under `dir`.
+fn encodings(dir: &std::path::Path, column: &str) -> Vec<std::collections::BTreeSet<String>> {
+    chunks(dir)
+        .iter()
+        .map(|file| {
+            file.iter()
+                .filter(|c| c.column_path().string() == column)
+                .flat_map(|c| c.encodings().map(|e| format!("{e:?}")))
+                .collect()
+        })
+        .collect()
 }
 
 /// `order_key_encoding = "delta"`: the order keys are written DELTA_BYTE_ARRAY by appends,
@@ -1280,18 +1273,16 @@ async fn delta_encoded_order_keys_read_back_the_same() {
     }
     assert_eq!(tables[0].0.len(), 203);
     assert_eq!(tables[0].0, tables[1].0, "the same keys and order keys");
+    // Every file written (load, appends, merges, compaction) has its order keys so encoded.
     assert!(
-        !tables[0].1.contains("DELTA_BYTE_ARRAY"),
+        tables[0].1.iter().all(|f| !f.contains("DELTA_BYTE_ARRAY")),
         "{:?}",
         tables[0].1
     );
     assert!(
-        tables[1].1.contains("DELTA_BYTE_ARRAY"),
-        "{:?}",
-        tables[1].1
-    );
-    assert!(
-        !tables[1].1.contains("PLAIN_DICTIONARY") && !tables[1].1.contains("RLE_DICTIONARY"),
+        tables[1].1.iter().all(|f| f.contains("DELTA_BYTE_ARRAY")
+            && !f.contains("PLAIN_DICTIONARY")
+            && !f.contains("RLE_DICTIONARY")),
         "{:?}",
         tables[1].1
     );

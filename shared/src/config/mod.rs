@@ -37,7 +37,7 @@ pub struct Config {
 pub enum ParquetCompression {
     /// Fast, read everywhere (Redshift Spectrum documents snappy, gzip and bzip2).
     Snappy,
-    /// Level 3: on the benchmark table 4× smaller than snappy and no slower; read by Athena,
+    /// Level 1: on the benchmark table 2.5× smaller than snappy and no slower; read by Athena,
     /// Spark, Trino, DuckDB and delta-rs, not documented for Redshift Spectrum.
     Zstd,
     /// Smaller than snappy, read everywhere, much slower to write.
@@ -125,7 +125,8 @@ pub struct TableConfig {
     /// Turn on Delta's change data feed (`delta.enableChangeDataFeed`): each merge's
     /// inserts, updates and deletes readable with `table_changes` / `load_cdf`.
     pub change_data_feed: bool,
-    /// The codec of the Parquet data files tributary writes (merges, appends, compaction).
+    /// The codec of the Parquet data files tributary writes (merges, appends, compaction, the
+    /// history table; the small tombstone and change-log appends get it when compacted).
     pub compression: ParquetCompression,
     /// Write the order-key columns with Parquet's DELTA_BYTE_ARRAY encoding (prefix
     /// compression: consecutive keys share most of their text) instead of PLAIN.

@@ -213,17 +213,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         None => None,
     };
     let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
-    let compression = compression(pick(&tuning.parquet_compression, &d.parquet_compression))?;
-    let delta_order_keys = match pick(&tuning.order_key_encoding, &d.order_key_encoding).as_deref()
-    {
-        None | Some("plain") => false,
-        Some("delta") => true,
-        Some(other) => {
-            return Err(format!(
-                "`order_key_encoding` is \"{other}\"; use \"plain\" (default) or \"delta\""
-            ))
-        }
-    };
+    let (compression, delta_order_keys) = file_settings(&tuning, d)?;
     let change_data_feed = pick(&tuning.change_data_feed, &d.change_data_feed).unwrap_or(false);
     if change_data_feed && target.is_none() {
         return Err("`change_data_feed` applies to the current table, and this table keeps only its history (no `target`): remove it, or read the history table's versions instead".into());
@@ -284,6 +274,21 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         history,
         catalog,
     })
+}
+
+/// `parquet_compression` and `order_key_encoding` (delta: true).
+fn file_settings(t: &RawDefaults, d: &RawDefaults) -> Msg<(ParquetCompression, bool)> {
+    let compression = compression(pick(&t.parquet_compression, &d.parquet_compression))?;
+    let delta = match pick(&t.order_key_encoding, &d.order_key_encoding).as_deref() {
+        None | Some("plain") => false,
+        Some("delta") => true,
+        Some(other) => {
+            return Err(format!(
+                "`order_key_encoding` is \"{other}\"; use \"plain\" (default) or \"delta\""
+            ))
+        }
+    };
+    Ok((compression, delta))
 }
 
 fn compression(v: Option<String>) -> Msg<ParquetCompression> {

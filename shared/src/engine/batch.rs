@@ -307,6 +307,9 @@ impl Engine {
         };
         let target = record_kinds(target, batch.kinds.as_deref()).await?;
         let target = enable_change_data_feed(table, target).await?;
+        let screened: Vec<super::Screened> =
+            batch.changes.iter().map(super::Screened::of).collect();
+        super::rescreen(table, &delta::props(&target), &screened)?;
         report.phases_ms.load_table = ms_since(t);
         let t = Instant::now();
         let mut plan = a.base_plan.clone();

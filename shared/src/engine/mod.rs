@@ -487,10 +487,11 @@ impl Engine {
                 outcomes.extend(merged(table, std::slice::from_ref(&cs)));
                 continue;
             }
-            let verdict = match crate::tombstones::check_horizon(table, &view.props, &cs) {
-                Ok(()) => crate::reload::check_load_file(table, view, &cs).await,
-                Err(e) => Err(e),
-            };
+            let verdict =
+                match crate::tombstones::check_horizon(table, &view.props, &cs.file, cs.written) {
+                    Ok(()) => crate::reload::check_load_file(table, view, &cs).await,
+                    Err(e) => Err(e),
+                };
             match verdict {
                 Ok(()) => kept.push(cs),
                 Err(e) => {
@@ -551,6 +552,45 @@ impl Engine {
             }
         }
     }
+}
+
+/// What screening decided a file on ([`Engine::screen`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Screened {
+    file: Url,
+    written: Option<chrono::DateTime<chrono::Utc>>,
+    generation: u32,
+}
+
+impl Screened {
+    pub(crate) fn of(cs: &ChangeSet) -> Self {
+        Screened {
+            file: cs.file.clone(),
+            written: cs.written,
+            generation: cs.generation,
+        }
+    }
+}
+
+/// The screening of files, checked again against the table a commit is about to be based
+/// on: a DMS reload (a newer generation) or a tombstone horizon moved since would make them
+/// inapplicable — a reload deletes rows without tombstones, so an older file committed
+/// after it could bring them back.
+pub(crate) fn rescreen<'a>(
+    table: &TableConfig,
+    props: &TableProps,
+    files: impl IntoIterator<Item = &'a Screened>,
+) -> Result<()> {
+    for f in files {
+        crate::tombstones::check_horizon(table, props, &f.file, f.written)?;
+        if f.generation < props.generation() {
+            return Err(Error::Reloaded {
+                table: table.name.clone(),
+                file: storage::display(&f.file),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The table named for files no table owns (logs, metrics).

@@ -288,3 +288,130 @@ async fn a_delete_racing_a_whole_file_append_still_deletes_its_row() {
     assert_eq!(ids.len(), 2999);
     assert!(!ids.contains(&5));
 }
+
+/// What a DMS reload commits first: a new generation starting now (`tributary reload`
+/// registers it, then MERGEs the new load, deleting rows it does not have, without
+/// tombstones).
+async fn register_reload(config: &Config) {
+    let t = delta::open(
+        config.tables[0].target.as_ref().unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let g = delta::props(&t).generation() + 1;
+    delta::set_properties(t, TableProps::for_generation(g, chrono::Utc::now()))
+        .await
+        .unwrap();
+}
+
+/// A CDC insert screened before a DMS reload and committed after it would bring back a row
+/// the reload deleted (a reload records no tombstones): the merge that loses its commit race
+/// to the reload is screened again and fails with the retryable `reloaded`; retried, the
+/// file belongs to the older load and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_racing_a_reload_is_screened_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+    let src = config.tables[0].source.clone();
+    let storage = Storage::new();
+    let first = src.join("20240101-0000000000.parquet").unwrap();
+    storage
+        .put(&first, cdc("I", "2024-01-01 00:00:00", 1))
+        .await
+        .unwrap();
+    let r = Engine::new(config.clone()).process(&[first]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    let insert = src.join("20240101-0000000001.parquet").unwrap();
+    storage
+        .put(&insert, cdc("I", "2024-01-01 00:00:01", 99))
+        .await
+        .unwrap();
+    let fired = Arc::new(AtomicBool::new(false));
+    let mut merger = Engine::new(config.clone());
+    let (f, c) = (fired.clone(), config.clone());
+    merger.before_merge = Some(Hook(Arc::new(move || {
+        let (f, c) = (f.clone(), c.clone());
+        Box::pin(async move {
+            if !f.swap(true, Ordering::SeqCst) {
+                register_reload(&c).await;
+            }
+        })
+    })));
+    let r = merger.process(std::slice::from_ref(&insert)).await;
+    assert!(fired.load(Ordering::SeqCst));
+    let e = match &r.files[0].status {
+        FileStatus::Failed { error, .. } => error.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((e.kind(), e.is_retryable()), ("reloaded", true), "{e}");
+    assert_eq!(ids_of(&config).await, vec![1], "nothing applied");
+    // Redelivered: the file is of the older load, which the reload reflects.
+    let r = Engine::new(config.clone()).process(&[insert]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    assert_eq!(
+        ids_of(&config).await,
+        vec![1],
+        "the row the reload deleted stays deleted"
+    );
+}
+
+/// The same race for a large file appended whole: screened before the reload, its commit
+/// would come after it. It goes to the slice path instead, which finds it superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_file_append_racing_a_reload_is_screened_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "sequence_by = [\"ts\"]\nslice_rows = 1024";
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", extra);
+    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+    let src = config.tables[0].source.clone();
+    let storage = Storage::new();
+    let first = src.join("20240101-0000000000.parquet").unwrap();
+    storage
+        .put(&first, cdc("I", "2024-01-01 00:00:00", 1))
+        .await
+        .unwrap();
+    let r = Engine::new(config.clone()).process(&[first]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    // 3000 CDC inserts of new keys: appendable whole.
+    let n = 3000usize;
+    let b = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("Op", DataType::Utf8, true),
+            Field::new("ts", DataType::Utf8, true),
+            Field::new("id", DataType::Int64, true),
+        ])),
+        vec![
+            Arc::new(StringArray::from(vec!["I"; n])),
+            Arc::new(StringArray::from(vec!["2024-01-01 00:00:01"; n])),
+            Arc::new(Int64Array::from_iter_values(1000..1000 + n as i64)),
+        ],
+    )
+    .unwrap();
+    let big = src.join("20240101-0000000001.parquet").unwrap();
+    storage
+        .put(&big, crate::demo::to_parquet(&b).unwrap())
+        .await
+        .unwrap();
+    let fired = Arc::new(AtomicBool::new(false));
+    let mut loader = Engine::new(config.clone());
+    let (f, c) = (fired.clone(), config.clone());
+    loader.before_merge = Some(Hook(Arc::new(move || {
+        let (f, c) = (f.clone(), c.clone());
+        Box::pin(async move {
+            if !f.swap(true, Ordering::SeqCst) {
+                register_reload(&c).await;
+            }
+        })
+    })));
+    let r = loader.process(std::slice::from_ref(&big)).await;
+    assert!(fired.load(Ordering::SeqCst));
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    assert!(r.tables.is_empty(), "nothing committed: {:?}", r.tables);
+    assert_eq!(
+        ids_of(&config).await,
+        vec![1],
+        "none of the older load's rows"
+    );
+}

@@ -45,6 +45,8 @@ struct Written {
     write_wait_ms: u64,
     /// The sequence kinds the file's order keys were made with.
     kinds: Option<Vec<source::SeqKind>>,
+    /// What the file was screened on (checked again before the commit).
+    screened: super::Screened,
 }
 
 impl Written {
@@ -57,7 +59,6 @@ impl Written {
             superseded_in_batch: self.superseded,
             inserted: self.rows,
             files_added: self.adds.len(),
-            commit_attempts: 1,
             slices: 1,
             appended: true,
             ..Default::default()
@@ -178,6 +179,7 @@ impl Engine {
                 pending: None,
                 write_wait_ms: 0,
                 kinds: kinds.clone(),
+                screened: super::Screened::of(first),
             },
             start,
         })
@@ -240,10 +242,11 @@ impl Engine {
             start,
         } = c;
         let written = w.adds.len();
-        let Some(after) = self.try_commit(table, target, &w, &name).await? else {
+        let Some((after, attempts)) = self.try_commit(table, target, &w, &name).await? else {
             return Ok(None);
         };
         let mut report = w.report(table);
+        report.commit_attempts = attempts;
         super::batch::absorb(&mut report, created);
         let recheck = self
             .recheck_whole(
@@ -277,14 +280,16 @@ impl Engine {
     }
 
     /// The append commit: the written files, the file's load transaction id, the union of
-    /// the slices' key ranges as what it read. `None` when a concurrent commit conflicts.
+    /// the slices' key ranges as what it read. A commit that loses to a concurrent one is
+    /// made again on the new snapshot while the file is still an append there. `None` (the
+    /// file goes slice by slice) when it is not; else the table and the attempts made.
     async fn try_commit(
         &self,
         table: &TableConfig,
         target: DeltaTable,
         w: &Written,
         name: &str,
-    ) -> Result<Option<DeltaTable>> {
+    ) -> Result<Option<(DeltaTable, u32)>> {
         let Some((first, rest)) = w.ranges.split_first() else {
             return Err(crate::error::Error::internal(
                 "a whole-file append without slices",
@@ -297,18 +302,21 @@ impl Engine {
         if let Some(hook) = &self.before_merge {
             (hook.0)().await;
         }
-        // The written files are never deleted once the commit was tried: it may have landed
-        // (a lost response, a failed post-commit step) — VACUUM removes them if it did not.
         let files = [name.to_string()];
         let schema = delta::arrow_schema(&target);
-        if !same_kinds(&target, &w.kinds) {
-            // A concurrent writer created the table with other kinds: the slice path refuses
-            // the file with a named error.
-            return Ok(None);
-        }
         let mut target = target;
         let mut retry = crate::retry::Retry::new(&table.name, table.max_commit_attempts);
         loop {
+            let retried = retry.attempt() > 1;
+            if !still_an_append(table, &target, w, (&schema, &predicate), retried).await? {
+                tracing::info!(table = %table.name, file = %name, "no longer an append on the table's newest version; merging the file slice by slice");
+                if !retried {
+                    discard(&target, w.adds.clone()).await;
+                }
+                return Ok(None);
+            }
+            // Once the commit was tried, the files are never deleted: it may have landed
+            // (a lost response, a failed post-commit step); VACUUM removes them if not.
             let res = delta::commit_append(
                 table,
                 target.clone(),
@@ -319,7 +327,7 @@ impl Engine {
             )
             .await;
             let conflict = match res {
-                Ok(t) => return Ok(Some(t)),
+                Ok(t) => return Ok(Some((t, retry.attempt()))),
                 Err(crate::error::Error::Delta { source, .. })
                     if crate::error::is_commit_conflict(&source) =>
                 {
@@ -327,20 +335,12 @@ impl Engine {
                 }
                 Err(e) => return Err(e),
             };
-            // Another writer committed first (often another file's append, or a concurrent
-            // creation of the table): still an append if the schema is the same and no row
-            // entered the key range; then commit on the new snapshot.
             target
                 .update_incremental(None)
                 .await
                 .map_err(|e| crate::error::Error::delta(&table.name, e))?;
-            // The same sequence kinds too: order keys of other kinds do not compare.
-            let still = delta::arrow_schema(&target) == schema
-                && same_kinds(&target, &w.kinds)
-                && !delta::rows_in_range(&target, &predicate).await?;
             let e = crate::error::Error::delta(&table.name, conflict);
-            if !still || retry.on_error(e, "whole-file append").await.is_err() {
-                tracing::info!(table = %table.name, file = %name, "whole-file append conflicted; merging the file slice by slice");
+            if retry.on_error(e, "whole-file append").await.is_err() {
                 return Ok(None);
             }
         }
@@ -460,6 +460,27 @@ struct Commit<'a> {
     first_read: Option<u64>,
     written: Written,
     start: Instant,
+}
+
+/// Whether the written files are still an append on `target` (the snapshot a commit will be
+/// based on): the same schema and sequence kinds, the file's screening still holds (no DMS
+/// reload, no tombstone horizon past it since), and — after a lost commit race, when the
+/// slices' checks were made on an older snapshot — still no row in the key range.
+async fn still_an_append(
+    table: &TableConfig,
+    target: &DeltaTable,
+    w: &Written,
+    (schema, predicate): (&Option<arrow::datatypes::SchemaRef>, &str),
+    retried: bool,
+) -> Result<bool> {
+    let props = delta::props(target);
+    if delta::arrow_schema(target) != *schema
+        || !same_kinds(target, &w.kinds)
+        || super::rescreen(table, &props, std::iter::once(&w.screened)).is_err()
+    {
+        return Ok(false);
+    }
+    Ok(!retried || !delta::rows_in_range(target, predicate).await?)
 }
 
 /// The table records the sequence kinds the order keys were made with (none recorded and
