@@ -21,6 +21,27 @@ impl std::fmt::Debug for Hook {
     }
 }
 
+impl Hook {
+    /// A hook that runs `f` the first time it is reached only, and a flag saying it did.
+    fn once<F, Fut>(f: F) -> (Hook, Arc<AtomicBool>)
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let fired = Arc::new(AtomicBool::new(false));
+        let (flag, f) = (fired.clone(), Arc::new(f));
+        let hook = Hook(Arc::new(move || {
+            let (flag, f) = (flag.clone(), f.clone());
+            Box::pin(async move {
+                if !flag.swap(true, Ordering::SeqCst) {
+                    f().await;
+                }
+            })
+        }));
+        (hook, fired)
+    }
+}
+
 /// The ids in the table, in order.
 async fn ids_of(config: &Config) -> Vec<i64> {
     let table = delta::open(
@@ -94,19 +115,17 @@ async fn late_insert_racing_a_delete_does_not_revive_the_row() {
     let r = deleter.process(&[other]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
 
-    let fired = Arc::new(AtomicBool::new(false));
     let mut inserter = Engine::new(config.clone());
-    let (d, f, del) = (deleter.clone(), fired.clone(), delete.clone());
-    inserter.before_merge = Some(Hook(Arc::new(move || {
-        let (d, f, del) = (d.clone(), f.clone(), del.clone());
-        Box::pin(async move {
-            if !f.swap(true, Ordering::SeqCst) {
-                let r = d.process(&[del]).await;
-                assert_eq!(r.failures().count(), 0);
-                assert_eq!(r.tables[0].deleted, 0, "the row is not there yet");
-            }
-        })
-    })));
+    let (d, del) = (deleter.clone(), delete.clone());
+    let (hook, fired) = Hook::once(move || {
+        let (d, del) = (d.clone(), del.clone());
+        async move {
+            let r = d.process(&[del]).await;
+            assert_eq!(r.failures().count(), 0);
+            assert_eq!(r.tables[0].deleted, 0, "the row is not there yet");
+        }
+    });
+    inserter.before_merge = Some(hook);
     let r = inserter.process(&[insert]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
@@ -149,25 +168,23 @@ async fn a_compaction_racing_a_merge_never_revives_a_deleted_row() {
         .put(&delete, cdc("D", "2024-01-01 00:00:09", 1))
         .await
         .unwrap();
-    let fired = Arc::new(AtomicBool::new(false));
     let mut deleter = Engine::new(config.clone());
-    let (cfg, f) = (config.tables[0].clone(), fired.clone());
-    deleter.before_merge = Some(Hook(Arc::new(move || {
-        let (cfg, f) = (cfg.clone(), f.clone());
-        Box::pin(async move {
-            if !f.swap(true, Ordering::SeqCst) {
-                let m = crate::maintenance::maintain(
-                    &cfg,
-                    &Storage::new(),
-                    &Default::default(),
-                    Default::default(),
-                )
-                .await
-                .unwrap();
-                assert_eq!(m.partitions_compacted, 1, "the three files were compacted");
-            }
-        })
-    })));
+    let cfg = config.tables[0].clone();
+    let (hook, fired) = Hook::once(move || {
+        let cfg = cfg.clone();
+        async move {
+            let m = crate::maintenance::maintain(
+                &cfg,
+                &Storage::new(),
+                &Default::default(),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+            assert_eq!(m.partitions_compacted, 1, "the three files were compacted");
+        }
+    });
+    deleter.before_merge = Some(hook);
     let r = deleter.process(&[delete]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
@@ -206,19 +223,17 @@ async fn a_delete_planned_on_a_table_loaded_before_a_late_insert_still_deletes_i
     }
     let r = inserter.process(std::slice::from_ref(&other)).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-    let fired = Arc::new(AtomicBool::new(false));
     let mut deleter = Engine::new(config.clone());
-    let (ins, f, file) = (inserter.clone(), fired.clone(), insert.clone());
-    deleter.before_tombstones = Some(Hook(Arc::new(move || {
-        let (ins, f, file) = (ins.clone(), f.clone(), file.clone());
-        Box::pin(async move {
-            if !f.swap(true, Ordering::SeqCst) {
-                let r = ins.process(&[file]).await;
-                assert_eq!(r.failures().count(), 0);
-                assert_eq!(r.tables[0].inserted, 1, "no tombstone yet: inserted");
-            }
-        })
-    })));
+    let (ins, file) = (inserter.clone(), insert.clone());
+    let (hook, fired) = Hook::once(move || {
+        let (ins, file) = (ins.clone(), file.clone());
+        async move {
+            let r = ins.process(&[file]).await;
+            assert_eq!(r.failures().count(), 0);
+            assert_eq!(r.tables[0].inserted, 1, "no tombstone yet: inserted");
+        }
+    });
+    deleter.before_tombstones = Some(hook);
     let r = deleter.process(&[delete]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
@@ -265,19 +280,17 @@ async fn a_delete_racing_a_whole_file_append_still_deletes_its_row() {
         .await
         .unwrap();
     let deleter = Engine::new(config.clone());
-    let fired = Arc::new(AtomicBool::new(false));
     let mut loader = Engine::new(config.clone());
-    let (d, f, del) = (deleter.clone(), fired.clone(), delete.clone());
-    loader.before_merge = Some(Hook(Arc::new(move || {
-        let (d, f, del) = (d.clone(), f.clone(), del.clone());
-        Box::pin(async move {
-            if !f.swap(true, Ordering::SeqCst) {
-                let r = d.process(&[del]).await;
-                assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-                assert_eq!(r.tables[0].deleted, 0, "the row is not there yet");
-            }
-        })
-    })));
+    let (d, del) = (deleter.clone(), delete.clone());
+    let (hook, fired) = Hook::once(move || {
+        let (d, del) = (d.clone(), del.clone());
+        async move {
+            let r = d.process(&[del]).await;
+            assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+            assert_eq!(r.tables[0].deleted, 0, "the row is not there yet");
+        }
+    });
+    loader.before_merge = Some(hook);
     let r = loader.process(&[load]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
@@ -328,17 +341,15 @@ async fn a_merge_racing_a_reload_is_screened_again() {
         .put(&insert, cdc("I", "2024-01-01 00:00:01", 99))
         .await
         .unwrap();
-    let fired = Arc::new(AtomicBool::new(false));
     let mut merger = Engine::new(config.clone());
-    let (f, c) = (fired.clone(), config.clone());
-    merger.before_merge = Some(Hook(Arc::new(move || {
-        let (f, c) = (f.clone(), c.clone());
-        Box::pin(async move {
-            if !f.swap(true, Ordering::SeqCst) {
-                register_reload(&c).await;
-            }
-        })
-    })));
+    let c = config.clone();
+    let (hook, fired) = Hook::once(move || {
+        let c = c.clone();
+        async move {
+            register_reload(&c).await;
+        }
+    });
+    merger.before_merge = Some(hook);
     let r = merger.process(std::slice::from_ref(&insert)).await;
     assert!(fired.load(Ordering::SeqCst));
     let e = match &r.files[0].status {
@@ -394,17 +405,15 @@ async fn a_whole_file_append_racing_a_reload_is_screened_again() {
         .put(&big, crate::demo::to_parquet(&b).unwrap())
         .await
         .unwrap();
-    let fired = Arc::new(AtomicBool::new(false));
     let mut loader = Engine::new(config.clone());
-    let (f, c) = (fired.clone(), config.clone());
-    loader.before_merge = Some(Hook(Arc::new(move || {
-        let (f, c) = (f.clone(), c.clone());
-        Box::pin(async move {
-            if !f.swap(true, Ordering::SeqCst) {
-                register_reload(&c).await;
-            }
-        })
-    })));
+    let c = config.clone();
+    let (hook, fired) = Hook::once(move || {
+        let c = c.clone();
+        async move {
+            register_reload(&c).await;
+        }
+    });
+    loader.before_merge = Some(hook);
     let r = loader.process(std::slice::from_ref(&big)).await;
     assert!(fired.load(Ordering::SeqCst));
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
