@@ -7,8 +7,8 @@
 //! 1. [`config`]: the table configuration — which DMS folder feeds which Delta table;
 //! 2. [`lambda`]: the Lambda plumbing — event payloads to object URIs, the configuration in
 //!    force (reloaded when it changes), FIFO forwarding, metrics;
-//! 3. `engine`: routing files to tables, screening, batching, retries, bad-file isolation
-//!    ([`Engine`]);
+//! 3. `engine`: routing files to tables, screening, batching, retries, bad-file isolation,
+//!    large files appended whole (`whole`) ([`Engine`]);
 //! 4. [`storage`]: `file://` and `s3://` objects;
 //! 5. `source`: DMS readers (Parquet, CSV, CSV.gz) and order keys;
 //! 6. `coerce`: Delta types and exact value conversion;
