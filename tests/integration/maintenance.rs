@@ -182,8 +182,8 @@ async fn vacuum_respects_retention_and_refuses_short_ones() {
             .unwrap()
             .count()
     };
-    let r = maintain(&fx, false).await.unwrap();
-    assert!(r.files_compacted >= 2, "{r:?}");
+    let first = maintain(&fx, false).await.unwrap();
+    assert!(first.files_compacted >= 2, "{first:?}");
     let on_disk = data_files(&fx);
     assert!(
         on_disk > 1,
@@ -199,7 +199,13 @@ async fn vacuum_respects_retention_and_refuses_short_ones() {
         "{r:?} on disk before: {on_disk}"
     );
     assert_eq!(data_files(&fx), 1);
-    assert_eq!(r.tombstones_expired, 1);
+    // Expired by this run, or already by the first one when the merges before it took
+    // longer than the retention (a loaded machine: CI's cold run).
+    assert_eq!(
+        first.tombstones_expired + r.tombstones_expired,
+        1,
+        "{first:?} {r:?}"
+    );
     assert_eq!(fx.items_rows().await.len(), 3);
     assert_manifests_exact(&fx).await;
 
