@@ -321,6 +321,19 @@ impl Fixture {
         self.put_raw(table_prefix, name, &demo::to_parquet(b).expect("parquet"))
     }
 
+    /// Maintain the fixture's (first) table, as the maintenance function does.
+    pub async fn maintain(&self) -> tributary::maintenance::MaintenanceReport {
+        let t = &self.engine.config().tables[0];
+        tributary::maintenance::maintain(
+            t,
+            self.engine.storage(),
+            self.engine.storage_options(),
+            Default::default(),
+        )
+        .await
+        .expect("maintenance")
+    }
+
     /// Run SQL against a curated table (`rel` under the fixture dir), table registered as `t`.
     pub async fn query(&self, rel: &str, sql: &str) -> Vec<RecordBatch> {
         let t = delta::open(&self.url(rel), &Default::default())

@@ -559,14 +559,7 @@ async fn maintenance_and_status_of_a_history_only_table() {
     let before = item_versions(&fx).await;
     assert_eq!(before.len(), 6);
     let cfg = &fx.engine.config().tables[0];
-    let m = tributary::maintenance::maintain(
-        cfg,
-        fx.engine.storage(),
-        fx.engine.storage_options(),
-        Default::default(),
-    )
-    .await
-    .expect("maintenance");
+    let m = fx.maintain().await;
     assert!(m.skipped.is_none(), "{m:?}");
     assert!(m.history.is_none(), "the history table is the table: {m:?}");
     let h = &m;

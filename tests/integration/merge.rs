@@ -1180,15 +1180,7 @@ async fn parquet_compression_applies_to_every_file_written() {
         );
         fx.merge_ok(&[f]).await;
     }
-    let cfg = &fx.engine.config().tables[0];
-    let m = tributary::maintenance::maintain(
-        cfg,
-        fx.engine.storage(),
-        fx.engine.storage_options(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let m = fx.maintain().await;
     assert!(m.files_compacted >= 2, "{m:?}");
     // A MERGE rewriting the compacted file.
     let update = fx.put_items(
@@ -1252,15 +1244,7 @@ async fn delta_encoded_order_keys_read_back_the_same() {
             );
             fx.merge_ok(&[f]).await;
         }
-        let cfg = &fx.engine.config().tables[0];
-        tributary::maintenance::maintain(
-            cfg,
-            fx.engine.storage(),
-            fx.engine.storage_options(),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+        fx.maintain().await;
         let rows = column_text(
             &fx.query(
                 "curated/items",
