@@ -192,6 +192,25 @@ pub fn model(changes: &[Change]) -> Vec<Row> {
     m.into_iter().map(|(id, (p, v))| (id, p, v)).collect()
 }
 
+/// Every data file (`*.parquet`) under a table folder, live or not, outside `_delta_log` and
+/// other hidden (`_…`) folders.
+pub fn parquet_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if p.is_dir() && !name.starts_with('_') {
+                stack.push(p);
+            } else if name.ends_with(".parquet") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
 /// Count files of the curated table (live data files only).
 pub async fn live_files(table: &Url) -> usize {
     let t = delta::open(table, &Default::default()).await.expect("open");

@@ -302,22 +302,9 @@ async fn wide_rows_make_shorter_slices() {
     assert_eq!(fx.items_rows().await, model(&[load, cdc].concat()));
 }
 
-/// Data files (`*.parquet`) under a table folder, outside `_delta_log` and hidden folders.
+/// Data files under a table folder, live or not.
 fn data_files(dir: &std::path::Path) -> usize {
-    let mut n = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().to_string();
-            if p.is_dir() && !name.starts_with('_') {
-                stack.push(p);
-            } else if name.ends_with(".parquet") {
-                n += 1;
-            }
-        }
-    }
-    n
+    parquet_files(dir).len()
 }
 
 /// A full-load file larger than a slice into a new table: read once and appended in one

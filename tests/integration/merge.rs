@@ -1120,27 +1120,17 @@ async fn status_reports_each_figure_of_the_table() {
 /// The column chunks of every data file under `dir` (not `_` folders), per file.
 fn chunks(dir: &std::path::Path) -> Vec<Vec<parquet::file::metadata::ColumnChunkMetaData>> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().to_string();
-            if p.is_dir() && !name.starts_with('_') {
-                stack.push(p);
-            } else if name.ends_with(".parquet") {
-                let r = SerializedFileReader::new(std::fs::File::open(&p).unwrap()).unwrap();
-                let md = r.metadata();
-                out.push(
-                    md.row_groups()
-                        .iter()
-                        .flat_map(|rg| rg.columns().iter().cloned())
-                        .collect(),
-                );
-            }
-        }
-    }
-    out
+    parquet_files(dir)
+        .iter()
+        .map(|p| {
+            let r = SerializedFileReader::new(std::fs::File::open(p).unwrap()).unwrap();
+            r.metadata()
+                .row_groups()
+                .iter()
+                .flat_map(|rg| rg.columns().iter().cloned())
+                .collect()
+        })
+        .collect()
 }
 
 /// The codec of every column chunk of every data file under `dir`.
