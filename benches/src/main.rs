@@ -70,6 +70,27 @@ enum Cmd {
     Files(Workload),
     /// Copy the base table, merge the files one by one, then maintain; print one JSON line.
     Run(RunArgs),
+    /// The read/write floor: read `--mb` MB of the base table's data files into Arrow and
+    /// write them back as Parquet with the settings tributary's MERGE writes (both cores, one
+    /// thread per core); print one JSON line.
+    Floor {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        rows: i64,
+        /// How many MB of data files (e.g. a case's MB rewritten per merge).
+        #[arg(long)]
+        mb: f64,
+        #[arg(long, default_value = "snappy")]
+        compression: String,
+        #[arg(long, default_value = "plain")]
+        order_keys: String,
+        /// Threads (default: the machine's cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+    },
 }
 
 // A workload: the base table size and the CDC files merged into it.
@@ -584,6 +605,133 @@ order_key_encoding = "{order_keys}"
     Ok(())
 }
 
+/// What reading and writing `mb` MB of the base table's Parquet costs here, without any
+/// join or Delta commit: the floor a copy-on-write MERGE of that many bytes cannot go under.
+fn floor(
+    dir: &Path,
+    rows: i64,
+    mb: f64,
+    (compression, order_keys): (&str, &str),
+    threads: Option<usize>,
+    repeat: usize,
+) -> Result<()> {
+    use tributary::deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use tributary::deltalake::parquet::arrow::ArrowWriter;
+    let dir = std::fs::canonicalize(dir)?;
+    let base = base_dir(&dir, rows, compression, order_keys);
+    let mut files = Vec::new();
+    walk_parquet(&base, &mut files)?;
+    files.sort();
+    // Whole files, as a MERGE rewrites them, until `mb` MB.
+    let mut picked = Vec::new();
+    let mut bytes = 0u64;
+    for f in files {
+        if bytes as f64 >= mb * 1e6 {
+            break;
+        }
+        bytes += std::fs::metadata(&f)?.len();
+        picked.push(f);
+    }
+    let config = Config::from_toml(
+        &format!(
+            "[[table]]\nname = \"bench\"\nsource = \"raw/bench/\"\ntarget = \"curated/bench\"\nprimary_key = [\"trip_id\"]\npartition_by = [\"route_id\"]\nsequence_by = [\"update_ts_dms\"]\nparquet_compression = \"{compression}\"\norder_key_encoding = \"{order_keys}\"\n"
+        ),
+        "floor",
+        Some(&dir),
+    )?;
+    let props = delta::writer_properties(&config.tables[0]);
+    let threads = threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let out = dir.join("floor-out");
+    let (mut read_ms, mut total_ms) = (Vec::new(), Vec::new());
+    for _ in 0..repeat {
+        if out.exists() {
+            std::fs::remove_dir_all(&out)?;
+        }
+        std::fs::create_dir_all(&out)?;
+        for write in [false, true] {
+            let t0 = Instant::now();
+            std::thread::scope(|scope| -> Result<()> {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (picked, props, out) = (&picked, &props, &out);
+                        scope.spawn(move || -> Result<()> {
+                            for (i, f) in picked.iter().enumerate().skip(t).step_by(threads) {
+                                let reader = ParquetRecordBatchReaderBuilder::try_new(
+                                    std::fs::File::open(f)?,
+                                )?
+                                .build()?;
+                                let mut writer = None;
+                                for b in reader {
+                                    let b = b?;
+                                    if !write {
+                                        continue;
+                                    }
+                                    let w = match &mut writer {
+                                        Some(w) => w,
+                                        None => writer.insert(ArrowWriter::try_new(
+                                            std::fs::File::create(
+                                                out.join(format!("{i}.parquet")),
+                                            )?,
+                                            b.schema(),
+                                            Some(props.clone()),
+                                        )?),
+                                    };
+                                    w.write(&b)?;
+                                }
+                                if let Some(w) = writer {
+                                    w.close()?;
+                                }
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.join()
+                        .map_err(|_| anyhow::anyhow!("floor thread panicked"))??;
+                }
+                Ok(())
+            })?;
+            let ms = t0.elapsed().as_secs_f64() * 1000.0;
+            if write {
+                total_ms.push(ms)
+            } else {
+                read_ms.push(ms)
+            }
+        }
+    }
+    std::fs::remove_dir_all(&out)?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "rows": rows, "compression": compression, "order_keys": order_keys,
+            "files": picked.len(), "mb": bytes as f64 / 1e6, "threads": threads,
+            "read_ms_p50": pct(&read_ms, 0.5), "read_write_ms_p50": pct(&total_ms, 0.5),
+            "read_write_ms": total_ms.iter().map(|v| v.round()).collect::<Vec<_>>(),
+        })
+    );
+    Ok(())
+}
+
+/// The Parquet data files under `dir` (the Delta log aside).
+fn walk_parquet(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            if !p.ends_with("_delta_log") {
+                walk_parquet(&p, out)?;
+            }
+        } else if p.extension().is_some_and(|x| x == "parquet") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<()> {
     match Cli::parse().command {
@@ -611,5 +759,14 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Run(args) => run(args).await,
+        Cmd::Floor {
+            dir,
+            rows,
+            mb,
+            compression,
+            order_keys,
+            threads,
+            repeat,
+        } => floor(&dir, rows, mb, (&compression, &order_keys), threads, repeat),
     }
 }

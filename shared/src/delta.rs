@@ -233,7 +233,7 @@ pub(crate) fn writer_config(
 /// primary key — skip the dictionary attempt, which never pays off there and costs hashing
 /// every value of every rewritten file; with `order_key_encoding = "delta"` the order keys
 /// are DELTA_BYTE_ARRAY.
-pub(crate) fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
+pub fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
     use crate::config::ParquetCompression as C;
     let compression = match table_cfg.compression {
         C::Snappy => Compression::SNAPPY,
@@ -668,7 +668,7 @@ pub(crate) struct KeyRange {
 
 impl KeyRange {
     /// The range of `keys`; none for other types or no keys.
-    fn of(keys: &ArrayRef) -> Result<Option<KeyRange>> {
+    pub(crate) fn of(keys: &ArrayRef) -> Result<Option<KeyRange>> {
         use arrow::array::AsArray;
         use arrow::datatypes::{DataType, Int64Type};
         Ok(match keys.data_type() {

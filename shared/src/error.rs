@@ -107,6 +107,14 @@ pub enum Error {
     #[error("compaction: {file}: {message}")]
     Compaction { file: String, message: String },
 
+    /// A data file of the Delta table could not be read for a copy-on-write rewrite.
+    #[error("table {table}: data file {file} could not be read: {message}")]
+    DataFile {
+        table: String,
+        file: String,
+        message: String,
+    },
+
     /// A local file-system operation failed.
     #[error("{path}: {source}")]
     Io {
@@ -161,7 +169,11 @@ impl Error {
             Error::Storage { source, .. } => object_store_is_retryable(source),
             Error::Delta { source, .. } => delta_error_is_retryable(source),
             Error::DataFusion { source, .. } => datafusion_is_retryable(source),
-            Error::Contention { .. } | Error::Unowned { .. } | Error::Reloaded { .. } => true,
+            // A storage hiccup or a corrupt file: trying again is harmless either way.
+            Error::Contention { .. }
+            | Error::Unowned { .. }
+            | Error::Reloaded { .. }
+            | Error::DataFile { .. } => true,
             Error::Catalog { retryable, .. } => *retryable,
         }
     }
@@ -181,6 +193,7 @@ impl Error {
             Error::TooLate { .. } => "too_late",
             Error::Io { .. } => "io",
             Error::Compaction { .. } => "compaction",
+            Error::DataFile { .. } => "data_file",
             Error::Arrow { .. } => "arrow",
             Error::DataFusion { .. } => "datafusion",
             Error::Catalog { .. } => "catalog",

@@ -29,6 +29,7 @@
 pub mod catalog;
 mod coerce;
 pub mod config;
+mod datafile;
 pub mod delta;
 pub mod demo;
 mod engine;
@@ -41,6 +42,7 @@ mod plan;
 mod props;
 pub mod reload;
 mod retry;
+mod rewrite;
 mod source;
 pub mod status;
 pub mod storage;

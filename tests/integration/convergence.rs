@@ -26,9 +26,16 @@ proptest! {
         changes in 1usize..25,
         max_file in 1usize..6,
         dup_seed in any::<u64>(),
+        delta_rs_merge in any::<bool>(),
     ) {
         let rt = runtime();
-        let fx = Fixture::items();
+        // Half the cases apply merges with tributary's copy-on-write rewrite (the default),
+        // half with delta-rs's MERGE (`merge_engine = "delta-rs"`).
+        let fx = if delta_rs_merge {
+            Fixture::new(&format!("{ITEMS_TABLE}merge_engine = \"delta-rs\"\n"))
+        } else {
+            Fixture::items()
+        };
         let (load, files) = history(seed, keys, changes, max_file);
         let (urls, expected) = land(&fx, &load, &files);
         let mut rng = StdRng::seed_from_u64(dup_seed);

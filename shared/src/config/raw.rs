@@ -54,6 +54,7 @@ macro_rules! with_tuning_fields {
             change_data_feed: Option<bool>,
             parquet_compression: Option<String>,
             order_key_encoding: Option<String>,
+            merge_engine: Option<String>,
             target_file_size_mb: Option<f64>,
             vacuum_retention_hours: Option<f64>,
             min_vacuum_retention_hours: Option<f64>,
@@ -137,6 +138,7 @@ impl RawTable {
             change_data_feed: self.change_data_feed,
             parquet_compression: self.parquet_compression.clone(),
             order_key_encoding: self.order_key_encoding.clone(),
+            merge_engine: self.merge_engine.clone(),
             target_file_size_mb: self.target_file_size_mb,
             vacuum_retention_hours: self.vacuum_retention_hours,
             min_vacuum_retention_hours: self.min_vacuum_retention_hours,
@@ -214,6 +216,15 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     };
     let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
     let (compression, delta_order_keys) = file_settings(&tuning, d)?;
+    let rewrite = match pick(&tuning.merge_engine, &d.merge_engine).as_deref() {
+        None | Some("rewrite") => true,
+        Some("delta-rs") => false,
+        Some(other) => {
+            return Err(format!(
+                "`merge_engine` is \"{other}\"; use \"rewrite\" (default) or \"delta-rs\""
+            ))
+        }
+    };
     let change_data_feed = pick(&tuning.change_data_feed, &d.change_data_feed).unwrap_or(false);
     if change_data_feed && target.is_none() {
         return Err("`change_data_feed` applies to the current table, and this table keeps only its history (no `target`): remove it, or read the history table's versions instead".into());
@@ -270,6 +281,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         change_data_feed,
         compression,
         delta_order_keys,
+        rewrite,
         maintenance,
         history,
         catalog,

@@ -417,8 +417,20 @@ async fn write(
         Some(_) => None,
     };
     let Some(predicate) = append else {
+        if let Some(rw) = crate::rewrite::Rewrite::eligible(table, &target, plan, a.extras)? {
+            let (target, r) = rw.run(table, target, a.files, a.extras).await?;
+            report.appended = false;
+            report.rewritten = true;
+            report.inserted = r.inserted;
+            report.updated = r.updated;
+            report.deleted = r.deleted;
+            report.files_added = r.files_added;
+            report.files_removed = r.files_removed;
+            return Ok(target);
+        }
         let (target, m) = delta::merge(table, target, plan, a.files, a.extras).await?;
         report.appended = false;
+        report.rewritten = false;
         report.inserted = m.num_target_rows_inserted;
         report.updated = m.num_target_rows_updated;
         report.deleted = m.num_target_rows_deleted;
@@ -430,6 +442,7 @@ async fn write(
     let (target, written) =
         delta::append(table, target, plan, predicate, a.files, a.extras).await?;
     report.appended = true;
+    report.rewritten = false;
     report.inserted = rows;
     report.updated = 0;
     report.deleted = 0;

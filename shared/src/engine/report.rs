@@ -89,6 +89,10 @@ pub struct TableReport {
     /// The (last) commit appended the rows instead of merging them: no row of the table had
     /// a key in the batch's key range (a full load into a new table, new keys).
     pub appended: bool,
+    /// The (last) commit rewrote the files holding the batch's keys with tributary's
+    /// copy-on-write rewrite; false when it was appended or MERGEd by delta-rs (sparse or
+    /// new columns, reloads, change data feed, tables tributary cannot read directly).
+    pub rewritten: bool,
 }
 
 /// Milliseconds per phase of a table merge.
@@ -122,6 +126,7 @@ impl TableReport {
     pub(crate) fn absorb(&mut self, o: &TableReport) {
         self.version = o.version.or(self.version);
         self.appended = o.appended;
+        self.rewritten = o.rewritten;
         self.source_rows += o.source_rows;
         self.inserted += o.inserted;
         self.updated += o.updated;

@@ -9,17 +9,11 @@
 //! and the [`super::MAINTENANCE_APP_ID`] transaction id, so that two compactions based on
 //! the same version conflict, and a compaction that lost a file to a merge conflicts too.
 
-use std::sync::Arc;
-
-use arrow::array::{new_null_array, ArrayRef, RecordBatch};
-use arrow::datatypes::{DataType, Schema, SchemaRef};
 use deltalake::datafile::writer::DeltaWriter;
 use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
-use deltalake::{DeltaTable, ObjectStore};
-use object_store::ObjectStoreExt;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::DeltaTable;
 
 use crate::error::{Error, Result};
 use crate::manifest::Partition;
@@ -95,7 +89,13 @@ pub(super) async fn execute(
         );
         let mut writer = DeltaWriter::new(store.clone(), config);
         for f in bin {
-            for batch in read_file(store.clone(), f, &schema, &plan.partition).await? {
+            let batches = crate::datafile::read(store.clone(), f, &schema, &plan.partition)
+                .await
+                .map_err(|e| Error::Compaction {
+                    file: e.file,
+                    message: e.message,
+                })?;
+            for batch in batches {
                 writer.write(&batch).await.map_err(delta_err)?;
             }
             actions.push(Action::Remove(f.remove_action(false)));
@@ -119,88 +119,4 @@ pub(super) async fn execute(
         .await
         .map_err(delta_err)?;
     Ok(removed)
-}
-
-/// A data file's rows in the table's schema: columns added after it was written are null,
-/// partition columns carry the partition's values.
-async fn read_file(
-    store: Arc<dyn ObjectStore>,
-    f: &LogicalFileView,
-    schema: &SchemaRef,
-    partition: &Partition,
-) -> Result<Vec<RecordBatch>> {
-    let path = f.object_store_path();
-    let label = path.to_string();
-    let pq = |e: parquet::errors::ParquetError| Error::Compaction {
-        file: label.clone(),
-        message: e.to_string(),
-    };
-    // Only files below the target size are compacted: read each whole.
-    let bytes = store
-        .get(&path)
-        .await
-        .map_err(|e| Error::storage(label.clone(), e))?
-        .bytes()
-        .await
-        .map_err(|e| Error::storage(label.clone(), e))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .map_err(pq)?
-        .build()
-        .map_err(pq)?;
-    let batches: Vec<RecordBatch> =
-        reader
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| Error::Compaction {
-                file: label.clone(),
-                message: e.to_string(),
-            })?;
-    batches
-        .iter()
-        .map(|b| to_table_schema(b, schema, partition))
-        .collect()
-}
-
-fn to_table_schema(
-    b: &RecordBatch,
-    schema: &SchemaRef,
-    partition: &Partition,
-) -> Result<RecordBatch> {
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-    for field in schema.fields() {
-        let part = partition.0.iter().find(|(c, _)| c == field.name());
-        let col = match (part, b.column_by_name(field.name())) {
-            (Some((_, value)), _) => {
-                partition_column(value.as_deref(), field.data_type(), b.num_rows())?
-            }
-            (None, Some(c)) if c.data_type() == field.data_type() => c.clone(),
-            (None, Some(c)) => {
-                crate::coerce::exact_cast(c, field.data_type()).map_err(|e| Error::Compaction {
-                    file: field.name().clone(),
-                    message: e.describe(c.data_type(), field.data_type()),
-                })?
-            }
-            (None, None) => new_null_array(field.data_type(), b.num_rows()),
-        };
-        columns.push(col);
-    }
-    RecordBatch::try_new_with_options(
-        Arc::new(Schema::new(schema.fields().clone())),
-        columns,
-        &arrow::array::RecordBatchOptions::new().with_row_count(Some(b.num_rows())),
-    )
-    .map_err(Error::arrow)
-}
-
-/// A constant column of a partition value (as written in the log) in the column's type.
-fn partition_column(value: Option<&str>, dt: &DataType, rows: usize) -> Result<ArrayRef> {
-    let text: ArrayRef = Arc::new(arrow::array::StringArray::from(vec![
-        value.filter(
-            |v| !v.is_empty()
-        );
-        rows
-    ]));
-    crate::coerce::exact_cast(&text, dt).map_err(|e| Error::Compaction {
-        file: format!("partition value {value:?}"),
-        message: e.describe(&DataType::Utf8, dt),
-    })
 }

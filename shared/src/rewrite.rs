@@ -1,0 +1,412 @@
+//! Copy-on-write application of a merge plan without DataFusion's MERGE.
+//!
+//! What delta-rs's MERGE does for tributary's plan — rewrite every data file holding a key
+//! the plan changes, insert the keys no file holds — done with the plan's own key index
+//! instead of a join: the data files whose key statistics can hold a key of the plan are
+//! read (two at a time), each row whose key the plan changes with a newer order key is
+//! replaced (upsert) or dropped (delete), files with no change are left alone, and the
+//! result is written through delta-rs's `DeltaWriter` (the same Parquet writer and
+//! statistics as every other write) and committed as a MERGE with the plan's key range as
+//! its read predicate, so that concurrent writers conflict exactly as with delta-rs's MERGE.
+//!
+//! Only plans and tables where that is the same as tributary's MERGE take this path
+//! ([`Rewrite::eligible`]); everything else (sparse columns, new columns, reloads, change
+//! data feed, tables with deletion vectors, column mapping, constraints or generated
+//! columns, keys of other types) is MERGEd (docs/design.md, "Copy-on-write rewrite").
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
+use arrow::datatypes::{DataType, SchemaRef};
+use deltalake::datafile::writer::DeltaWriter;
+use deltalake::kernel::transaction::CommitBuilder;
+use deltalake::kernel::{Action, LogicalFileView};
+use deltalake::protocol::DeltaOperation;
+use deltalake::DeltaTable;
+use futures::StreamExt;
+
+use crate::config::TableConfig;
+use crate::delta::{KeyBound, KeyRange, MergeExtras};
+use crate::error::{Error, Result};
+use crate::manifest::Partition;
+use crate::plan::{KeyEncoder, MergePlan, PlanOp};
+
+/// Files read and applied at once (one per core on Lambda's smaller sizes).
+const PARALLEL_FILES: usize = 2;
+
+/// What a rewrite changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Applied {
+    pub(crate) inserted: usize,
+    pub(crate) updated: usize,
+    pub(crate) deleted: usize,
+    pub(crate) files_added: usize,
+    pub(crate) files_removed: usize,
+}
+
+/// The plan indexed by key, in the table's schema, ready to apply to data files.
+pub(crate) struct Rewrite {
+    /// The plan's rows in the table's schema (same column order and types).
+    rows: RecordBatch,
+    ops: Vec<PlanOp>,
+    /// Encoded key → plan row.
+    index: HashMap<Vec<u8>, u32, foldhash::fast::RandomState>,
+    encoder: KeyEncoder,
+    seq_column: usize,
+    /// The plan's first key column values, sorted (file pruning).
+    sorted_keys: Vec<KeyBound>,
+    key0: String,
+    range: KeyRange,
+}
+
+impl Rewrite {
+    /// The rewrite of `plan` into `table`, or `None` when tributary's MERGE must apply it
+    /// (see the module documentation).
+    pub(crate) fn eligible(
+        cfg: &TableConfig,
+        table: &DeltaTable,
+        plan: &MergePlan,
+        extras: &MergeExtras,
+    ) -> Result<Option<Rewrite>> {
+        if !cfg.rewrite
+            || extras.delete_unmatched_below.is_some()
+            || !plan.sparse.is_empty()
+            || plan.batch.num_rows() == 0
+            || cfg.change_data_feed
+        {
+            return Ok(None);
+        }
+        let label = cfg.name.as_str();
+        let Ok(state) = table.snapshot() else {
+            return Ok(None);
+        };
+        let config = state.metadata().configuration();
+        if state.protocol().min_reader_version() > 1
+            || config.iter().any(|(k, v)| {
+                k.starts_with("delta.constraints.")
+                    || (k == "delta.enableChangeDataFeed" && v.eq_ignore_ascii_case("true"))
+            })
+            || state.schema().fields().any(|f| {
+                f.metadata().keys().any(|k| {
+                    k.starts_with("delta.invariants")
+                        || k.starts_with("delta.generationExpression")
+                        || k.starts_with("delta.identity")
+                })
+            })
+        {
+            return Ok(None);
+        }
+        let schema = state.snapshot().arrow_schema();
+        // The plan must set every column of the table, in its types (no schema evolution,
+        // no column the MERGE would leave as it was).
+        let plan_schema = plan.table_schema();
+        if plan_schema.fields().len() != schema.fields().len() {
+            return Ok(None);
+        }
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        for f in schema.fields() {
+            match plan.batch.column_by_name(f.name()) {
+                Some(c) if c.data_type() == f.data_type() => columns.push(c.clone()),
+                _ => return Ok(None),
+            }
+        }
+        let rows = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow)?;
+        let Some(seq_column) = schema
+            .fields()
+            .iter()
+            .position(|f| f.name() == &cfg.sequence_column)
+        else {
+            return Ok(None);
+        };
+        if schema.field(seq_column).data_type() != &DataType::Utf8 {
+            return Ok(None);
+        }
+        let key0 = cfg.primary_key[0].clone();
+        let Some(keys0) = rows.column_by_name(&key0) else {
+            return Ok(None);
+        };
+        let Some(range) = KeyRange::of(keys0)? else {
+            return Ok(None);
+        };
+        let mut sorted_keys = key_bounds(keys0)?;
+        sorted_keys.sort();
+        let encoder = KeyEncoder::new(&schema, &cfg.primary_key)?;
+        let encoded = encoder.rows(&rows)?;
+        let mut index = HashMap::with_capacity_and_hasher(rows.num_rows(), Default::default());
+        for (i, r) in encoded.iter().enumerate() {
+            if index.insert(r.as_ref().to_vec(), i as u32).is_some() {
+                return Err(Error::internal(format!(
+                    "table {label}: the merge plan has a key twice"
+                )));
+            }
+        }
+        Ok(Some(Rewrite {
+            ops: plan.ops()?,
+            rows,
+            index,
+            encoder,
+            seq_column,
+            sorted_keys,
+            key0,
+            range,
+        }))
+    }
+
+    /// Whether a file's key statistics can hold a key of the plan (no statistics: yes).
+    fn may_hold(&self, f: &LogicalFileView) -> bool {
+        let Some(stats) = f.stats() else {
+            return true;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&stats) else {
+            return true;
+        };
+        let bound = |which: &str| -> Option<KeyBound> {
+            match (&self.range.lo, v.get(which)?.get(&self.key0)?) {
+                (KeyBound::Int(_), serde_json::Value::Number(n)) => n.as_i64().map(KeyBound::Int),
+                (KeyBound::Text(_), serde_json::Value::String(s)) => {
+                    Some(KeyBound::Text(s.clone()))
+                }
+                _ => None,
+            }
+        };
+        let (Some(lo), Some(hi)) = (bound("minValues"), bound("maxValues")) else {
+            return true;
+        };
+        // The first plan key at or above the file's minimum, if it is not above its maximum.
+        let i = self.sorted_keys.partition_point(|k| k < &lo);
+        self.sorted_keys.get(i).is_some_and(|k| k <= &hi)
+    }
+
+    /// Apply the plan to one file's rows: the rows to write instead (None: the file does not
+    /// change), the plan rows its keys matched, and the rows updated and deleted.
+    fn apply(&self, batches: &[RecordBatch]) -> Result<FileResult> {
+        let mut out = FileResult::default();
+        let seq = self.rows.column(self.seq_column).as_string::<i32>();
+        let mut parts: Vec<RecordBatch> = Vec::with_capacity(batches.len());
+        for b in batches {
+            let keys = self.encoder.rows(b)?;
+            let tseq = b.column(self.seq_column).as_string::<i32>();
+            // (0, row) keeps the file's row, (1, plan row) replaces it.
+            let mut picks: Vec<(usize, usize)> = Vec::with_capacity(b.num_rows());
+            let mut changed = false;
+            for (i, k) in keys.iter().enumerate() {
+                let Some(&p) = self.index.get(k.as_ref()) else {
+                    picks.push((0, i));
+                    continue;
+                };
+                out.matched.push(p);
+                let p = p as usize;
+                let newer = tseq.is_null(i) || seq.value(p) > tseq.value(i);
+                match (newer, self.ops[p]) {
+                    (false, _) => picks.push((0, i)),
+                    (true, PlanOp::Upsert) => {
+                        picks.push((1, p));
+                        out.updated += 1;
+                        changed = true;
+                    }
+                    (true, PlanOp::Delete) => {
+                        out.deleted += 1;
+                        changed = true;
+                    }
+                }
+            }
+            out.changed |= changed;
+            parts.push(if !changed {
+                b.clone()
+            } else {
+                arrow::compute::interleave_record_batch(&[b, &self.rows], &picks)
+                    .map_err(Error::arrow)?
+            });
+        }
+        if out.changed {
+            out.rows = parts;
+        }
+        Ok(out)
+    }
+
+    /// The plan's upserts that matched no row of the table: the rows to insert.
+    fn inserts(&self, matched: &HashSet<u32>) -> Result<Option<RecordBatch>> {
+        let idx: UInt32Array = (0..self.rows.num_rows() as u32)
+            .filter(|i| self.ops[*i as usize] == PlanOp::Upsert && !matched.contains(i))
+            .collect();
+        if idx.is_empty() {
+            return Ok(None);
+        }
+        arrow::compute::take_record_batch(&self.rows, &idx)
+            .map(Some)
+            .map_err(Error::arrow)
+    }
+
+    /// Rewrite the files, write the inserts, commit (with the application transactions
+    /// `extras.txns` and the merged `files` in the commit info). A lost commit race is
+    /// returned as the commit conflict it is (the caller reloads and plans again).
+    pub(crate) async fn run(
+        self,
+        cfg: &TableConfig,
+        mut table: DeltaTable,
+        files: &[String],
+        extras: &MergeExtras,
+    ) -> Result<(DeltaTable, Applied)> {
+        let label = cfg.name.as_str();
+        let delta_err = |e| Error::delta(label, e);
+        let snapshot = table.snapshot().map_err(delta_err)?;
+        let store = table.log_store().object_store(None);
+        let schema: SchemaRef = self.rows.schema();
+        let partition_columns = snapshot.metadata().partition_columns().to_vec();
+        let candidates: Vec<LogicalFileView> = snapshot
+            .log_data()
+            .iter()
+            .filter(|f| self.may_hold(f))
+            .collect();
+        if candidates
+            .iter()
+            .any(|f| f.deletion_vector_descriptor().is_some())
+        {
+            return Err(Error::internal(format!(
+                "table {label}: a data file has a deletion vector (the rewrite was not eligible)"
+            )));
+        }
+        let this = Arc::new(self);
+        let config =
+            crate::delta::writer_config(snapshot, Some(crate::delta::writer_properties(cfg)), None);
+        // Each file is read, applied and written by its own task (the Parquet decoding and
+        // encoding are most of the work: one file per core).
+        let mut results = futures::stream::iter(candidates.into_iter().map(|f| {
+            let (this, store, schema, config) =
+                (this.clone(), store.clone(), schema.clone(), config.clone());
+            let mut values = f.partition_values_map();
+            let partition = Partition(
+                partition_columns
+                    .iter()
+                    .map(|c| (c.clone(), values.remove(c).flatten()))
+                    .collect(),
+            );
+            let table_label = label.to_string();
+            tokio::spawn(async move {
+                let data_err = |file: String, message: String| Error::DataFile {
+                    table: table_label.clone(),
+                    file,
+                    message,
+                };
+                let batches = crate::datafile::read(store.clone(), &f, &schema, &partition)
+                    .await
+                    .map_err(|e| data_err(e.file, e.message))?;
+                let mut r = this.apply(&batches)?;
+                drop(batches);
+                if r.changed {
+                    let mut writer = DeltaWriter::new(store, config);
+                    for b in std::mem::take(&mut r.rows) {
+                        writer
+                            .write(&b)
+                            .await
+                            .map_err(|e| Error::delta(&table_label, e))?;
+                    }
+                    r.adds = writer
+                        .close()
+                        .await
+                        .map_err(|e| Error::delta(&table_label, e))?;
+                    r.remove = Some(f.remove_action(true));
+                }
+                Ok::<_, Error>(r)
+            })
+        }))
+        .buffered(PARALLEL_FILES);
+        let mut applied = Applied::default();
+        let mut matched: HashSet<u32> = HashSet::new();
+        let mut actions = Vec::new();
+        let mut adds = Vec::new();
+        while let Some(r) = results.next().await {
+            let r =
+                r.map_err(|e| Error::internal(format!("table {label}: rewrite task: {e}")))??;
+            matched.extend(r.matched);
+            let Some(remove) = r.remove else {
+                continue;
+            };
+            applied.updated += r.updated;
+            applied.deleted += r.deleted;
+            applied.files_removed += 1;
+            actions.push(Action::Remove(remove));
+            adds.extend(r.adds);
+        }
+        drop(results);
+        if let Some(b) = this.inserts(&matched)? {
+            applied.inserted = b.num_rows();
+            let mut writer = DeltaWriter::new(store, config);
+            writer.write(&b).await.map_err(delta_err)?;
+            adds.extend(writer.close().await.map_err(delta_err)?);
+        }
+        applied.files_added = adds.len();
+        if actions.is_empty() && adds.is_empty() {
+            // Every change was stale or deleted an absent key: nothing to commit (the
+            // caller records full-load transactions on their own).
+            return Ok((table, applied));
+        }
+        actions.extend(adds.into_iter().map(Action::Add));
+        let mut commit = crate::delta::tributary_commit(files);
+        if !extras.txns.is_empty() {
+            commit = commit.with_application_transactions(extras.txns.clone());
+        }
+        let on = cfg
+            .primary_key
+            .iter()
+            .map(|k| format!("t.{k} = s.{k}"))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let version = CommitBuilder::from(commit)
+            .with_actions(actions)
+            .build(
+                Some(snapshot),
+                table.log_store(),
+                DeltaOperation::Merge {
+                    predicate: Some(this.range.predicate(&this.key0)),
+                    merge_predicate: Some(on),
+                    matched_predicates: vec![],
+                    not_matched_predicates: vec![],
+                    not_matched_by_source_predicates: vec![],
+                },
+            )
+            .await
+            .map_err(delta_err)?
+            .version();
+        table
+            .update_incremental(Some(version))
+            .await
+            .map_err(delta_err)?;
+        Ok((table, applied))
+    }
+}
+
+/// One file's outcome.
+#[derive(Default)]
+struct FileResult {
+    changed: bool,
+    rows: Vec<RecordBatch>,
+    /// When the file changed: its remove and the files written instead.
+    remove: Option<deltalake::kernel::Remove>,
+    adds: Vec<deltalake::kernel::Add>,
+    matched: Vec<u32>,
+    updated: usize,
+    deleted: usize,
+}
+
+/// The values of an integer or string key column as bounds (nulls left out).
+fn key_bounds(keys: &ArrayRef) -> Result<Vec<KeyBound>> {
+    use arrow::datatypes::Int64Type;
+    Ok(match keys.data_type() {
+        DataType::Utf8 => keys
+            .as_string::<i32>()
+            .iter()
+            .flatten()
+            .map(|s| KeyBound::Text(s.to_string()))
+            .collect(),
+        _ => {
+            let a = arrow::compute::cast(keys, &DataType::Int64).map_err(Error::arrow)?;
+            a.as_primitive::<Int64Type>()
+                .iter()
+                .flatten()
+                .map(KeyBound::Int)
+                .collect()
+        }
+    })
+}
