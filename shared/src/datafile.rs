@@ -20,7 +20,55 @@ pub(crate) struct ReadError {
     pub(crate) message: String,
 }
 
+impl ReadError {
+    /// As the engine's error for a data file of `table`.
+    pub(crate) fn into_error(self, table: &str) -> crate::error::Error {
+        crate::error::Error::DataFile {
+            table: table.to_string(),
+            file: self.file,
+            message: self.message,
+        }
+    }
+}
+
 type Result<T> = std::result::Result<T, ReadError>;
+
+/// A data file's rows in the table's schema (as [`read`]), streamed a batch at a time: only
+/// the row group being decoded is in memory.
+pub(crate) async fn stream(
+    store: Arc<dyn ObjectStore>,
+    f: &LogicalFileView,
+    schema: &SchemaRef,
+    partition: &Partition,
+) -> Result<impl futures::Stream<Item = Result<RecordBatch>> + Send + use<>> {
+    use deltalake::logstore::parquet_reader::ParquetObjectReader;
+    use futures::StreamExt;
+    use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+    let path = f.object_store_path();
+    let label = path.to_string();
+    let reader = ParquetObjectReader::new(store, path).with_file_size(f.size().max(0) as u64);
+    let stream = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(|e| ReadError {
+            file: label.clone(),
+            message: e.to_string(),
+        })?
+        .with_batch_size(8192)
+        .build()
+        .map_err(|e| ReadError {
+            file: label.clone(),
+            message: e.to_string(),
+        })?;
+    let (schema, partition) = (schema.clone(), partition.clone());
+    Ok(stream.map(move |b| {
+        let err = |message: String| ReadError {
+            file: label.clone(),
+            message,
+        };
+        let b = b.map_err(|e| err(e.to_string()))?;
+        to_table_schema(&b, &schema, &partition).map_err(err)
+    }))
+}
 
 /// A data file's rows in the table's schema: columns added after it was written are null,
 /// partition columns carry the partition's values. The file is read whole.

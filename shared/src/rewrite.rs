@@ -18,13 +18,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::DataType;
 use deltalake::datafile::writer::DeltaWriter;
 use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
 use futures::StreamExt;
+use object_store::ObjectStoreExt;
 
 use crate::config::TableConfig;
 use crate::delta::{KeyBound, KeyRange, MergeExtras};
@@ -58,6 +59,10 @@ pub(crate) struct Rewrite {
     sorted_keys: Vec<KeyBound>,
     key0: String,
     range: KeyRange,
+    /// Decoded bytes of a file held back before its first changed row (half the table's
+    /// `slice_mb`); past that, its rows are written speculatively, and deleted if the file
+    /// turns out unchanged.
+    held_bytes: usize,
 }
 
 impl Rewrite {
@@ -150,6 +155,7 @@ impl Rewrite {
             sorted_keys,
             key0,
             range,
+            held_bytes: cfg.slice_bytes / 2,
         }))
     }
 
@@ -178,51 +184,102 @@ impl Rewrite {
         self.sorted_keys.get(i).is_some_and(|k| k <= &hi)
     }
 
-    /// Apply the plan to one file's rows: the rows to write instead (None: the file does not
-    /// change), the plan rows its keys matched, and the rows updated and deleted.
-    fn apply(&self, batches: &[RecordBatch]) -> Result<FileResult> {
-        let mut out = FileResult::default();
+    /// Apply the plan to a batch of a file's rows: the batch to write instead, and whether
+    /// it differs; the plan rows matched and the rows updated and deleted add up in `out`.
+    fn apply(&self, b: &RecordBatch, out: &mut FileResult) -> Result<(RecordBatch, bool)> {
         let seq = self.rows.column(self.seq_column).as_string::<i32>();
-        let mut parts: Vec<RecordBatch> = Vec::with_capacity(batches.len());
-        for b in batches {
-            let keys = self.encoder.rows(b)?;
-            let tseq = b.column(self.seq_column).as_string::<i32>();
-            // (0, row) keeps the file's row, (1, plan row) replaces it.
-            let mut picks: Vec<(usize, usize)> = Vec::with_capacity(b.num_rows());
-            let mut changed = false;
-            for (i, k) in keys.iter().enumerate() {
-                let Some(&p) = self.index.get(k.as_ref()) else {
-                    picks.push((0, i));
-                    continue;
-                };
-                out.matched.push(p);
-                let p = p as usize;
-                let newer = tseq.is_null(i) || seq.value(p) > tseq.value(i);
-                match (newer, self.ops[p]) {
-                    (false, _) => picks.push((0, i)),
-                    (true, PlanOp::Upsert) => {
-                        picks.push((1, p));
-                        out.updated += 1;
-                        changed = true;
-                    }
-                    (true, PlanOp::Delete) => {
-                        out.deleted += 1;
-                        changed = true;
+        let keys = self.encoder.rows(b)?;
+        let tseq = b.column(self.seq_column).as_string::<i32>();
+        // (0, row) keeps the file's row, (1, plan row) replaces it.
+        let mut picks: Vec<(usize, usize)> = Vec::with_capacity(b.num_rows());
+        let mut changed = false;
+        for (i, k) in keys.iter().enumerate() {
+            let Some(&p) = self.index.get(k.as_ref()) else {
+                picks.push((0, i));
+                continue;
+            };
+            out.matched.push(p);
+            let p = p as usize;
+            let newer = tseq.is_null(i) || seq.value(p) > tseq.value(i);
+            match (newer, self.ops[p]) {
+                (false, _) => picks.push((0, i)),
+                (true, PlanOp::Upsert) => {
+                    picks.push((1, p));
+                    out.updated += 1;
+                    changed = true;
+                }
+                (true, PlanOp::Delete) => {
+                    out.deleted += 1;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Ok((b.clone(), false));
+        }
+        let batch = arrow::compute::interleave_record_batch(&[b, &self.rows], &picks)
+            .map_err(Error::arrow)?;
+        Ok((batch, true))
+    }
+
+    /// Read one data file batch by batch, apply the plan, and write the file again when a
+    /// row changed. Batches are held until the first change (or `held_bytes` of them),
+    /// then written as they come; a file that turns out unchanged after that has its
+    /// speculative output deleted.
+    async fn rewrite_file(
+        self: Arc<Self>,
+        f: LogicalFileView,
+        store: Arc<dyn deltalake::ObjectStore>,
+        config: deltalake::datafile::writer::WriterConfig,
+        partition: Partition,
+        table: String,
+    ) -> Result<FileResult> {
+        let delta_err = |e| Error::delta(&table, e);
+        let schema = self.rows.schema();
+        let mut batches = crate::datafile::stream(store.clone(), &f, &schema, &partition)
+            .await
+            .map_err(|e| e.into_error(&table))?;
+        let mut r = FileResult::default();
+        let mut held: Vec<RecordBatch> = Vec::new();
+        let mut held_bytes = 0usize;
+        let mut writer: Option<DeltaWriter> = None;
+        while let Some(b) = batches.next().await {
+            let b = b.map_err(|e| e.into_error(&table))?;
+            let (b, changed) = self.apply(&b, &mut r)?;
+            r.changed |= changed;
+            if let Some(w) = writer.as_mut() {
+                w.write(&b).await.map_err(delta_err)?;
+                continue;
+            }
+            held_bytes += b.get_array_memory_size();
+            held.push(b);
+            if r.changed || held_bytes > self.held_bytes {
+                let mut w = DeltaWriter::new(store.clone(), config.clone());
+                for b in held.drain(..) {
+                    w.write(&b).await.map_err(delta_err)?;
+                }
+                writer = Some(w);
+            }
+        }
+        if !r.changed {
+            if let Some(w) = writer {
+                for add in w.close().await.map_err(delta_err)? {
+                    if let Ok(path) = object_store::path::Path::from_url_path(&add.path) {
+                        // Best effort: an object left behind is referenced by no version,
+                        // and vacuum removes it.
+                        let _ = store.delete(&path).await;
                     }
                 }
             }
-            out.changed |= changed;
-            parts.push(if !changed {
-                b.clone()
-            } else {
-                arrow::compute::interleave_record_batch(&[b, &self.rows], &picks)
-                    .map_err(Error::arrow)?
-            });
+            return Ok(r);
         }
-        if out.changed {
-            out.rows = parts;
+        let mut w = writer.unwrap_or_else(|| DeltaWriter::new(store.clone(), config));
+        for b in held {
+            w.write(&b).await.map_err(delta_err)?;
         }
-        Ok(out)
+        r.adds = w.close().await.map_err(delta_err)?;
+        r.remove = Some(f.remove_action(true));
+        Ok(r)
     }
 
     /// The plan's upserts that matched no row of the table: the rows to insert.
@@ -252,7 +309,6 @@ impl Rewrite {
         let delta_err = |e| Error::delta(label, e);
         let snapshot = table.snapshot().map_err(delta_err)?;
         let store = table.log_store().object_store(None);
-        let schema: SchemaRef = self.rows.schema();
         let partition_columns = snapshot.metadata().partition_columns().to_vec();
         let candidates: Vec<LogicalFileView> = snapshot
             .log_data()
@@ -273,8 +329,7 @@ impl Rewrite {
         // Each file is read, applied and written by its own task (the Parquet decoding and
         // encoding are most of the work: one file per core).
         let mut results = futures::stream::iter(candidates.into_iter().map(|f| {
-            let (this, store, schema, config) =
-                (this.clone(), store.clone(), schema.clone(), config.clone());
+            let (store, config) = (store.clone(), config.clone());
             let mut values = f.partition_values_map();
             let partition = Partition(
                 partition_columns
@@ -282,34 +337,10 @@ impl Rewrite {
                     .map(|c| (c.clone(), values.remove(c).flatten()))
                     .collect(),
             );
-            let table_label = label.to_string();
-            tokio::spawn(async move {
-                let data_err = |file: String, message: String| Error::DataFile {
-                    table: table_label.clone(),
-                    file,
-                    message,
-                };
-                let batches = crate::datafile::read(store.clone(), &f, &schema, &partition)
-                    .await
-                    .map_err(|e| data_err(e.file, e.message))?;
-                let mut r = this.apply(&batches)?;
-                drop(batches);
-                if r.changed {
-                    let mut writer = DeltaWriter::new(store, config);
-                    for b in std::mem::take(&mut r.rows) {
-                        writer
-                            .write(&b)
-                            .await
-                            .map_err(|e| Error::delta(&table_label, e))?;
-                    }
-                    r.adds = writer
-                        .close()
-                        .await
-                        .map_err(|e| Error::delta(&table_label, e))?;
-                    r.remove = Some(f.remove_action(true));
-                }
-                Ok::<_, Error>(r)
-            })
+            tokio::spawn(
+                this.clone()
+                    .rewrite_file(f, store, config, partition, label.to_string()),
+            )
         }))
         .buffered(PARALLEL_FILES);
         let mut applied = Applied::default();
@@ -381,7 +412,6 @@ impl Rewrite {
 #[derive(Default)]
 struct FileResult {
     changed: bool,
-    rows: Vec<RecordBatch>,
     /// When the file changed: its remove and the files written instead.
     remove: Option<deltalake::kernel::Remove>,
     adds: Vec<deltalake::kernel::Add>,

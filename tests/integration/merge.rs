@@ -1366,3 +1366,39 @@ async fn the_rewrite_and_the_delta_rs_merge_give_the_same_table_and_counts() {
         ]
     );
 }
+
+/// A data file whose key range holds a key of the plan but no row with it (a new key
+/// between its keys) is read and left as it is, also when it is larger than what the
+/// rewrite holds back before the first change: its speculative copy is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_the_rewrite_does_not_change_is_left_as_it_is() {
+    // Slices of ~10 KB: many small files, each larger than the 5 KB held back.
+    let fx = Fixture::new(&format!("{ITEMS_TABLE}slice_mb = 0.01\n"));
+    let mut load: Vec<Change> = (0..2000)
+        .map(|i| c('I', "2024-01-01 00:00:00.000000", i * 2 + 1, "a", i))
+        .collect();
+    load.push(c('I', "2024-01-01 00:00:00.000000", 5000, "b", 0));
+    fx.merge_ok(&[fx.put_items("LOAD00000001.parquet", &load)])
+        .await;
+    let before = parquet_files(&fx.path("curated/items"));
+    // Key 2 is new (inside the range of the first file of partition a); 5000 changes.
+    let cdc = [
+        c('I', "2024-01-01 01:00:00.000000", 2, "a", 7),
+        c('U', "2024-01-01 01:00:00.000000", 5000, "b", 1),
+    ];
+    let r = fx
+        .merge_ok(&[fx.put_items("2024/01/01/20240101-0000000001.parquet", &cdc)])
+        .await;
+    let t = &r.tables[0];
+    assert!(t.rewritten, "{t:?}");
+    assert_eq!((t.inserted, t.updated, t.files_removed), (1, 1, 1), "{t:?}");
+    let after = parquet_files(&fx.path("curated/items"));
+    assert_eq!(
+        after.len(),
+        before.len() + t.files_added,
+        "no file left behind but the ones committed"
+    );
+    let mut all = load.clone();
+    all.extend(cdc);
+    assert_eq!(fx.items_rows().await, model(&all));
+}

@@ -418,15 +418,24 @@ async fn write(
     };
     let Some(predicate) = append else {
         if let Some(rw) = crate::rewrite::Rewrite::eligible(table, &target, plan, a.extras)? {
-            let (target, r) = rw.run(table, target, a.files, a.extras).await?;
-            report.appended = false;
-            report.rewritten = true;
-            report.inserted = r.inserted;
-            report.updated = r.updated;
-            report.deleted = r.deleted;
-            report.files_added = r.files_added;
-            report.files_removed = r.files_removed;
-            return Ok(target);
+            match rw.run(table, target.clone(), a.files, a.extras).await {
+                Ok((target, r)) => {
+                    report.appended = false;
+                    report.rewritten = true;
+                    report.inserted = r.inserted;
+                    report.updated = r.updated;
+                    report.deleted = r.deleted;
+                    report.files_added = r.files_added;
+                    report.files_removed = r.files_removed;
+                    return Ok(target);
+                }
+                // A data file tributary cannot read itself (a type it does not convert, a
+                // storage hiccup): delta-rs's MERGE reads it its own way.
+                Err(e @ crate::error::Error::DataFile { .. }) => {
+                    tracing::warn!(table = %table.name, error = %e, "copy-on-write rewrite not possible; merging with delta-rs's MERGE");
+                }
+                Err(e) => return Err(e),
+            }
         }
         let (target, m) = delta::merge(table, target, plan, a.files, a.extras).await?;
         report.appended = false;
