@@ -14,7 +14,9 @@
 //! 6. `coerce`: Delta types and exact value conversion;
 //! 7. `plan`: admission of a batch, latest change per key, the MERGE source;
 //! 8. `tombstones`: the delete tombstones that stop late upserts reviving rows;
-//! 9. [`delta`]: Delta tables — open, create, MERGE, query;
+//! 9. [`delta`]: Delta tables — open, create, MERGE, query; `rewrite`: the MERGE executed as
+//!    a copy-on-write rewrite of the files holding the plan's keys (most merges), reading
+//!    data files through `datafile` (shared with compaction);
 //! 10. [`history`]: history (SCD type 2) tables fed from the same batches;
 //! 11. [`manifest`]: symlink manifests for Athena and Redshift Spectrum;
 //! 12. [`catalog`]: Glue Data Catalog entries kept in step with the tables;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
 use arrow::datatypes::DataType;
-use deltalake::datafile::writer::DeltaWriter;
+use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
@@ -60,8 +60,8 @@ pub(crate) struct Rewrite {
     key0: String,
     range: KeyRange,
     /// Decoded bytes of a file held back before its first changed row (half the table's
-    /// `slice_mb`); past that, its rows are written speculatively, and deleted if the file
-    /// turns out unchanged.
+    /// `slice_mb`); past that, the file is read on without holding its rows, and read again
+    /// if it changes after all.
     held_bytes: usize,
 }
 
@@ -223,63 +223,119 @@ impl Rewrite {
     }
 
     /// Read one data file batch by batch, apply the plan, and write the file again when a
-    /// row changed. Batches are held until the first change (or `held_bytes` of them),
-    /// then written as they come; a file that turns out unchanged after that has its
-    /// speculative output deleted.
+    /// row changed. Batches are held until the first change, then written as they come. A
+    /// file with more than `held_bytes` of rows before its first change is read on without
+    /// holding them; if a change comes after all, the file is read again and written whole
+    /// (a file that does not change is never written).
     async fn rewrite_file(
         self: Arc<Self>,
         f: LogicalFileView,
         store: Arc<dyn deltalake::ObjectStore>,
-        config: deltalake::datafile::writer::WriterConfig,
+        config: WriterConfig,
         partition: Partition,
         table: String,
     ) -> Result<FileResult> {
-        let delta_err = |e| Error::delta(&table, e);
-        let schema = self.rows.schema();
-        let mut batches = crate::datafile::stream(store.clone(), &f, &schema, &partition)
-            .await
-            .map_err(|e| e.into_error(&table))?;
         let mut r = FileResult::default();
+        let mut writer: Option<DeltaWriter> = None;
+        let pass = self
+            .first_pass(&f, &store, &config, &partition, &table, &mut r, &mut writer)
+            .await;
+        let again = match pass {
+            Ok(again) => again,
+            Err(e) => {
+                if let Some(w) = writer {
+                    let _ = w.abort().await;
+                }
+                return Err(e);
+            }
+        };
+        let adds = match writer {
+            _ if again => {
+                r = FileResult::default();
+                let mut w = DeltaWriter::new(store.clone(), config);
+                if let Err(e) = self
+                    .write_pass(&f, &store, &partition, &table, &mut r, &mut w)
+                    .await
+                {
+                    let _ = w.abort().await;
+                    return Err(e);
+                }
+                w.close().await
+            }
+            Some(w) => w.close().await,
+            None => return Ok(r),
+        };
+        r.adds = adds.map_err(|e| Error::delta(&table, e))?;
+        r.remove = Some(f.remove_action(true));
+        Ok(r)
+    }
+
+    /// The first read of a file (see [`Self::rewrite_file`]): true when it must be read again.
+    #[allow(clippy::too_many_arguments)]
+    async fn first_pass(
+        &self,
+        f: &LogicalFileView,
+        store: &Arc<dyn deltalake::ObjectStore>,
+        config: &WriterConfig,
+        partition: &Partition,
+        table: &str,
+        r: &mut FileResult,
+        writer: &mut Option<DeltaWriter>,
+    ) -> Result<bool> {
+        let delta_err = |e| Error::delta(table, e);
+        let schema = self.rows.schema();
+        let mut batches = crate::datafile::stream(store.clone(), f, &schema, partition)
+            .await
+            .map_err(|e| e.into_error(table))?;
         let mut held: Vec<RecordBatch> = Vec::new();
         let mut held_bytes = 0usize;
-        let mut writer: Option<DeltaWriter> = None;
+        let mut holding = true;
         while let Some(b) = batches.next().await {
-            let b = b.map_err(|e| e.into_error(&table))?;
-            let (b, changed) = self.apply(&b, &mut r)?;
+            let b = b.map_err(|e| e.into_error(table))?;
+            let (b, changed) = self.apply(&b, r)?;
             r.changed |= changed;
             if let Some(w) = writer.as_mut() {
                 w.write(&b).await.map_err(delta_err)?;
-                continue;
-            }
-            held_bytes += b.get_array_memory_size();
-            held.push(b);
-            if r.changed || held_bytes > self.held_bytes {
-                let mut w = DeltaWriter::new(store.clone(), config.clone());
-                for b in held.drain(..) {
+            } else if r.changed && !holding {
+                return Ok(true);
+            } else if r.changed {
+                let w = writer.insert(DeltaWriter::new(store.clone(), config.clone()));
+                for b in held.drain(..).chain(std::iter::once(b)) {
                     w.write(&b).await.map_err(delta_err)?;
                 }
-                writer = Some(w);
-            }
-        }
-        if !r.changed {
-            if let Some(w) = writer {
-                for add in w.close().await.map_err(delta_err)? {
-                    if let Ok(path) = object_store::path::Path::from_url_path(&add.path) {
-                        // Best effort: an object left behind is referenced by no version,
-                        // and vacuum removes it.
-                        let _ = store.delete(&path).await;
-                    }
+            } else if holding {
+                held_bytes += b.get_array_memory_size();
+                held.push(b);
+                if held_bytes > self.held_bytes {
+                    held.clear();
+                    holding = false;
                 }
             }
-            return Ok(r);
         }
-        let mut w = writer.unwrap_or_else(|| DeltaWriter::new(store.clone(), config));
-        for b in held {
-            w.write(&b).await.map_err(delta_err)?;
+        Ok(false)
+    }
+
+    /// Read a file again and write all of it, changed.
+    async fn write_pass(
+        &self,
+        f: &LogicalFileView,
+        store: &Arc<dyn deltalake::ObjectStore>,
+        partition: &Partition,
+        table: &str,
+        r: &mut FileResult,
+        w: &mut DeltaWriter,
+    ) -> Result<()> {
+        let schema = self.rows.schema();
+        let mut batches = crate::datafile::stream(store.clone(), f, &schema, partition)
+            .await
+            .map_err(|e| e.into_error(table))?;
+        while let Some(b) = batches.next().await {
+            let b = b.map_err(|e| e.into_error(table))?;
+            let (b, changed) = self.apply(&b, r)?;
+            r.changed |= changed;
+            w.write(&b).await.map_err(|e| Error::delta(table, e))?;
         }
-        r.adds = w.close().await.map_err(delta_err)?;
-        r.remove = Some(f.remove_action(true));
-        Ok(r)
+        Ok(())
     }
 
     /// The plan's upserts that matched no row of the table: the rows to insert.
@@ -328,8 +384,9 @@ impl Rewrite {
             crate::delta::writer_config(snapshot, Some(crate::delta::writer_properties(cfg)), None);
         // Each file is read, applied and written by its own task (the Parquet decoding and
         // encoding are most of the work: one file per core).
-        let mut results = futures::stream::iter(candidates.into_iter().map(|f| {
-            let (store, config) = (store.clone(), config.clone());
+        let mut pending = candidates.into_iter();
+        let mut tasks = tokio::task::JoinSet::new();
+        let spawn = |tasks: &mut tokio::task::JoinSet<Result<FileResult>>, f: LogicalFileView| {
             let mut values = f.partition_values_map();
             let partition = Partition(
                 partition_columns
@@ -337,20 +394,43 @@ impl Rewrite {
                     .map(|c| (c.clone(), values.remove(c).flatten()))
                     .collect(),
             );
-            tokio::spawn(
-                this.clone()
-                    .rewrite_file(f, store, config, partition, label.to_string()),
-            )
-        }))
-        .buffered(PARALLEL_FILES);
+            tasks.spawn(this.clone().rewrite_file(
+                f,
+                store.clone(),
+                config.clone(),
+                partition,
+                label.to_string(),
+            ));
+        };
+        for f in pending.by_ref().take(PARALLEL_FILES) {
+            spawn(&mut tasks, f);
+        }
         let mut applied = Applied::default();
         let mut matched: HashSet<u32> = HashSet::new();
         let mut actions = Vec::new();
         let mut adds = Vec::new();
-        while let Some(r) = results.next().await {
-            let r =
-                r.map_err(|e| Error::internal(format!("table {label}: rewrite task: {e}")))??;
+        let mut failed = None;
+        while let Some(done) = tasks.join_next().await {
+            let r = match done {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+                Err(e) => {
+                    failed.get_or_insert(Error::internal(format!(
+                        "table {label}: rewrite task: {e}"
+                    )));
+                    continue;
+                }
+            };
+            if failed.is_none() {
+                if let Some(f) = pending.next() {
+                    spawn(&mut tasks, f);
+                }
+            }
             matched.extend(r.matched);
+            adds.extend(r.adds);
             let Some(remove) = r.remove else {
                 continue;
             };
@@ -358,9 +438,13 @@ impl Rewrite {
             applied.deleted += r.deleted;
             applied.files_removed += 1;
             actions.push(Action::Remove(remove));
-            adds.extend(r.adds);
         }
-        drop(results);
+        if let Some(e) = failed {
+            // The tasks running when one failed have finished; what they wrote is never
+            // committed.
+            discard(&store, &adds).await;
+            return Err(e);
+        }
         if let Some(b) = this.inserts(&matched)? {
             applied.inserted = b.num_rows();
             let mut writer = DeltaWriter::new(store, config);
@@ -405,6 +489,20 @@ impl Rewrite {
             .await
             .map_err(delta_err)?;
         Ok((table, applied))
+    }
+}
+
+/// Delete data files written but never committed (best effort: VACUUM removes what is left).
+async fn discard(store: &Arc<dyn deltalake::ObjectStore>, adds: &[deltalake::kernel::Add]) {
+    for add in adds {
+        // `add.path` is the object key as written (partition values already encoded).
+        let deleted = match object_store::path::Path::parse(&add.path) {
+            Ok(path) => store.delete(&path).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = deleted {
+            tracing::warn!(file = %add.path, error = %e, "uncommitted data file not deleted; VACUUM will");
+        }
     }
 }
 

@@ -1369,7 +1369,7 @@ async fn the_rewrite_and_the_delta_rs_merge_give_the_same_table_and_counts() {
 
 /// A data file whose key range holds a key of the plan but no row with it (a new key
 /// between its keys) is read and left as it is, also when it is larger than what the
-/// rewrite holds back before the first change: its speculative copy is deleted.
+/// rewrite holds back before the first change: nothing of it is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_the_rewrite_does_not_change_is_left_as_it_is() {
     // Slices of ~10 KB: many small files, each larger than the 5 KB held back.
@@ -1398,6 +1398,45 @@ async fn a_file_the_rewrite_does_not_change_is_left_as_it_is() {
         before.len() + t.files_added,
         "no file left behind but the ones committed"
     );
+    let mut all = load.clone();
+    all.extend(cdc);
+    assert_eq!(fx.items_rows().await, model(&all));
+}
+
+/// A file whose first change comes after more rows than the rewrite holds back is read
+/// again and written whole: the rows before the change are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_changed_after_the_rows_held_back_is_read_again_and_written_whole() {
+    let fx = Fixture::items();
+    // One data file of 20,000 rows (3 batches of 8192 as it is read back).
+    let load: Vec<Change> = (0..20_000)
+        .map(|i| c('I', "2024-01-01 00:00:00.000000", i * 2 + 1, "a", i))
+        .collect();
+    fx.merge_ok(&[fx.put_items("LOAD00000001.parquet", &load)])
+        .await;
+    assert_eq!(live_files(&fx.url("curated/items")).await, 1);
+    // Now hold back at most ~5 KB of rows before a file's first change.
+    std::fs::write(
+        fx.path("tributary.toml"),
+        format!("{ITEMS_TABLE}slice_mb = 0.01\n"),
+    )
+    .expect("config");
+    let engine = fx.another_engine();
+    let before = parquet_files(&fx.path("curated/items"));
+    // The last row changes; key 2 is new (inside the file's key range).
+    let cdc = [
+        c('I', "2024-01-01 01:00:00.000000", 2, "a", 7),
+        c('U', "2024-01-01 01:00:00.000000", 39_999, "a", -1),
+    ];
+    let r = engine
+        .process(&[fx.put_items("2024/01/01/20240101-0000000001.parquet", &cdc)])
+        .await;
+    assert!(r.failures().next().is_none(), "{:?}", r.files);
+    let t = &r.tables[0];
+    assert!(t.rewritten, "{t:?}");
+    assert_eq!((t.inserted, t.updated, t.files_removed), (1, 1, 1), "{t:?}");
+    let after = parquet_files(&fx.path("curated/items"));
+    assert_eq!(after.len(), before.len() + t.files_added);
     let mut all = load.clone();
     all.extend(cdc);
     assert_eq!(fx.items_rows().await, model(&all));

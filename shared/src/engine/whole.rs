@@ -525,8 +525,13 @@ async fn discard(table: &DeltaTable, adds: Vec<Action>) {
     let store = table.log_store().object_store(None);
     for a in adds {
         if let Action::Add(add) = a {
-            let path = object_store::path::Path::from(add.path.as_str());
-            if let Err(e) = store.delete(&path).await {
+            // `add.path` is the object key as written (partition values already encoded):
+            // parsed, not encoded again.
+            let deleted = match object_store::path::Path::parse(&add.path) {
+                Ok(path) => store.delete(&path).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = deleted {
                 tracing::warn!(file = %add.path, error = %e, "uncommitted data file not deleted; VACUUM will");
             }
         }
