@@ -302,6 +302,33 @@ async fn wide_rows_make_shorter_slices() {
     assert_eq!(fx.items_rows().await, model(&[load, cdc].concat()));
 }
 
+/// The files of an abandoned whole-file append are deleted also in partitions whose folder
+/// names are percent-encoded (a space, a colon): they were deleted by a key encoded twice,
+/// which named no object, and stayed behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_whole_append_leaves_no_file_in_encoded_partitions() {
+    let fx = sliced();
+    let rows: Vec<Change> = (1..=5000)
+        .map(|id| {
+            let part = ["new york", "10:30"][id as usize % 2];
+            c('I', "2024-01-01 09:00:00.000000", id, part, 1)
+        })
+        .collect();
+    let mut bad = items_batch(&rows, false);
+    let ids: Vec<Option<i64>> = (1..=5000).map(|i| (i != 4800).then_some(i)).collect();
+    let mut cols = bad.columns().to_vec();
+    cols[1] = std::sync::Arc::new(tributary::deltalake::arrow::array::Int64Array::from(ids));
+    bad = tributary::deltalake::arrow::array::RecordBatch::try_new(bad.schema(), cols).unwrap();
+    let bad_file = fx.put_batch("shop/items", "LOAD00000001.parquet", &bad);
+    let r = fx.engine.process(std::slice::from_ref(&bad_file)).await;
+    assert!(Fixture::failure(&r, &bad_file).to_string().contains("row 4800"));
+    assert_eq!(
+        parquet_files(&fx.path("curated/items")),
+        Vec::<std::path::PathBuf>::new(),
+        "the slices written before the bad row are deleted"
+    );
+}
+
 /// Data files under a table folder, live or not.
 fn data_files(dir: &std::path::Path) -> usize {
     parquet_files(dir).len()
