@@ -52,8 +52,7 @@ pub(crate) struct Rewrite {
     rows: RecordBatch,
     ops: Vec<PlanOp>,
     /// Encoded key → plan row.
-    index: HashMap<Vec<u8>, u32, foldhash::fast::RandomState>,
-    encoder: KeyEncoder,
+    index: KeyIndex,
     seq_column: usize,
     /// The plan's first key column values, sorted (file pruning).
     sorted_keys: Vec<KeyBound>,
@@ -136,21 +135,14 @@ impl Rewrite {
         };
         let mut sorted_keys = key_bounds(keys0)?;
         sorted_keys.sort();
-        let encoder = KeyEncoder::new(&schema, &cfg.primary_key)?;
-        let encoded = encoder.rows(&rows)?;
-        let mut index = HashMap::with_capacity_and_hasher(rows.num_rows(), Default::default());
-        for (i, r) in encoded.iter().enumerate() {
-            if index.insert(r.as_ref().to_vec(), i as u32).is_some() {
-                return Err(Error::internal(format!(
-                    "table {label}: the merge plan has a key twice"
-                )));
-            }
-        }
+        let index = KeyIndex::new(&rows, &cfg.primary_key).map_err(|e| match e {
+            Error::Internal(m) => Error::internal(format!("table {label}: {m}")),
+            e => e,
+        })?;
         Ok(Some(Rewrite {
             ops: plan.ops()?,
             rows,
             index,
-            encoder,
             seq_column,
             sorted_keys,
             key0,
@@ -188,13 +180,13 @@ impl Rewrite {
     /// it differs; the plan rows matched and the rows updated and deleted add up in `out`.
     fn apply(&self, b: &RecordBatch, out: &mut FileResult) -> Result<(RecordBatch, bool)> {
         let seq = self.rows.column(self.seq_column).as_string::<i32>();
-        let keys = self.encoder.rows(b)?;
+        let found = self.index.lookup(b)?;
         let tseq = b.column(self.seq_column).as_string::<i32>();
         // (0, row) keeps the file's row, (1, plan row) replaces it.
         let mut picks: Vec<(usize, usize)> = Vec::with_capacity(b.num_rows());
         let mut changed = false;
-        for (i, k) in keys.iter().enumerate() {
-            let Some(&p) = self.index.get(k.as_ref()) else {
+        for (i, p) in found.into_iter().enumerate() {
+            let Some(p) = p else {
                 picks.push((0, i));
                 continue;
             };
@@ -504,6 +496,84 @@ async fn discard(store: &Arc<dyn deltalake::ObjectStore>, adds: &[deltalake::ker
             tracing::warn!(file = %add.path, error = %e, "uncommitted data file not deleted; VACUUM will");
         }
     }
+}
+
+/// The plan's keys → plan row: a single integer key hashed as an integer, any other key
+/// through Arrow's row encoding.
+enum KeyIndex {
+    Int {
+        column: String,
+        map: HashMap<i64, u32, foldhash::fast::RandomState>,
+    },
+    Rows {
+        encoder: KeyEncoder,
+        map: HashMap<Vec<u8>, u32, foldhash::fast::RandomState>,
+    },
+}
+
+fn is_int(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
+    )
+}
+
+impl KeyIndex {
+    fn new(rows: &RecordBatch, key: &[String]) -> Result<KeyIndex> {
+        let twice = || Error::internal("the merge plan has a key twice");
+        let n = rows.num_rows();
+        if let [k] = key {
+            if let Some(c) = rows.column_by_name(k).filter(|c| is_int(c.data_type())) {
+                let mut map = HashMap::with_capacity_and_hasher(n, Default::default());
+                for (i, v) in ints(c)?.iter().enumerate() {
+                    if let Some(v) = v {
+                        if map.insert(v, i as u32).is_some() {
+                            return Err(twice());
+                        }
+                    }
+                }
+                return Ok(KeyIndex::Int {
+                    column: k.clone(),
+                    map,
+                });
+            }
+        }
+        let encoder = KeyEncoder::new(&rows.schema(), key)?;
+        let mut map = HashMap::with_capacity_and_hasher(n, Default::default());
+        for (i, r) in encoder.rows(rows)?.iter().enumerate() {
+            if map.insert(r.as_ref().to_vec(), i as u32).is_some() {
+                return Err(twice());
+            }
+        }
+        Ok(KeyIndex::Rows { encoder, map })
+    }
+
+    /// The plan row of each row of `b` (same key columns and types as the plan).
+    fn lookup(&self, b: &RecordBatch) -> Result<Vec<Option<u32>>> {
+        match self {
+            KeyIndex::Int { column, map } => {
+                let c = b
+                    .column_by_name(column)
+                    .ok_or_else(|| Error::internal(format!("key column {column} missing")))?;
+                Ok(ints(c)?
+                    .iter()
+                    .map(|v| v.and_then(|v| map.get(&v).copied()))
+                    .collect())
+            }
+            KeyIndex::Rows { encoder, map } => Ok(encoder
+                .rows(b)?
+                .iter()
+                .map(|k| map.get(k.as_ref()).copied())
+                .collect()),
+        }
+    }
+}
+
+/// An integer column as 64-bit integers.
+fn ints(c: &ArrayRef) -> Result<arrow::array::Int64Array> {
+    use arrow::datatypes::Int64Type;
+    let a = arrow::compute::cast(c, &DataType::Int64).map_err(Error::arrow)?;
+    Ok(a.as_primitive::<Int64Type>().clone())
 }
 
 /// One file's outcome.

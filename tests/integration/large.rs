@@ -321,7 +321,9 @@ async fn an_abandoned_whole_append_leaves_no_file_in_encoded_partitions() {
     bad = tributary::deltalake::arrow::array::RecordBatch::try_new(bad.schema(), cols).unwrap();
     let bad_file = fx.put_batch("shop/items", "LOAD00000001.parquet", &bad);
     let r = fx.engine.process(std::slice::from_ref(&bad_file)).await;
-    assert!(Fixture::failure(&r, &bad_file).to_string().contains("row 4800"));
+    assert!(Fixture::failure(&r, &bad_file)
+        .to_string()
+        .contains("row 4800"));
     assert_eq!(
         parquet_files(&fx.path("curated/items")),
         Vec::<std::path::PathBuf>::new(),

@@ -1441,3 +1441,92 @@ async fn a_file_changed_after_the_rows_held_back_is_read_again_and_written_whole
     all.extend(cdc);
     assert_eq!(fx.items_rows().await, model(&all));
 }
+
+/// A composite key of a string and an integer (the rewrite's row-encoded key index, and
+/// file pruning by string statistics): the same table as delta-rs's MERGE, step by step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_composite_string_key_rewrites_as_the_delta_rs_merge_does() {
+    use std::sync::Arc;
+    use tributary::deltalake::arrow::array::{ArrayRef, Int64Array};
+    let table = |extra: &str| {
+        format!(
+            "[[table]]\nname = \"multi\"\nsource = \"raw/multi/\"\ntarget = \"curated/multi\"\nprimary_key = [\"region\", \"id\"]\nsequence_by = [\"ts\"]\ndrop_columns = [\"ts\"]\n{extra}"
+        )
+    };
+    let rewrite = Fixture::new(&table(""));
+    let merge = Fixture::new(&table("merge_engine = \"delta-rs\"\n"));
+    let ints = |v: Vec<i64>| -> ArrayRef { Arc::new(Int64Array::from(v)) };
+    let regions = ["eu-west", "us-east", "ap-south"];
+    // Load: 3 regions × ids 1..=300 (the same ids in every region).
+    let n = 900;
+    let load = batch(vec![
+        ("ts", strings(&vec!["2024-01-01 00:00:00"; n])),
+        (
+            "region",
+            strings(&(0..n).map(|i| regions[i / 300]).collect::<Vec<_>>()),
+        ),
+        ("id", ints((0..n as i64).map(|i| i % 300 + 1).collect())),
+        ("val", ints(vec![0; n])),
+    ]);
+    // CDC: updates and deletes in two regions, an insert, a stale change (older ts).
+    let cdc = |ts: &str, ops: &[&str], region: &[&str], ids: Vec<i64>, vals: Vec<i64>| {
+        batch(vec![
+            ("Op", strings(ops)),
+            ("ts", strings(&vec![ts; ops.len()])),
+            ("region", strings(region)),
+            ("id", ints(ids)),
+            ("val", ints(vals)),
+        ])
+    };
+    let f1 = cdc(
+        "2024-01-01 01:00:00",
+        &["U", "D", "I", "U"],
+        &["us-east", "us-east", "eu-west", "ap-south"],
+        vec![7, 8, 301, 300],
+        vec![70, 0, 3010, 3000],
+    );
+    let f2 = cdc(
+        "2024-01-01 00:30:00",
+        &["U", "U"],
+        &["us-east", "eu-west"],
+        vec![7, 7],
+        vec![-7, 77],
+    );
+    let sql = "SELECT region || '/' || CAST(id AS VARCHAR) || '=' || CAST(val AS VARCHAR) FROM t ORDER BY region, id";
+    for (name, b) in [
+        ("LOAD00000001.parquet", &load),
+        ("20240101-0000000001.parquet", &f1),
+        ("20240101-0000000002.parquet", &f2),
+    ] {
+        let a = rewrite
+            .merge_ok(&[rewrite.put_batch("multi", name, b)])
+            .await;
+        let m = merge.merge_ok(&[merge.put_batch("multi", name, b)]).await;
+        let (ta, tm) = (&a.tables[0], &m.tables[0]);
+        assert_eq!(
+            (ta.inserted, ta.updated, ta.deleted, ta.skipped_stale),
+            (tm.inserted, tm.updated, tm.deleted, tm.skipped_stale),
+            "{name}"
+        );
+        if !name.starts_with("LOAD") {
+            assert!(ta.rewritten && !tm.rewritten, "{name}");
+        }
+        let got = column_text(&rewrite.query("curated/multi", sql).await);
+        assert_eq!(
+            got,
+            column_text(&merge.query("curated/multi", sql).await),
+            "{name}"
+        );
+    }
+    let got = column_text(&rewrite.query("curated/multi", sql).await);
+    assert_eq!(got.len(), 900, "one insert, one delete");
+    for want in [
+        "us-east/7=70",
+        "eu-west/7=77",
+        "ap-south/300=3000",
+        "eu-west/301=3010",
+    ] {
+        assert!(got.contains(&want.to_string()), "{want}");
+    }
+    assert!(!got.contains(&"us-east/8=0".to_string()));
+}
