@@ -55,6 +55,10 @@ pub(crate) struct Rewrite {
     ops: Vec<PlanOp>,
     /// Encoded key → plan row.
     index: KeyIndex,
+    /// The plan rows' partition values, row-encoded (partitioned tables): an upsert whose
+    /// partition differs from its file's leaves the file and is written with the inserts,
+    /// so a merge adds one file per partition for moved rows, not one per file rewritten.
+    partitions: Option<(arrow::row::RowConverter, arrow::row::Rows, Vec<usize>)>,
     seq_column: usize,
     /// The plan's first key column values, sorted (file pruning).
     sorted_keys: Vec<KeyBound>,
@@ -141,10 +145,12 @@ impl Rewrite {
             Error::Internal(m) => Error::internal(format!("table {label}: {m}")),
             e => e,
         })?;
+        let partitions = partition_index(&rows, state.metadata().partition_columns())?;
         Ok(Some(Rewrite {
             ops: plan.ops()?,
             rows,
             index,
+            partitions,
             seq_column,
             sorted_keys,
             key0,
@@ -184,6 +190,19 @@ impl Rewrite {
         let seq = self.rows.column(self.seq_column).as_string::<i32>();
         let found = self.index.lookup(b)?;
         let tseq = b.column(self.seq_column).as_string::<i32>();
+        // The file's partition (the same for every row of it).
+        let file_partition = match &self.partitions {
+            Some((converter, _, columns)) if b.num_rows() > 0 => {
+                let cols: Vec<ArrayRef> =
+                    columns.iter().map(|c| b.column(*c).slice(0, 1)).collect();
+                Some(converter.convert_columns(&cols).map_err(Error::arrow)?)
+            }
+            _ => None,
+        };
+        let moves = |p: usize| match (&self.partitions, &file_partition) {
+            (Some((_, plan, _)), Some(file)) => plan.row(p) != file.row(0),
+            _ => false,
+        };
         // (0, row) keeps the file's row, (1, plan row) replaces it.
         let mut picks: Vec<(usize, usize)> = Vec::with_capacity(b.num_rows());
         let mut changed = false;
@@ -198,7 +217,11 @@ impl Rewrite {
             match (newer, self.ops[p]) {
                 (false, _) => picks.push((0, i)),
                 (true, PlanOp::Upsert) => {
-                    picks.push((1, p));
+                    if moves(p) {
+                        out.moved.push(p as u32);
+                    } else {
+                        picks.push((1, p));
+                    }
                     out.updated += 1;
                     changed = true;
                 }
@@ -332,10 +355,14 @@ impl Rewrite {
         Ok(())
     }
 
-    /// The plan's upserts that matched no row of the table: the rows to insert.
-    fn inserts(&self, matched: &HashSet<u32>) -> Result<Option<RecordBatch>> {
+    /// The plan's upserts that matched no row of the table, and the updated rows that moved
+    /// to another partition: the rows written apart from the files rewritten.
+    fn inserts(&self, matched: &HashSet<u32>, moved: &HashSet<u32>) -> Result<Option<RecordBatch>> {
         let idx: UInt32Array = (0..self.rows.num_rows() as u32)
-            .filter(|i| self.ops[*i as usize] == PlanOp::Upsert && !matched.contains(i))
+            .filter(|i| {
+                moved.contains(i)
+                    || (self.ops[*i as usize] == PlanOp::Upsert && !matched.contains(i))
+            })
             .collect();
         if idx.is_empty() {
             return Ok(None);
@@ -401,6 +428,7 @@ impl Rewrite {
         }
         let mut applied = Applied::default();
         let mut matched: HashSet<u32> = HashSet::new();
+        let mut moved: HashSet<u32> = HashSet::new();
         let mut actions = Vec::new();
         let mut adds = Vec::new();
         let mut failed = None;
@@ -424,6 +452,9 @@ impl Rewrite {
                 }
             }
             matched.extend(r.matched);
+            if r.remove.is_some() {
+                moved.extend(r.moved);
+            }
             adds.extend(r.adds);
             let Some(remove) = r.remove else {
                 continue;
@@ -439,8 +470,8 @@ impl Rewrite {
             discard(&store, &adds).await;
             return Err(e);
         }
-        if let Some(b) = this.inserts(&matched)? {
-            applied.inserted = b.num_rows();
+        if let Some(b) = this.inserts(&matched, &moved)? {
+            applied.inserted = b.num_rows() - moved.len();
             let mut writer = DeltaWriter::new(store, config);
             writer.write(&b).await.map_err(delta_err)?;
             adds.extend(writer.close().await.map_err(delta_err)?);
@@ -578,10 +609,39 @@ fn ints(c: &ArrayRef) -> Result<arrow::array::Int64Array> {
     Ok(a.as_primitive::<Int64Type>().clone())
 }
 
+/// The partition columns' positions, a row encoder for them, and the plan's rows encoded
+/// (none for an unpartitioned table).
+fn partition_index(
+    rows: &RecordBatch,
+    partition_columns: &[String],
+) -> Result<Option<(arrow::row::RowConverter, arrow::row::Rows, Vec<usize>)>> {
+    use arrow::row::{RowConverter, SortField};
+    if partition_columns.is_empty() {
+        return Ok(None);
+    }
+    let schema = rows.schema();
+    let columns = partition_columns
+        .iter()
+        .map(|c| schema.index_of(c).map_err(Error::arrow))
+        .collect::<Result<Vec<usize>>>()?;
+    let converter = RowConverter::new(
+        columns
+            .iter()
+            .map(|c| SortField::new(schema.field(*c).data_type().clone()))
+            .collect(),
+    )
+    .map_err(Error::arrow)?;
+    let arrays: Vec<ArrayRef> = columns.iter().map(|c| rows.column(*c).clone()).collect();
+    let encoded = converter.convert_columns(&arrays).map_err(Error::arrow)?;
+    Ok(Some((converter, encoded, columns)))
+}
+
 /// One file's outcome.
 #[derive(Default)]
 struct FileResult {
     changed: bool,
+    /// Plan rows that updated a row of this file into another partition.
+    moved: Vec<u32>,
     /// When the file changed: its remove and the files written instead.
     remove: Option<deltalake::kernel::Remove>,
     adds: Vec<deltalake::kernel::Add>,
