@@ -33,9 +33,10 @@ use crate::error::{Error, Result};
 use crate::manifest::Partition;
 use crate::plan::{KeyEncoder, MergePlan, PlanOp};
 
-/// Files read, applied and written at once: two per core of a 2-vCPU function, so that one
-/// file's reads and uploads overlap another's decoding (4 against 2 here: 10M rows × 1k
-/// spread changes 1156–1229 against 1306–1352 ms, the same memory; docs/benchmarks.md).
+/// Groups of files read, applied and written at once: two per core of a 2-vCPU function,
+/// so that one group's reads and uploads overlap another's decoding (4 against 2 here, one
+/// task per file: 10M rows × 1k spread changes 1156–1229 against 1306–1352 ms, the same
+/// memory; docs/benchmarks.md).
 const PARALLEL_FILES: usize = 4;
 
 /// What a rewrite changed.
@@ -239,55 +240,59 @@ impl Rewrite {
         Ok((batch, true))
     }
 
-    /// Read one data file batch by batch, apply the plan, and write the file again when a
-    /// row changed. Batches are held until the first change, then written as they come. A
-    /// file with more than `held_bytes` of rows before its first change is read on without
-    /// holding them; if a change comes after all, the file is read again and written whole
-    /// (a file that does not change is never written).
-    async fn rewrite_file(
+    /// Rewrite a group of files of one partition into one output (files near the target
+    /// size), file by file: each is read batch by batch and the plan applied; a file's rows
+    /// are held until its first change, then written as they come. A file with more than
+    /// `held_bytes` of rows before its first change is read on without holding them; if a
+    /// change comes after all, it is read again and written whole. A file that does not
+    /// change is not written (and stays in the table).
+    async fn rewrite_group(
         self: Arc<Self>,
-        f: LogicalFileView,
+        files: Group,
         store: Arc<dyn deltalake::ObjectStore>,
         config: WriterConfig,
-        partition: Partition,
         table: String,
-    ) -> Result<FileResult> {
-        let mut r = FileResult::default();
+    ) -> Result<GroupResult> {
+        let mut out = GroupResult::default();
         let mut writer: Option<DeltaWriter> = None;
-        let pass = self
-            .first_pass(&f, &store, &config, &partition, &table, &mut r, &mut writer)
-            .await;
-        let again = match pass {
-            Ok(again) => again,
-            Err(e) => {
-                if let Some(w) = writer {
-                    let _ = w.abort().await;
+        let written = async {
+            for (f, partition) in &files {
+                let mut r = FileResult::default();
+                let again = self
+                    .first_pass(f, &store, &config, partition, &table, &mut r, &mut writer)
+                    .await?;
+                if again {
+                    r = FileResult::default();
+                    let w = writer
+                        .get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
+                    self.write_pass(f, &store, partition, &table, &mut r, w)
+                        .await?;
                 }
-                return Err(e);
-            }
-        };
-        let adds = match writer {
-            _ if again => {
-                r = FileResult::default();
-                let mut w = DeltaWriter::new(store.clone(), config);
-                if let Err(e) = self
-                    .write_pass(&f, &store, &partition, &table, &mut r, &mut w)
-                    .await
-                {
-                    let _ = w.abort().await;
-                    return Err(e);
+                out.matched.extend(r.matched);
+                if r.changed {
+                    out.updated += r.updated;
+                    out.deleted += r.deleted;
+                    out.moved.extend(r.moved);
+                    out.removes.push(f.remove_action(true));
                 }
-                w.close().await
             }
-            Some(w) => w.close().await,
-            None => return Ok(r),
-        };
-        r.adds = adds.map_err(|e| Error::delta(&table, e))?;
-        r.remove = Some(f.remove_action(true));
-        Ok(r)
+            Ok::<_, Error>(())
+        }
+        .await;
+        if let Err(e) = written {
+            if let Some(w) = writer {
+                let _ = w.abort().await;
+            }
+            return Err(e);
+        }
+        if let Some(w) = writer {
+            out.adds = w.close().await.map_err(|e| Error::delta(&table, e))?;
+        }
+        Ok(out)
     }
 
-    /// The first read of a file (see [`Self::rewrite_file`]): true when it must be read again.
+    /// The first read of a file (see [`Self::rewrite_group`]): true when it must be read
+    /// again.
     #[allow(clippy::too_many_arguments)]
     async fn first_pass(
         &self,
@@ -307,19 +312,24 @@ impl Rewrite {
         let mut held: Vec<RecordBatch> = Vec::new();
         let mut held_bytes = 0usize;
         let mut holding = true;
+        let mut writing = false;
         while let Some(b) = batches.next().await {
             let b = b.map_err(|e| e.into_error(table))?;
             let (b, changed) = self.apply(&b, r)?;
             r.changed |= changed;
-            if let Some(w) = writer.as_mut() {
+            if writing {
+                let w =
+                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
                 w.write(&b).await.map_err(delta_err)?;
             } else if r.changed && !holding {
                 return Ok(true);
             } else if r.changed {
-                let w = writer.insert(DeltaWriter::new(store.clone(), config.clone()));
+                let w =
+                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
                 for b in held.drain(..).chain(std::iter::once(b)) {
                     w.write(&b).await.map_err(delta_err)?;
                 }
+                writing = true;
             } else if holding {
                 held_bytes += b.get_array_memory_size();
                 held.push(b);
@@ -403,28 +413,22 @@ impl Rewrite {
         let this = Arc::new(self);
         let config =
             crate::delta::writer_config(snapshot, Some(crate::delta::writer_properties(cfg)), None);
-        // Each file is read, applied and written by its own task (the Parquet decoding and
-        // encoding are most of the work: one file per core).
-        let mut pending = candidates.into_iter();
+        // Files are rewritten in groups of one partition (up to GROUP_BYTES of them), each
+        // group by its own task into one output: the Parquet decoding and encoding are most
+        // of the work, and a partition's rewritten rows land in few files, not one per file.
+        let groups = group_by_partition(candidates, &partition_columns);
+        let mut pending = groups.into_iter();
         let mut tasks = tokio::task::JoinSet::new();
-        let spawn = |tasks: &mut tokio::task::JoinSet<Result<FileResult>>, f: LogicalFileView| {
-            let mut values = f.partition_values_map();
-            let partition = Partition(
-                partition_columns
-                    .iter()
-                    .map(|c| (c.clone(), values.remove(c).flatten()))
-                    .collect(),
-            );
-            tasks.spawn(this.clone().rewrite_file(
-                f,
+        let spawn = |tasks: &mut tokio::task::JoinSet<Result<GroupResult>>, group: Group| {
+            tasks.spawn(this.clone().rewrite_group(
+                group,
                 store.clone(),
                 config.clone(),
-                partition,
                 label.to_string(),
             ));
         };
-        for f in pending.by_ref().take(PARALLEL_FILES) {
-            spawn(&mut tasks, f);
+        for g in pending.by_ref().take(PARALLEL_FILES) {
+            spawn(&mut tasks, g);
         }
         let mut applied = Applied::default();
         let mut matched: HashSet<u32> = HashSet::new();
@@ -447,22 +451,17 @@ impl Rewrite {
                 }
             };
             if failed.is_none() {
-                if let Some(f) = pending.next() {
-                    spawn(&mut tasks, f);
+                if let Some(g) = pending.next() {
+                    spawn(&mut tasks, g);
                 }
             }
             matched.extend(r.matched);
-            if r.remove.is_some() {
-                moved.extend(r.moved);
-            }
+            moved.extend(r.moved);
             adds.extend(r.adds);
-            let Some(remove) = r.remove else {
-                continue;
-            };
             applied.updated += r.updated;
             applied.deleted += r.deleted;
-            applied.files_removed += 1;
-            actions.push(Action::Remove(remove));
+            applied.files_removed += r.removes.len();
+            actions.extend(r.removes.into_iter().map(Action::Remove));
         }
         if let Some(e) = failed {
             // The tasks running when one failed have finished; what they wrote is never
@@ -636,18 +635,61 @@ fn partition_index(
     Ok(Some((converter, encoded, columns)))
 }
 
-/// One file's outcome.
+/// One file's outcome (within its group).
 #[derive(Default)]
 struct FileResult {
     changed: bool,
     /// Plan rows that updated a row of this file into another partition.
     moved: Vec<u32>,
-    /// When the file changed: its remove and the files written instead.
-    remove: Option<deltalake::kernel::Remove>,
-    adds: Vec<deltalake::kernel::Add>,
     matched: Vec<u32>,
     updated: usize,
     deleted: usize,
+}
+
+/// A group's outcome: the files it rewrote (their removes), the files it wrote instead.
+#[derive(Default)]
+struct GroupResult {
+    removes: Vec<deltalake::kernel::Remove>,
+    adds: Vec<deltalake::kernel::Add>,
+    moved: Vec<u32>,
+    matched: Vec<u32>,
+    updated: usize,
+    deleted: usize,
+}
+
+/// Decoded-size proxy for grouping: files of one partition are rewritten together up to
+/// this many bytes of Parquet (one output near delta-rs's target file size, or smaller).
+const GROUP_BYTES: i64 = 32 * 1024 * 1024;
+
+/// Files of one partition rewritten together.
+type Group = Vec<(LogicalFileView, Partition)>;
+
+/// The candidate files in groups: one partition per group, at most [`GROUP_BYTES`] of files
+/// per group (a larger file alone), in log order.
+fn group_by_partition(files: Vec<LogicalFileView>, partition_columns: &[String]) -> Vec<Group> {
+    let mut groups: Vec<(i64, Group)> = Vec::new();
+    let mut open: HashMap<Partition, usize> = HashMap::new();
+    for f in files {
+        let mut values = f.partition_values_map();
+        let partition = Partition(
+            partition_columns
+                .iter()
+                .map(|c| (c.clone(), values.remove(c).flatten()))
+                .collect(),
+        );
+        let size = f.size().max(0);
+        match open.get(&partition).copied() {
+            Some(i) if groups[i].0 + size <= GROUP_BYTES => {
+                groups[i].0 += size;
+                groups[i].1.push((f, partition));
+            }
+            _ => {
+                open.insert(partition.clone(), groups.len());
+                groups.push((size, vec![(f, partition)]));
+            }
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
 }
 
 /// The values of an integer or string key column as bounds (nulls left out).
