@@ -776,31 +776,42 @@ pub(crate) async fn write_rows(
 /// key range) as what it read, with the application transactions `txns`.
 pub(crate) async fn commit_append(
     cfg: &TableConfig,
-    mut table: DeltaTable,
+    table: DeltaTable,
     adds: Vec<deltalake::kernel::Action>,
     predicate: String,
+    files: &[String],
+    txns: &[Transaction],
+) -> Result<DeltaTable> {
+    let partition_columns = partition_columns(&table)?;
+    let operation = DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by: (!partition_columns.is_empty()).then_some(partition_columns),
+        predicate: Some(predicate),
+    };
+    commit_actions(cfg, table, adds, operation, files, txns).await
+}
+
+/// Commit actions on the table's loaded snapshot as `operation` (whose read predicate the
+/// conflict checker uses), with the merged `files` in the commit info and the application
+/// transactions `txns`; returns the table at the new version.
+pub(crate) async fn commit_actions(
+    cfg: &TableConfig,
+    mut table: DeltaTable,
+    actions: Vec<deltalake::kernel::Action>,
+    operation: DeltaOperation,
     files: &[String],
     txns: &[Transaction],
 ) -> Result<DeltaTable> {
     let label = cfg.name.as_str();
     let delta_err = |e| Error::delta(label, e);
     let snapshot = table.snapshot().map_err(delta_err)?;
-    let partition_columns = snapshot.metadata().partition_columns().to_vec();
     let mut commit = tributary_commit(files);
     if !txns.is_empty() {
         commit = commit.with_application_transactions(txns.to_vec());
     }
     let version = CommitBuilder::from(commit)
-        .with_actions(adds)
-        .build(
-            Some(snapshot),
-            table.log_store(),
-            DeltaOperation::Write {
-                mode: SaveMode::Append,
-                partition_by: (!partition_columns.is_empty()).then_some(partition_columns),
-                predicate: Some(predicate),
-            },
-        )
+        .with_actions(actions)
+        .build(Some(snapshot), table.log_store(), operation)
         .await
         .map_err(delta_err)?
         .version();

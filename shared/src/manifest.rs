@@ -30,6 +30,18 @@ const NULL_FOLDER: &str = "__HIVE_DEFAULT_PARTITION__";
 pub struct Partition(pub Vec<(String, Option<String>)>);
 
 impl Partition {
+    /// A data file's partition (the values as written in the log; `columns` the table's
+    /// partition columns, in order).
+    pub(crate) fn of(f: &deltalake::kernel::LogicalFileView, columns: &[String]) -> Partition {
+        let mut values = f.partition_values_map();
+        Partition(
+            columns
+                .iter()
+                .map(|c| (c.clone(), values.remove(c).flatten()))
+                .collect(),
+        )
+    }
+
     /// The Hive partition folder: `col=value/…` with Hive's escaping (empty when the table
     /// is not partitioned).
     pub fn folder(&self) -> String {
@@ -88,18 +100,10 @@ pub fn live_files(table: &DeltaTable) -> Result<Vec<LiveFile>> {
     let mut out: Vec<LiveFile> = snapshot
         .log_data()
         .iter()
-        .map(|f| {
-            let mut values = f.partition_values_map();
-            LiveFile {
-                partition: Partition(
-                    columns
-                        .iter()
-                        .map(|c| (c.clone(), values.remove(c).flatten()))
-                        .collect(),
-                ),
-                path: f.path().into_owned(),
-                size: f.size(),
-            }
+        .map(|f| LiveFile {
+            partition: Partition::of(&f, &columns),
+            path: f.path().into_owned(),
+            size: f.size(),
         })
         .collect();
     out.sort();

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
 use arrow::datatypes::DataType;
 use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
-use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
@@ -388,7 +387,7 @@ impl Rewrite {
     pub(crate) async fn run(
         self,
         cfg: &TableConfig,
-        mut table: DeltaTable,
+        table: DeltaTable,
         files: &[String],
         extras: &MergeExtras,
     ) -> Result<(DeltaTable, Applied)> {
@@ -482,36 +481,22 @@ impl Rewrite {
             return Ok((table, applied));
         }
         actions.extend(adds.into_iter().map(Action::Add));
-        let mut commit = crate::delta::tributary_commit(files);
-        if !extras.txns.is_empty() {
-            commit = commit.with_application_transactions(extras.txns.clone());
-        }
         let on = cfg
             .primary_key
             .iter()
             .map(|k| format!("t.{k} = s.{k}"))
             .collect::<Vec<_>>()
             .join(" AND ");
-        let version = CommitBuilder::from(commit)
-            .with_actions(actions)
-            .build(
-                Some(snapshot),
-                table.log_store(),
-                DeltaOperation::Merge {
-                    predicate: Some(this.range.predicate(&this.key0)),
-                    merge_predicate: Some(on),
-                    matched_predicates: vec![],
-                    not_matched_predicates: vec![],
-                    not_matched_by_source_predicates: vec![],
-                },
-            )
-            .await
-            .map_err(delta_err)?
-            .version();
-        table
-            .update_incremental(Some(version))
-            .await
-            .map_err(delta_err)?;
+        let operation = DeltaOperation::Merge {
+            predicate: Some(this.range.predicate(&this.key0)),
+            merge_predicate: Some(on),
+            matched_predicates: vec![],
+            not_matched_predicates: vec![],
+            not_matched_by_source_predicates: vec![],
+        };
+        let table =
+            crate::delta::commit_actions(cfg, table, actions, operation, files, &extras.txns)
+                .await?;
         Ok((table, applied))
     }
 }
@@ -670,13 +655,7 @@ fn group_by_partition(files: Vec<LogicalFileView>, partition_columns: &[String])
     let mut groups: Vec<(i64, Group)> = Vec::new();
     let mut open: HashMap<Partition, usize> = HashMap::new();
     for f in files {
-        let mut values = f.partition_values_map();
-        let partition = Partition(
-            partition_columns
-                .iter()
-                .map(|c| (c.clone(), values.remove(c).flatten()))
-                .collect(),
-        );
+        let partition = Partition::of(&f, partition_columns);
         let size = f.size().max(0);
         match open.get(&partition).copied() {
             Some(i) if groups[i].0 + size <= GROUP_BYTES => {

@@ -314,11 +314,7 @@ async fn an_abandoned_whole_append_leaves_no_file_in_encoded_partitions() {
             c('I', "2024-01-01 09:00:00.000000", id, part, 1)
         })
         .collect();
-    let mut bad = items_batch(&rows, false);
-    let ids: Vec<Option<i64>> = (1..=5000).map(|i| (i != 4800).then_some(i)).collect();
-    let mut cols = bad.columns().to_vec();
-    cols[1] = std::sync::Arc::new(tributary::deltalake::arrow::array::Int64Array::from(ids));
-    bad = tributary::deltalake::arrow::array::RecordBatch::try_new(bad.schema(), cols).unwrap();
+    let bad = null_key_at(&rows, 4800);
     let bad_file = fx.put_batch("shop/items", "LOAD00000001.parquet", &bad);
     let r = fx.engine.process(std::slice::from_ref(&bad_file)).await;
     assert!(Fixture::failure(&r, &bad_file)
@@ -329,6 +325,17 @@ async fn an_abandoned_whole_append_leaves_no_file_in_encoded_partitions() {
         Vec::<std::path::PathBuf>::new(),
         "the slices written before the bad row are deleted"
     );
+}
+
+/// The rows of a full-load file of ids 1..=n with the key of row `at` null (a bad row).
+fn null_key_at(rows: &[Change], at: i64) -> tributary::deltalake::arrow::array::RecordBatch {
+    let good = items_batch(rows, false);
+    let ids: Vec<Option<i64>> = (1..=rows.len() as i64)
+        .map(|i| (i != at).then_some(i))
+        .collect();
+    let mut cols = good.columns().to_vec();
+    cols[1] = std::sync::Arc::new(tributary::deltalake::arrow::array::Int64Array::from(ids));
+    tributary::deltalake::arrow::array::RecordBatch::try_new(good.schema(), cols).unwrap()
 }
 
 /// Data files under a table folder, live or not.
@@ -344,11 +351,7 @@ async fn a_large_full_load_is_appended_whole_in_one_commit() {
     let fx = sliced();
     let rows = load(1..=5000, 1);
     // A bad row (null key) in the last slice: nothing of the file is committed.
-    let mut bad = items_batch(&rows, false);
-    let ids: Vec<Option<i64>> = (1..=5000).map(|i| (i != 4800).then_some(i)).collect();
-    let mut cols = bad.columns().to_vec();
-    cols[1] = std::sync::Arc::new(tributary::deltalake::arrow::array::Int64Array::from(ids));
-    bad = tributary::deltalake::arrow::array::RecordBatch::try_new(bad.schema(), cols).unwrap();
+    let bad = null_key_at(&rows, 4800);
     let bad_file = fx.put_batch("shop/items", "LOAD00000001.parquet", &bad);
     let r = fx.engine.process(std::slice::from_ref(&bad_file)).await;
     let e = Fixture::failure(&r, &bad_file).to_string();

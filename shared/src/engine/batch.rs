@@ -15,6 +15,7 @@ use crate::manifest;
 use crate::plan::{self, MergePlan};
 use crate::props::TableProps;
 use crate::retry::Retry;
+use crate::rewrite::Applied;
 use crate::source::{ChangeSet, SeqKind};
 use crate::storage;
 use crate::tombstones::Tombstones;
@@ -420,13 +421,7 @@ async fn write(
         if let Some(rw) = crate::rewrite::Rewrite::eligible(table, &target, plan, a.extras)? {
             match rw.run(table, target.clone(), a.files, a.extras).await {
                 Ok((target, r)) => {
-                    report.appended = false;
-                    report.rewritten = true;
-                    report.inserted = r.inserted;
-                    report.updated = r.updated;
-                    report.deleted = r.deleted;
-                    report.files_added = r.files_added;
-                    report.files_removed = r.files_removed;
+                    record(report, Written::Rewritten, &r);
                     return Ok(target);
                 }
                 // A data file tributary cannot read itself (a type it does not convert, a
@@ -438,26 +433,44 @@ async fn write(
             }
         }
         let (target, m) = delta::merge(table, target, plan, a.files, a.extras).await?;
-        report.appended = false;
-        report.rewritten = false;
-        report.inserted = m.num_target_rows_inserted;
-        report.updated = m.num_target_rows_updated;
-        report.deleted = m.num_target_rows_deleted;
-        report.files_added = m.num_target_files_added;
-        report.files_removed = m.num_target_files_removed;
+        let counts = Applied {
+            inserted: m.num_target_rows_inserted,
+            updated: m.num_target_rows_updated,
+            deleted: m.num_target_rows_deleted,
+            files_added: m.num_target_files_added,
+            files_removed: m.num_target_files_removed,
+        };
+        record(report, Written::Merged, &counts);
         return Ok(target);
     };
     let rows = plan.batch.num_rows();
     let (target, written) =
         delta::append(table, target, plan, predicate, a.files, a.extras).await?;
-    report.appended = true;
-    report.rewritten = false;
-    report.inserted = rows;
-    report.updated = 0;
-    report.deleted = 0;
-    report.files_added = written;
-    report.files_removed = 0;
+    let counts = Applied {
+        inserted: rows,
+        files_added: written,
+        ..Default::default()
+    };
+    record(report, Written::Appended, &counts);
     Ok(target)
+}
+
+/// How a commit wrote the plan.
+enum Written {
+    Appended,
+    Rewritten,
+    Merged,
+}
+
+/// The commit's counts in the report.
+fn record(report: &mut TableReport, how: Written, c: &Applied) {
+    report.appended = matches!(how, Written::Appended);
+    report.rewritten = matches!(how, Written::Rewritten);
+    report.inserted = c.inserted;
+    report.updated = c.updated;
+    report.deleted = c.deleted;
+    report.files_added = c.files_added;
+    report.files_removed = c.files_removed;
 }
 
 /// The Delta application transactions that record the batch's full-load files.

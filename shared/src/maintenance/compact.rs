@@ -37,13 +37,7 @@ pub(super) fn plan(
     let mut bins: Vec<Vec<LogicalFileView>> = vec![vec![]];
     let mut bin_size = 0u64;
     for f in snapshot.log_data().iter() {
-        let mut values = f.partition_values_map();
-        let p = Partition(
-            columns
-                .iter()
-                .map(|c| (c.clone(), values.remove(c).flatten()))
-                .collect(),
-        );
+        let p = Partition::of(&f, &columns);
         let size = f.size().max(0) as u64;
         if &p != partition || size >= target {
             continue;
