@@ -3,9 +3,11 @@
 //! What delta-rs's MERGE does for tributary's plan — rewrite every data file holding a key
 //! the plan changes, insert the keys no file holds — done with the plan's own key index
 //! instead of a join: the data files whose key statistics can hold a key of the plan are
-//! read (two at a time), each row whose key the plan changes with a newer order key is
-//! replaced (upsert) or dropped (delete), files with no change are left alone, and the
-//! result is written through delta-rs's `DeltaWriter` (the same Parquet writer and
+//! streamed (in groups of one partition, four groups at a time), each row whose key the
+//! plan changes with a newer order key is replaced (upsert) or dropped (delete), files with
+//! no change are left alone, and the result (a group's changed files into one output; the
+//! inserts and rows moved to another partition apart) is written through delta-rs's
+//! `DeltaWriter` (the same Parquet writer and
 //! statistics as every other write) and committed as a MERGE with the plan's key range as
 //! its read predicate, so that concurrent writers conflict exactly as with delta-rs's MERGE.
 //!
