@@ -675,7 +675,6 @@ fn group_by_partition(files: Vec<LogicalFileView>, partition_columns: &[String])
 
 /// The values of an integer or string key column as bounds (nulls left out).
 fn key_bounds(keys: &ArrayRef) -> Result<Vec<KeyBound>> {
-    use arrow::datatypes::Int64Type;
     Ok(match keys.data_type() {
         DataType::Utf8 => keys
             .as_string::<i32>()
@@ -683,13 +682,6 @@ fn key_bounds(keys: &ArrayRef) -> Result<Vec<KeyBound>> {
             .flatten()
             .map(|s| KeyBound::Text(s.to_string()))
             .collect(),
-        _ => {
-            let a = arrow::compute::cast(keys, &DataType::Int64).map_err(Error::arrow)?;
-            a.as_primitive::<Int64Type>()
-                .iter()
-                .flatten()
-                .map(KeyBound::Int)
-                .collect()
-        }
+        _ => ints(keys)?.iter().flatten().map(KeyBound::Int).collect(),
     })
 }
