@@ -193,6 +193,12 @@ pub(crate) async fn commit_txns(
     Ok(table)
 }
 
+/// Commit properties of every tributary commit: engine and source files in the commit info,
+/// and no log cleanup after the commit. delta-rs's post-commit cleanup (on by default) lists
+/// the whole `_delta_log` at every commit: with a commit every few seconds and 30 days of log
+/// retention that is hundreds of thousands of entries, hundreds of LIST pages, on every
+/// merge. The maintenance run cleans the log once per run instead (`cleanup_metadata`, with
+/// the table's `delta.logRetentionDuration`).
 pub(crate) fn tributary_commit(files: &[String]) -> CommitProperties {
     let mut meta = vec![(
         "engineInfo".to_string(),
@@ -201,7 +207,9 @@ pub(crate) fn tributary_commit(files: &[String]) -> CommitProperties {
     if !files.is_empty() {
         meta.push(("tributary.files".to_string(), serde_json::json!(files)));
     }
-    CommitProperties::default().with_metadata(meta)
+    CommitProperties::default()
+        .with_metadata(meta)
+        .with_cleanup_expired_logs(Some(false))
 }
 
 /// How delta-rs's writer lays out data files of the table at `snapshot` (its schema,

@@ -206,11 +206,12 @@ async fn list_manifests(storage: &Storage, table: &DeltaTable) -> Result<Vec<(St
 
 /// Bring manifests up to date for `partitions` (`None` = all, with stale deletion), then
 /// re-check: while the table has moved past the version written, rewrite from the newest.
+/// Returns the table at the version the manifests were last written for.
 pub(crate) async fn sync(
     storage: &Storage,
     mut table: DeltaTable,
     partitions: Option<&BTreeSet<Partition>>,
-) -> Result<ManifestReport> {
+) -> Result<(ManifestReport, DeltaTable)> {
     let label = table.table_url().to_string();
     let mut total = ManifestReport::default();
     for _ in 0..10 {
@@ -224,7 +225,7 @@ pub(crate) async fn sync(
             .await
             .map_err(|e| Error::delta(&label, e))?;
         if table.version() == before {
-            return Ok(total);
+            return Ok((total, table));
         }
     }
     Err(Error::Contention {

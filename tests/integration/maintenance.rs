@@ -85,6 +85,19 @@ async fn rows_via_manifests(fx: &Fixture) -> Vec<Row> {
     rows
 }
 
+/// The number of compaction commits in the table's history.
+async fn optimize_commits(fx: &Fixture) -> usize {
+    use futures::StreamExt;
+    let t = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let infos: Vec<_> = t.history(None).collect().await;
+    infos
+        .into_iter()
+        .filter(|i| i.as_ref().unwrap().operation.as_deref() == Some("OPTIMIZE"))
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_reduces_files_keeps_rows_and_manifests_match() {
     let fx = Fixture::items();
@@ -105,6 +118,11 @@ async fn compaction_reduces_files_keeps_rows_and_manifests_match() {
     let r = maintain(&fx, false).await.unwrap();
     assert_eq!((r.files_before, r.files_after), (24, 2), "{r:?}");
     assert_eq!(r.partitions_compacted, 2);
+    assert_eq!(
+        optimize_commits(&fx).await,
+        1,
+        "both partitions are compacted in one commit (each commit costs a log replay)"
+    );
     assert_eq!(
         r.files_vacuumed, 0,
         "default retention keeps the compacted-away files"
@@ -159,6 +177,61 @@ async fn manifests_can_be_switched_off() {
     let f1 = fx.put_items("20240101-1.parquet", &[c('I', &ts(1), 1, "a", 1)]);
     fx.merge_ok(&[f1]).await;
     assert!(!fx.path("curated/items/_symlink_format_manifest").exists());
+}
+
+/// Log cleanup is maintenance's: a merge commit leaves expired log entries where they are.
+/// delta-rs's post-commit cleanup lists the whole `_delta_log` at every commit (30 days of
+/// commits by default); tributary switches it off and cleans once per maintenance run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merges_leave_log_cleanup_to_maintenance() {
+    let fx = Fixture::items();
+    let url = fx.url("curated/items");
+    let commits = |fx: &Fixture| {
+        std::fs::read_dir(fx.path("curated/items/_delta_log"))
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                let name = name.to_string_lossy();
+                name.ends_with(".json") && !name.contains("checkpoint")
+            })
+            .count()
+    };
+    for i in 0..3 {
+        let u = fx.put_items(
+            &format!("20240101-{i}.parquet"),
+            &[c('I', &ts(i), i as i64, "a", 1)],
+        );
+        fx.merge_ok(&[u]).await;
+    }
+    // Log entries expire after a second; a checkpoint makes the older ones removable.
+    let t = delta::open(&url, &Default::default()).await.unwrap();
+    let t = t
+        .set_tbl_properties()
+        .with_properties(
+            [(
+                "delta.logRetentionDuration".to_string(),
+                "interval 1 second".to_string(),
+            )]
+            .into(),
+        )
+        .await
+        .unwrap();
+    tributary::deltalake::checkpoints::create_checkpoint(&t, None)
+        .await
+        .unwrap();
+    let before = commits(&fx);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let u = fx.put_items("20240101-9.parquet", &[c('I', &ts(9), 9, "a", 1)]);
+    fx.merge_ok(&[u]).await;
+    assert_eq!(
+        commits(&fx),
+        before + 1,
+        "the merge's commit removed no log entry"
+    );
+    let r = maintain(&fx, false).await.unwrap();
+    assert!(r.log_files_removed > 0, "{r:?}");
+    assert!(commits(&fx) < before, "maintenance cleaned the log");
+    assert_eq!(fx.items_rows().await.len(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

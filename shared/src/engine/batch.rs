@@ -388,7 +388,9 @@ impl Engine {
             if touched.is_empty() {
                 return Ok(manifest::ManifestReport::default());
             }
-            manifest::sync(&self.storage, after, Some(&touched)).await
+            manifest::sync(&self.storage, after, Some(&touched))
+                .await
+                .map(|(m, _)| m)
         }
         .await;
         match result {

@@ -211,7 +211,9 @@ async fn manifests(
     let res = async {
         let touched =
             crate::manifest::touched_partitions(before, &crate::manifest::live_files(&after)?);
-        crate::manifest::sync(storage, after, Some(&touched)).await
+        crate::manifest::sync(storage, after, Some(&touched))
+            .await
+            .map(|(m, _)| m)
     }
     .await;
     if let Err(e) = res {

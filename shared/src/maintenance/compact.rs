@@ -18,55 +18,72 @@ use deltalake::DeltaTable;
 use crate::error::{Error, Result};
 use crate::manifest::Partition;
 
-/// Files of one partition to compact together (each bin becomes files near the target).
+/// Files to compact, per partition (each bin becomes files near the target).
 pub(super) struct CompactionPlan {
-    pub(super) partition: Partition,
-    pub(super) bins: Vec<Vec<LogicalFileView>>,
+    pub(super) partitions: Vec<(Partition, Vec<Vec<LogicalFileView>>)>,
 }
 
-/// The partition's files smaller than `target`, binned greedily (in log order) up to
-/// `target` bytes; bins of one file are dropped (nothing to gain).
+impl CompactionPlan {
+    /// Partitions with at least one bin.
+    pub(super) fn len(&self) -> usize {
+        self.partitions.len()
+    }
+}
+
+/// The files smaller than `target` in each of `partitions`, binned greedily (in log order)
+/// up to `target` bytes; bins of one file are dropped (nothing to gain), and so are
+/// partitions left without a bin.
 pub(super) fn plan(
     table: &DeltaTable,
-    partition: &Partition,
+    partitions: &[Partition],
     target: u64,
 ) -> Result<CompactionPlan> {
     let label = table.table_url().to_string();
     let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
     let columns = snapshot.metadata().partition_columns().to_vec();
-    let mut bins: Vec<Vec<LogicalFileView>> = vec![vec![]];
-    let mut bin_size = 0u64;
+    // Per partition: its bins and the size of the last one.
+    let mut bins: std::collections::BTreeMap<Partition, (Vec<Vec<LogicalFileView>>, u64)> =
+        partitions
+            .iter()
+            .map(|p| (p.clone(), (vec![vec![]], 0)))
+            .collect();
     for f in snapshot.log_data().iter() {
-        let p = Partition::of(&f, &columns);
         let size = f.size().max(0) as u64;
-        if &p != partition || size >= target {
+        if size >= target {
             continue;
         }
-        if bin_size + size > target && !bins.last().is_some_and(Vec::is_empty) {
-            bins.push(vec![]);
-            bin_size = 0;
+        let Some((b, bin_size)) = bins.get_mut(&Partition::of(&f, &columns)) else {
+            continue;
+        };
+        if *bin_size + size > target && !b.last().is_some_and(Vec::is_empty) {
+            b.push(vec![]);
+            *bin_size = 0;
         }
-        bin_size += size;
-        if let Some(b) = bins.last_mut() {
-            b.push(f);
+        *bin_size += size;
+        if let Some(last) = b.last_mut() {
+            last.push(f);
         }
     }
-    bins.retain(|b| b.len() >= 2);
-    Ok(CompactionPlan {
-        partition: partition.clone(),
-        bins,
-    })
+    let partitions = bins
+        .into_iter()
+        .filter_map(|(p, (mut b, _))| {
+            b.retain(|b| b.len() >= 2);
+            (!b.is_empty()).then_some((p, b))
+        })
+        .collect();
+    Ok(CompactionPlan { partitions })
 }
 
-/// Rewrite the plan's bins and commit: returns the number of files removed.
+/// Rewrite the plan's bins and commit: returns the number of files removed and the table
+/// state at the commit (`None` when there was nothing to do).
 pub(super) async fn execute(
     table: &DeltaTable,
     plan: CompactionPlan,
     (target, props): (u64, parquet::file::properties::WriterProperties),
     commit: deltalake::kernel::transaction::CommitProperties,
-) -> Result<u64> {
-    if plan.bins.is_empty() {
-        return Ok(0);
+) -> Result<(u64, Option<deltalake::table::state::DeltaTableState>)> {
+    if plan.partitions.is_empty() {
+        return Ok((0, None));
     }
     let label = table.table_url().to_string();
     let delta_err = |e| Error::delta(&label, e);
@@ -75,7 +92,14 @@ pub(super) async fn execute(
     let schema = snapshot.snapshot().arrow_schema();
     let mut actions = Vec::new();
     let mut removed = 0u64;
-    for bin in &plan.bins {
+    // Collected first: an iterator adapter's closure held across the awaits below would make
+    // the future not `Send`.
+    let bins: Vec<(&Partition, &Vec<LogicalFileView>)> = plan
+        .partitions
+        .iter()
+        .flat_map(|(p, bins)| bins.iter().map(move |b| (p, b)))
+        .collect();
+    for (partition, bin) in bins {
         let config = crate::delta::writer_config(
             snapshot,
             Some(props.clone()),
@@ -83,7 +107,7 @@ pub(super) async fn execute(
         );
         let mut writer = DeltaWriter::new(store.clone(), config);
         for f in bin {
-            let batches = crate::datafile::read(store.clone(), f, &schema, &plan.partition)
+            let batches = crate::datafile::read(store.clone(), f, &schema, partition)
                 .await
                 .map_err(|e| Error::Compaction {
                     file: e.file,
@@ -100,17 +124,23 @@ pub(super) async fn execute(
             actions.push(Action::Add(add));
         }
     }
-    CommitBuilder::from(commit)
+    let done = CommitBuilder::from(commit)
         .with_actions(actions)
         .build(
             Some(snapshot),
             table.log_store(),
             DeltaOperation::Optimize {
-                predicate: Some(plan.partition.folder()),
+                predicate: Some(
+                    plan.partitions
+                        .iter()
+                        .map(|(p, _)| p.folder())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
                 target_size: target as i64,
             },
         )
         .await
         .map_err(delta_err)?;
-    Ok(removed)
+    Ok((removed, Some(done.snapshot())))
 }

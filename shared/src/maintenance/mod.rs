@@ -15,7 +15,6 @@
 
 mod compact;
 
-use std::collections::BTreeSet;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -39,6 +38,8 @@ pub const MAINTENANCE_APP_ID: &str = "tributary.maintenance";
 
 /// Attempts of a partition's compaction before it waits for the next run.
 const COMPACTION_ATTEMPTS: u32 = 3;
+/// Partitions compacted in one commit.
+const COMPACTION_GROUP: usize = 16;
 
 /// Per-run options.
 #[derive(Debug, Clone, Copy, Default)]
@@ -219,7 +220,10 @@ impl Tidy<'_> {
         options: &std::collections::HashMap<String, String>,
     ) -> Result<Option<MaintenanceReport>> {
         let label = self.label;
-        let table = delta::open(self.url, options).await?;
+        // One handle for the whole upkeep, brought forward after each commit (ours from the
+        // commit's own snapshot, others' incrementally): re-opening the table at every step
+        // replays the log again each time (hundreds of GETs per table on S3).
+        let mut table = delta::open(self.url, options).await?;
         if !delta::exists(&table) {
             return Ok(None);
         }
@@ -232,9 +236,9 @@ impl Tidy<'_> {
         report.files_before = before.len();
         report.bytes_before = before.iter().map(|f| f.size).sum();
         // 1. Compaction, partition by partition, only where two or more small files exist.
-        compact(self.url, label, self.cfg, options, &before, &mut report).await?;
-        // 2. Checkpoint and expired log cleanup.
-        let table = delta::open(self.url, options).await?;
+        compact(&mut table, label, self.cfg, &before, &mut report).await?;
+        // 2. Checkpoint of the newest version and expired log cleanup.
+        update(&mut table, label).await?;
         deltalake::checkpoints::create_checkpoint(&table, None)
             .await
             .map_err(|e| Error::delta(label, e))?;
@@ -243,20 +247,31 @@ impl Tidy<'_> {
             .await
             .map_err(|e| Error::delta(label, e))?;
         // 3. VACUUM (full: also removes files of failed, uncommitted writes).
-        report.files_vacuumed = vacuum(table, self.cfg.maintenance.vacuum_retention, label).await?;
+        let (mut table, vacuumed) =
+            vacuum(table, self.cfg.maintenance.vacuum_retention, label).await?;
+        report.files_vacuumed = vacuumed;
         // 4. All manifests, deleting those of partitions without files.
+        update(&mut table, label).await?;
         if self.manifests {
-            let m = manifest::sync(storage, delta::open(self.url, options).await?, None).await?;
+            let (m, newest) = manifest::sync(storage, table, None).await?;
             report.manifests_written = m.written;
             report.manifests_deleted = m.deleted;
+            table = newest;
         }
-        let table = delta::open(self.url, options).await?;
         let after = manifest::live_files(&table)?;
         report.version_after = table.version();
         report.files_after = after.len();
         report.bytes_after = after.iter().map(|f| f.size).sum();
         Ok(Some(report))
     }
+}
+
+/// Bring a loaded table to its newest version (reads only the commits since).
+async fn update(table: &mut DeltaTable, label: &str) -> Result<()> {
+    table
+        .update_state()
+        .await
+        .map_err(|e| Error::delta(label, e))
 }
 
 fn check_vacuum_retention(table_cfg: &TableConfig, opts: MaintenanceOptions) -> Result<()> {
@@ -276,10 +291,9 @@ fn check_vacuum_retention(table_cfg: &TableConfig, opts: MaintenanceOptions) -> 
 
 /// Compact every partition that has two or more files below the target size.
 async fn compact(
-    url: &url::Url,
+    table: &mut DeltaTable,
     label: &str,
     table_cfg: &TableConfig,
-    options: &std::collections::HashMap<String, String>,
     files: &[manifest::LiveFile],
     report: &mut MaintenanceReport,
 ) -> Result<()> {
@@ -288,56 +302,94 @@ async fn compact(
     for f in files.iter().filter(|f| (f.size as u64) < target_size) {
         *small.entry(&f.partition).or_default() += 1;
     }
-    let candidates: BTreeSet<&Partition> = small
+    let candidates: Vec<Partition> = small
         .into_iter()
         .filter(|(_, n)| *n >= 2)
-        .map(|(p, _)| p)
+        .map(|(p, _)| p.clone())
         .collect();
-    for partition in candidates {
-        match compact_table(url, label, table_cfg, options, partition, target_size).await {
-            Ok(removed) => {
-                report.files_compacted += removed;
-                report.partitions_compacted += usize::from(removed > 0);
+    // Partitions are committed in groups: every commit replays the log to bring the handle
+    // forward, so one commit per partition costs reads that grow with the partitions. A group
+    // that keeps conflicting is tried again partition by partition, so that one busy
+    // partition does not hold back the others.
+    for group in candidates.chunks(COMPACTION_GROUP) {
+        let outcome = compact_table(table, label, table_cfg, group, target_size).await;
+        let outcomes = match outcome {
+            Err(Error::Contention { .. }) if group.len() > 1 => {
+                let mut each = Vec::with_capacity(group.len());
+                for p in group {
+                    let one = compact_table(
+                        table,
+                        label,
+                        table_cfg,
+                        std::slice::from_ref(p),
+                        target_size,
+                    );
+                    each.push((std::slice::from_ref(p), one.await));
+                }
+                each
             }
-            Err(Error::Contention { .. }) => {
-                tracing::warn!(table = %label, partition = %partition.folder(), "compaction keeps conflicting with concurrent writers; skipped until the next run");
-                report.partitions_skipped += 1;
+            other => vec![(group, other)],
+        };
+        for (partitions, outcome) in outcomes {
+            match outcome {
+                Ok((removed, compacted)) => {
+                    report.files_compacted += removed;
+                    report.partitions_compacted += compacted;
+                }
+                Err(Error::Contention { .. }) => {
+                    for p in partitions {
+                        tracing::warn!(table = %label, partition = %p.folder(), "compaction keeps conflicting with concurrent writers; skipped until the next run");
+                    }
+                    report.partitions_skipped += partitions.len();
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
     }
     Ok(())
 }
 
-/// Compact one partition of a table (the main table or its tombstone table), re-planned on
-/// the newest version after a conflict.
+/// Compact partitions of a table (the main table or its tombstone table) in one commit,
+/// planned on the loaded version and re-planned on the newest after a conflict. The handle
+/// ends at the compaction's commit. Returns the files removed and the partitions compacted.
 async fn compact_table(
-    url: &url::Url,
+    table: &mut DeltaTable,
     label: &str,
     table_cfg: &TableConfig,
-    options: &std::collections::HashMap<String, String>,
-    partition: &Partition,
+    partitions: &[Partition],
     target_size: u64,
-) -> Result<u64> {
+) -> Result<(u64, usize)> {
     let mut retry = Retry::new(
         label,
         COMPACTION_ATTEMPTS.min(table_cfg.max_commit_attempts),
     );
     loop {
-        let t = delta::open(url, options).await?;
-        let plan = compact::plan(&t, partition, target_size)?;
+        let plan = compact::plan(table, partitions, target_size)?;
+        let compacted = plan.len();
         let props = delta::writer_properties(table_cfg);
-        match compact::execute(&t, plan, (target_size, props), guarded_commit()).await {
-            Ok(removed) => return Ok(removed),
-            Err(e) => retry.on_error(e, "compaction").await?,
+        match compact::execute(table, plan, (target_size, props), guarded_commit()).await {
+            Ok((removed, state)) => {
+                if let Some(state) = state {
+                    table.state = Some(state);
+                }
+                return Ok((removed, compacted));
+            }
+            Err(e) => {
+                retry.on_error(e, "compaction").await?;
+                update(table, label).await?;
+            }
         }
     }
 }
 
-async fn vacuum(table: DeltaTable, retention: std::time::Duration, label: &str) -> Result<usize> {
+async fn vacuum(
+    table: DeltaTable,
+    retention: std::time::Duration,
+    label: &str,
+) -> Result<(DeltaTable, usize)> {
     let retention = chrono::Duration::from_std(retention)
         .map_err(|e| Error::config(label, format!("vacuum retention out of range: {e}")))?;
-    let (_, m) = table
+    let (table, m) = table
         .vacuum()
         .with_retention_period(retention)
         .with_enforce_retention_duration(false)
@@ -345,7 +397,7 @@ async fn vacuum(table: DeltaTable, retention: std::time::Duration, label: &str) 
         .with_commit_properties(delta::tributary_commit(&[]))
         .await
         .map_err(|e| Error::delta(label, e))?;
-    Ok(m.files_deleted.len())
+    Ok((table, m.files_deleted.len()))
 }
 
 /// The newest `deleted_at` among tombstones recorded before `cutoff` (`None`: none expire).
@@ -383,7 +435,7 @@ async fn expire_tombstones(
     };
     let label = format!("{} tombstones", table_cfg.name);
     let cutoff = expiry_cutoff(Utc::now(), table_cfg.tombstone_retention);
-    let t = delta::open(tombstones, options).await?;
+    let mut t = delta::open(tombstones, options).await?;
     if !delta::exists(&t) {
         return Ok(0);
     }
@@ -391,26 +443,18 @@ async fn expire_tombstones(
     if let Some(newest) = newest_expiring(&t, cutoff).await? {
         move_horizon(table_cfg, target, options, newest).await?;
         expired = delete_tombstones_up_to(table_cfg, tombstones, options, newest).await?;
+        update(&mut t, &label).await?;
     }
     // The tombstone table gets one small file per delete batch: compact and vacuum it too.
     let target = table_cfg.maintenance.target_file_size.max(1);
-    match compact_table(
-        tombstones,
-        &label,
-        table_cfg,
-        options,
-        &Partition::default(),
-        target,
-    )
-    .await
-    {
+    match compact_table(&mut t, &label, table_cfg, &[Partition::default()], target).await {
         Ok(_) => {}
         Err(Error::Contention { .. }) => {
             tracing::info!(table = %label, "tombstone compaction kept conflicting with other writers; next run")
         }
         Err(e) => return Err(e),
     }
-    let t = delta::open(tombstones, options).await?;
+    update(&mut t, &label).await?;
     deltalake::checkpoints::create_checkpoint(&t, None)
         .await
         .map_err(|e| Error::delta(&label, e))?;
