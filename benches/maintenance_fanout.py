@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 sys.path.insert(0, str(ROOT / "benches"))
 import dms  # noqa: E402
 from burst import rss_of  # noqa: E402
+from s3_count import CountingProxy  # noqa: E402
 from conftest import CREDS, ENDPOINT, REGION, Functions, storage_options, table_config  # noqa: E402
 
 
@@ -53,6 +54,9 @@ def main():
     ap.add_argument("--changes", type=int, default=100, help="changes per CDC file")
     ap.add_argument("--concurrency", type=int, default=5)
     ap.add_argument("--out", default=None, help="JSON file for the result")
+    ap.add_argument("--count-requests", action="store_true",
+                    help="route the functions' S3 requests through a counting proxy and report them "
+                         "(adds the proxy's latency to every request)")
     args = ap.parse_args()
     source = dms.Source(seed=14)
     files = [("LOAD00000001.parquet", dms.parquet(source.insert_records(args.rows), False))]
@@ -69,7 +73,8 @@ def main():
     tables = [f"t{i:03d}" for i in range(args.tables)]
     s3.put_object(Bucket=curated, Key="config/tributary.toml",
                   Body="".join(table_config(raw, curated, t) for t in tables).encode())
-    environment = {"AWS_ENDPOINT_URL": ENDPOINT, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+    proxy = CountingProxy(ENDPOINT).start() if args.count_requests else None
+    environment = {"AWS_ENDPOINT_URL": proxy.endpoint if proxy else ENDPOINT, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
                    "AWS_REGION": REGION, "TRIBUTARY_CONFIG": f"s3://{curated}/config/tributary.toml",
                    "RUST_LOG": "warn"}
     functions = Functions(None, None, environment=environment, log="fanout-cargo-lambda.log",
@@ -96,6 +101,7 @@ def main():
             list(pool.map(lambda t: [merge((t, f)) for f in files], tables))
         setup_merge = time.time() - t0
 
+        merge_requests = proxy.take() if proxy else None
         listed, error = functions.invoke("tributary-maintenance", {"list": True})
         assert error is None and sorted(listed["tables"]) == tables, listed
 
@@ -108,6 +114,7 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
             results = list(pool.map(maintain, listed["tables"]))
         elapsed = time.time() - start
+        requests = proxy.take() if proxy else None
         failed = [(t, p) for t, _, p, e in results if e is not None or p.get("failed")]
         reports = [m for _, _, p, e in results if e is None for m in p["maintained"]]
         durations = [s for _, s, _, _ in results]
@@ -120,6 +127,8 @@ def main():
             assert len(got) == len(rows) and got == want, f"{t} differs from the source"
     finally:
         functions.stop()
+        if proxy:
+            proxy.stop()
     result = {
         "tables": args.tables, "rows_per_table": len(want), "files_merged_per_table": len(files),
         "concurrency": args.concurrency, "setup_upload_s": round(setup_upload, 1),
@@ -130,6 +139,23 @@ def main():
         "files_compacted": sum(r["files_compacted"] for r in reports), "failed": len(failed),
         "peak_rss_mb_one_instance": peak, "rows_identical": True,
     }
+    if requests is not None:
+        # Which requests reached beyond the table an invocation was given: every key must be
+        # the configuration or under one table's `delta/<table>/`.
+        def scope(key):
+            parts = key.split("/")
+            return "table" if len(parts) > 2 and parts[0] == "delta" and parts[1] in tables else key
+        by_op = {}
+        for _, op, _, _ in requests:
+            by_op[op] = by_op.get(op, 0) + 1
+        outside = sorted({(op, key) for _, op, _, key in requests if scope(key) != "table"})
+        result["s3_requests_per_merge"] = round(len(merge_requests) / (len(tables) * len(files)), 1)
+        (ROOT / "target" / "fanout-merge-requests.tsv").write_text("".join("\t".join(r) + "\n" for r in merge_requests))
+        (ROOT / "target" / "fanout-requests.tsv").write_text("".join("\t".join(r) + "\n" for r in requests))
+        result["s3_requests"] = len(requests)
+        result["s3_requests_per_table"] = round(len(requests) / len(tables), 1)
+        result["s3_requests_by_op"] = by_op
+        result["s3_requests_outside_tables"] = [f"{op} {key}" for op, key in outside]
     if args.out:
         Path(args.out).write_text(json.dumps(result) + "\n")
     print(json.dumps(result, indent=1))
