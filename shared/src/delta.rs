@@ -817,15 +817,13 @@ pub(crate) async fn commit_actions(
     if !txns.is_empty() {
         commit = commit.with_application_transactions(txns.to_vec());
     }
-    let version = CommitBuilder::from(commit)
+    let done = CommitBuilder::from(commit)
         .with_actions(actions)
         .build(Some(snapshot), table.log_store(), operation)
         .await
-        .map_err(delta_err)?
-        .version();
-    table
-        .update_incremental(Some(version))
-        .await
         .map_err(delta_err)?;
+    // The commit's own snapshot (delta-rs brought it to the new version): loading it again
+    // would list and read the log once more.
+    table.state = Some(done.snapshot());
     Ok(table)
 }
