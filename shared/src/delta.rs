@@ -87,9 +87,12 @@ pub(crate) async fn create(
     name: &str,
     schema: &Schema,
     partition_by: &[String],
-    properties: HashMap<String, String>,
+    mut properties: HashMap<String, String>,
 ) -> Result<DeltaTable> {
     let label = table.table_url().to_string();
+    properties
+        .entry(CHECKPOINT_INTERVAL.to_string())
+        .or_insert_with(|| CHECKPOINT_EVERY.to_string());
     let nullable = Schema::new(
         schema
             .fields()
@@ -139,6 +142,23 @@ pub(crate) async fn open_or_create(
             }
         }
     }
+}
+
+/// The Delta property for how often a commit writes a checkpoint.
+pub(crate) const CHECKPOINT_INTERVAL: &str = "delta.checkpointInterval";
+/// tributary's tables write a checkpoint every 10 commits (Delta Lake's default; delta-rs's
+/// is 100). Every load of a table — each merge loads it more than once — reads every commit
+/// since the last checkpoint, one GET each: at 100 that was up to ~190 GETs per merge on S3
+/// (docs/benchmarks.md, "S3 requests").
+pub(crate) const CHECKPOINT_EVERY: u32 = 10;
+
+/// Whether the loaded table carries its own checkpoint interval.
+pub(crate) fn has_checkpoint_interval(table: &DeltaTable) -> bool {
+    table.snapshot().is_ok_and(|s| {
+        s.metadata()
+            .configuration()
+            .contains_key(CHECKPOINT_INTERVAL)
+    })
 }
 
 /// Set table properties (a metadata commit: concurrent writers retry once).

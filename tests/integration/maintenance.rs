@@ -179,6 +179,38 @@ async fn manifests_can_be_switched_off() {
     assert!(!fx.path("curated/items/_symlink_format_manifest").exists());
 }
 
+/// Every load of a table reads each commit since the last checkpoint (one GET each on S3):
+/// tributary's tables are created with a checkpoint every 10 commits, not delta-rs's 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_write_a_checkpoint_every_ten_commits() {
+    let fx = Fixture::items();
+    for i in 0..11 {
+        let u = fx.put_items(
+            &format!("20240101-{i}.parquet"),
+            &[c('I', &ts(i), i as i64, "a", 1)],
+        );
+        fx.merge_ok(&[u]).await;
+    }
+    let t = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let config = t.snapshot().unwrap().metadata().configuration().clone();
+    assert_eq!(
+        config.get("delta.checkpointInterval").map(String::as_str),
+        Some("10")
+    );
+    let checkpoints: Vec<String> = std::fs::read_dir(fx.path("curated/items/_delta_log"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".checkpoint.parquet"))
+        .collect();
+    assert_eq!(
+        checkpoints,
+        vec!["00000000000000000009.checkpoint.parquet".to_string()],
+        "a merge wrote the checkpoint of version 9"
+    );
+}
+
 /// Log cleanup is maintenance's: a merge commit leaves expired log entries where they are.
 /// delta-rs's post-commit cleanup lists the whole `_delta_log` at every commit (30 days of
 /// commits by default); tributary switches it off and cleans once per maintenance run.

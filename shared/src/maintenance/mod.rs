@@ -24,6 +24,7 @@ use deltalake::kernel::Transaction;
 use deltalake::operations::vacuum::VacuumMode;
 use deltalake::DeltaTable;
 use serde::Serialize;
+use std::collections::HashMap;
 
 use crate::config::{Config, TableConfig};
 use crate::delta;
@@ -232,6 +233,7 @@ impl Tidy<'_> {
             version_before: table.version(),
             ..Default::default()
         };
+        ensure_checkpoint_interval(&mut table, label, self.cfg).await?;
         let before = manifest::live_files(&table)?;
         report.files_before = before.len();
         report.bytes_before = before.iter().map(|f| f.size).sum();
@@ -264,6 +266,30 @@ impl Tidy<'_> {
         report.bytes_after = after.iter().map(|f| f.size).sum();
         Ok(Some(report))
     }
+}
+
+/// Give a table created before tributary set `delta.checkpointInterval` its interval (one
+/// metadata commit, once); a table that has one, the user's or tributary's, is left as it is.
+async fn ensure_checkpoint_interval(
+    table: &mut DeltaTable,
+    label: &str,
+    cfg: &TableConfig,
+) -> Result<()> {
+    let mut retry = Retry::new(label, cfg.max_commit_attempts);
+    while !delta::has_checkpoint_interval(table) {
+        let props = HashMap::from([(
+            delta::CHECKPOINT_INTERVAL.to_string(),
+            delta::CHECKPOINT_EVERY.to_string(),
+        )]);
+        match delta::set_properties(table.clone(), props).await {
+            Ok(t) => *table = t,
+            Err(e) => {
+                retry.on_error(e, "checkpoint interval").await?;
+                update(table, label).await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Bring a loaded table to its newest version (reads only the commits since).
@@ -439,6 +465,7 @@ async fn expire_tombstones(
     if !delta::exists(&t) {
         return Ok(0);
     }
+    ensure_checkpoint_interval(&mut t, &label, table_cfg).await?;
     let mut expired = 0;
     if let Some(newest) = newest_expiring(&t, cutoff).await? {
         move_horizon(table_cfg, target, options, newest).await?;
@@ -674,6 +701,58 @@ pub async fn sync_catalog(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table created without `delta.checkpointInterval` (before tributary set it) gets it
+    /// from its next maintenance run; a user's own interval is kept.
+    #[tokio::test]
+    async fn maintenance_gives_an_older_table_the_checkpoint_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = crate::config::test_table("t", "raw/t/", "curated/t", "");
+        let config = crate::Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+        let cfg = &config.tables[0];
+        let url = cfg.target.clone().unwrap();
+        let create = |interval: Option<&str>| {
+            let url = url.clone();
+            let interval = interval.map(str::to_string);
+            async move {
+                let t = delta::open(&url, &Default::default()).await.unwrap();
+                t.create()
+                    .with_columns([deltalake::kernel::StructField::new(
+                        "id",
+                        deltalake::kernel::DataType::LONG,
+                        true,
+                    )])
+                    .with_configuration(
+                        [(delta::CHECKPOINT_INTERVAL, interval)]
+                            .into_iter()
+                            .filter(|(_, v)| v.is_some()),
+                    )
+                    .await
+                    .unwrap()
+            }
+        };
+        let mut t = create(None).await;
+        assert!(!delta::has_checkpoint_interval(&t));
+        ensure_checkpoint_interval(&mut t, "t", cfg).await.unwrap();
+        let t = delta::open(&url, &Default::default()).await.unwrap();
+        let interval = |t: &DeltaTable| {
+            t.snapshot()
+                .unwrap()
+                .metadata()
+                .configuration()
+                .get(delta::CHECKPOINT_INTERVAL)
+                .cloned()
+        };
+        assert_eq!(interval(&t).as_deref(), Some("10"));
+        std::fs::remove_dir_all(url.to_file_path().unwrap()).unwrap();
+        let mut t = create(Some("50")).await;
+        let version = t.version();
+        ensure_checkpoint_interval(&mut t, "t", cfg).await.unwrap();
+        assert_eq!(
+            (interval(&t).as_deref(), t.version()),
+            (Some("50"), version)
+        );
+    }
 
     #[test]
     fn the_expiry_cutoff_moves_in_steps() {
