@@ -292,7 +292,8 @@ async fn ensure_checkpoint_interval(
     Ok(())
 }
 
-/// Bring a loaded table to its newest version (reads only the commits since).
+/// Bring a loaded table to its newest version (delta-rs reads the commits since the last
+/// checkpoint again).
 async fn update(table: &mut DeltaTable, label: &str) -> Result<()> {
     table
         .update_state()
