@@ -449,3 +449,38 @@ async fn concurrent_whole_file_appends_never_duplicate_a_key() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_small_files_merge_in_commits_of_at_most_a_slice() {
+    // Ten CDC files of 400 changes, each smaller than a slice (1024 rows), announced
+    // together (a FIFO batch can announce a thousand): merged in groups whose rows fit a
+    // slice — two files per commit — not all at once, with the same result.
+    let (load, _) = scenario(3000);
+    let fx = sliced();
+    let loaded = fx.put_items("LOAD00000001.parquet", &load);
+    fx.merge_ok(&[loaded]).await;
+    let mut all = load.clone();
+    let mut files = Vec::new();
+    for f in 0..10 {
+        let changes: Vec<Change> = (0..400)
+            .map(|j| {
+                let i = f * 400 + j;
+                let id = (i as i64 * 7919) % 3000 + 1;
+                let op = if i % 4 == 0 { 'D' } else { 'U' };
+                c(op, &ts(i), id, ["a", "b", "d"][i % 3], i as i64)
+            })
+            .collect();
+        all.extend(changes.clone());
+        files.push(fx.put_items(&format!("20240101-10000000{f:02}.parquet"), &changes));
+    }
+    let r = fx.merge_ok(&files).await;
+    assert_eq!(fx.items_rows().await, model(&all));
+    let per_commit: Vec<usize> = r.tables.iter().map(|t| t.files).collect();
+    assert_eq!(per_commit, vec![2; 5], "commits of at most 1024 rows");
+    let again = fx.merge_ok(&files).await;
+    assert!(again
+        .files
+        .iter()
+        .all(|f| matches!(f.status, FileStatus::Merged { .. })));
+    assert_eq!(fx.items_rows().await, model(&all));
+}

@@ -278,34 +278,73 @@ impl Engine {
                 return (failed, vec![]);
             }
         };
-        let read = self.read_files(table, &files, &view, true).await;
-        for (f, e) in read.failed {
-            outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
-        }
-        let sets = self.screen(table, &view, read.sets, &mut outcomes).await;
-        let admission = plan::admit(
-            sets,
-            view.schema.as_deref(),
-            view.props.sequence_kinds.as_deref(),
-        );
-        for (f, e) in admission.rejected {
-            log_failure(&table.name, &f, &e);
-            outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
-        }
+        // Files are read (eight at a time) and merged in groups of at most one slice of
+        // rows and decoded bytes: memory follows the slice, not the number of files a batch
+        // announces (a FIFO batch can announce a thousand). A file is never split across
+        // groups; each group is one commit.
+        let (schema, props) = (view.schema.clone(), view.props.clone());
+        let mut reads = stream::iter(files.iter().cloned())
+            .map(|f| {
+                let (schema, props) = (schema.as_deref(), &props);
+                async move {
+                    let r = self.read_file(table, &f, schema, props, true).await;
+                    (f, r)
+                }
+            })
+            .buffered(8);
+        let mut view = Some(view);
         let mut reports = Vec::new();
-        if !admission.admitted.is_empty() {
-            let batch = Batch {
-                changes: &admission.admitted,
-                kinds: admission.kinds.clone(),
-                delete_unmatched_below: None,
-            };
-            let loaded = delta::exists(&view.table).then_some(view.table);
-            reports = self
-                .merge_or_isolate(table, batch, loaded, &mut outcomes)
-                .await;
+        let mut large = Vec::new();
+        let mut group: Vec<ChangeSet> = Vec::new();
+        let (mut rows, mut bytes) = (0usize, 0usize);
+        loop {
+            let next = reads.next().await;
+            let end = next.is_none();
+            let mut set = None;
+            match next {
+                Some((_, Ok((source::Read::Whole(cs), _)))) => set = Some(*cs),
+                Some((f, Ok((source::Read::Large, raw)))) => large.push((f, raw)),
+                Some((f, Err(e))) => {
+                    log_failure(&table.name, &f, &e);
+                    outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
+                }
+                None => {}
+            }
+            let (n, b) = set.as_ref().map_or((0, 0), |cs| {
+                (cs.data.num_rows(), cs.data.get_array_memory_size())
+            });
+            let full = rows + n > table.slice_rows || bytes + b > table.slice_bytes;
+            if !group.is_empty() && (end || (set.is_some() && full)) {
+                let sets = std::mem::take(&mut group);
+                (rows, bytes) = (0, 0);
+                // The first group merges on the table read above; later ones read it again
+                // (the group before changed it).
+                let v = match view.take() {
+                    Some(v) => Ok(v),
+                    None => TableView::open(table, &self.options).await,
+                };
+                match v {
+                    Ok(v) => reports.extend(self.merge_group(table, v, sets, &mut outcomes).await),
+                    Err(e) => {
+                        let e = Arc::new(e);
+                        for cs in sets {
+                            log_failure(&table.name, &cs.file, &e);
+                            outcomes.push(FileOutcome::failed(cs.file, &table.name, e.clone()));
+                        }
+                    }
+                }
+            }
+            if let Some(cs) = set {
+                rows += n;
+                bytes += b;
+                group.push(cs);
+            }
+            if end {
+                break;
+            }
         }
         // Large files after the others, one at a time, slice by slice.
-        for (file, raw) in read.large {
+        for (file, raw) in large {
             match self.merge_large(table, &file, &raw, &mut outcomes).await {
                 Ok(Some(r)) => reports.push(r),
                 Ok(None) => {}
@@ -316,6 +355,37 @@ impl Engine {
             }
         }
         (outcomes, reports)
+    }
+
+    /// Screen, admit and merge one group of a table's small files (one commit, or one per
+    /// file when a bad one must be isolated) on `view`.
+    async fn merge_group(
+        &self,
+        table: &TableConfig,
+        view: TableView,
+        sets: Vec<ChangeSet>,
+        outcomes: &mut Vec<FileOutcome>,
+    ) -> Vec<TableReport> {
+        let sets = self.screen(table, &view, sets, outcomes).await;
+        let admission = plan::admit(
+            sets,
+            view.schema.as_deref(),
+            view.props.sequence_kinds.as_deref(),
+        );
+        for (f, e) in admission.rejected {
+            log_failure(&table.name, &f, &e);
+            outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
+        }
+        if admission.admitted.is_empty() {
+            return vec![];
+        }
+        let batch = Batch {
+            changes: &admission.admitted,
+            kinds: admission.kinds.clone(),
+            delete_unmatched_below: None,
+        };
+        let loaded = delta::exists(&view.table).then_some(view.table);
+        self.merge_or_isolate(table, batch, loaded, outcomes).await
     }
 
     /// Merge a file of more than `slice_rows` rows: first read all of it, checking every
@@ -419,6 +489,26 @@ impl Engine {
         Ok(Some(counts))
     }
 
+    /// Fetch and open one file: whole when it has at most one slice of rows and bytes
+    /// (`sliced`; otherwise always whole), else [`source::Read::Large`] with its body.
+    async fn read_file(
+        &self,
+        table: &TableConfig,
+        f: &Url,
+        schema: Option<&arrow::datatypes::Schema>,
+        props: &TableProps,
+        sliced: bool,
+    ) -> Result<(source::Read, source::RawFile)> {
+        let (rows, bytes) = match sliced {
+            true => (table.slice_rows, table.slice_bytes),
+            false => (usize::MAX, usize::MAX),
+        };
+        let raw = self.storage.get_file(f).await?;
+        let read =
+            source::Slices::open(f, &raw, table, schema, props, rows, bytes)?.whole_or_large()?;
+        Ok((read, raw))
+    }
+
     /// Read and parse files (8 at a time): the change sets, the files larger than a slice
     /// (to merge in slices; with `sliced` false every file is read whole), and the files
     /// that failed.
@@ -429,27 +519,11 @@ impl Engine {
         view: &TableView,
         sliced: bool,
     ) -> ReadFiles {
-        let (rows, bytes) = match sliced {
-            true => (table.slice_rows, table.slice_bytes),
-            false => (usize::MAX, usize::MAX),
-        };
         let read = stream::iter(files.iter().cloned())
             .map(|f| async move {
-                let r = async {
-                    let raw = self.storage.get_file(&f).await?;
-                    let read = source::Slices::open(
-                        &f,
-                        &raw,
-                        table,
-                        view.schema.as_deref(),
-                        &view.props,
-                        rows,
-                        bytes,
-                    )?
-                    .whole_or_large()?;
-                    Ok((read, raw))
-                }
-                .await;
+                let r = self
+                    .read_file(table, &f, view.schema.as_deref(), &view.props, sliced)
+                    .await;
                 (f, r)
             })
             .buffered(8)
