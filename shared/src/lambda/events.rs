@@ -44,6 +44,36 @@ pub fn decode_s3_key(key: &str) -> String {
     storage::percent_decode(&key.replace('+', " "))
 }
 
+/// Characters an S3 notification leaves as they are in a key (the others are
+/// percent-encoded; [`decode_s3_key`] reverses it).
+const KEY_KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/');
+
+/// One S3 notification record announcing the creation of `object` (an `s3://` URL), in the
+/// form S3 sends (key URL-encoded), with only the fields [`parse`] reads.
+pub fn s3_record(object: &Url) -> Value {
+    let key = storage::percent_decode(object.path().trim_start_matches('/'));
+    serde_json::json!({
+        "eventVersion": "2.1",
+        "eventSource": "aws:s3",
+        "eventName": "ObjectCreated:Put",
+        "s3": {
+            "bucket": {"name": object.host_str().unwrap_or_default()},
+            "object": {"key": percent_encoding::utf8_percent_encode(&key, KEY_KEEP).to_string()},
+        },
+    })
+}
+
+/// An S3 notification announcing `objects`: what forwarded and dead-lettered messages
+/// carry, so that a redrive to the merge queue replays exactly these files.
+pub fn s3_notification<'a>(objects: impl IntoIterator<Item = &'a Url>) -> Value {
+    serde_json::json!({"Records": objects.into_iter().map(s3_record).collect::<Vec<_>>()})
+}
+
 /// Parse any supported payload.
 pub fn parse(event: &Value) -> Result<Invocation, String> {
     if let Some(records) = event.get("Records").and_then(Value::as_array) {
@@ -168,8 +198,9 @@ pub struct Handled {
     pub report: ProcessReport,
     /// Message ids to report as failed (SQS), with reasons.
     pub failed_messages: Vec<(Option<String>, String)>,
-    /// FIFO messages whose files cannot be merged (not retryable), moved to the dead-letter
-    /// queue so that they do not hold up their table: (message id, reason).
+    /// FIFO messages with files that cannot be merged (not retryable): those files were
+    /// moved to the dead-letter queue (the message's other files merged) so that they do not
+    /// hold up their table: (message id, reason).
     pub dead_lettered: Vec<(String, String)>,
 }
 
@@ -248,8 +279,10 @@ pub async fn handle_with(
                 failed.push((m.id.clone(), reason.clone()));
             }
             Ok(objs) => {
-                let errs: Vec<&(String, bool)> =
-                    objs.iter().filter_map(|o| errors.get(o).copied()).collect();
+                let (bad, errs): (Vec<Url>, Vec<&(String, bool)>) = objs
+                    .iter()
+                    .filter_map(|o| errors.get(o).map(|e| (o.clone(), *e)))
+                    .unzip();
                 if errs.is_empty() {
                     continue;
                 }
@@ -260,7 +293,7 @@ pub async fn handle_with(
                     .join("; ");
                 let retryable = errs.iter().any(|(_, r)| *r);
                 if let (true, false, Some(q), Some(id)) = (dead_letters, retryable, queues, &m.id) {
-                    match q.dead_letter(event, id, &reason).await {
+                    match q.dead_letter(event, id, &bad, &reason).await {
                         Ok(()) => {
                             tracing::error!(message_id = %id, error = %reason, "moved to the dead-letter queue (cannot be merged; its table goes on)");
                             dead_lettered.push((id.clone(), reason));
@@ -317,6 +350,35 @@ mod tests {
         );
         assert!(inv.messages[1].objects.as_ref().unwrap().is_empty());
         assert!(inv.messages[2].objects.is_err());
+    }
+
+    #[test]
+    fn a_built_notification_announces_exactly_its_objects() {
+        let keys = [
+            "dms/s/t/20240101-1.parquet",
+            "dms/s/order lines/a+b%41 é:=?#&.parquet",
+            "dms/s/t/100%.csv.gz",
+        ];
+        let urls: Vec<Url> = keys
+            .iter()
+            .map(|k| storage::s3_url("raw-bucket", k).unwrap())
+            .collect();
+        let body = s3_notification(&urls).to_string();
+        let ev = json!({"Records": [{"messageId": "m", "eventSource": "aws:sqs", "body": body}]});
+        let inv = parse(&ev).unwrap();
+        let got: Vec<String> = inv.messages[0]
+            .objects
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(storage::display)
+            .collect();
+        let want: Vec<String> = keys
+            .iter()
+            .map(|k| format!("s3://raw-bucket/{k}"))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(inv.messages[0].objects.as_ref().unwrap(), &urls);
     }
 
     #[test]

@@ -1,24 +1,29 @@
 //! One writer per table: the merge function, fed by the standard queue S3 notifies,
-//! forwards each notification to a FIFO queue with the table as message group; fed by that
-//! FIFO queue, the same function merges. SQS gives a message group's messages to one
-//! consumer at a time, so each table's files are merged by one invocation at a time, in
-//! batches, while different tables proceed in parallel — a burst or a backfill of one table
-//! becomes a few large commits instead of many commits fighting over the table.
+//! forwards the files each batch of notifications announces to a FIFO queue, one message
+//! per table (the message group) announcing all of that table's files; fed by that FIFO
+//! queue, the same function merges. SQS gives a message group's messages to one consumer at
+//! a time, so each table's files are merged by one invocation at a time, in batches of up to
+//! ten messages (a hundred files and more), while different tables proceed in parallel — a
+//! burst or a backfill of one table becomes a few large commits instead of many commits
+//! fighting over the table.
 //!
-//! A FIFO message whose file cannot be merged (a named, non-retryable error) would hold its
-//! table's group until SQS dead-letters it; it is moved to the dead-letter queue at once
-//! instead (with the error as a message attribute), so the table goes on. Retryable
-//! failures (storage, contention) stay in place and are retried, in order.
+//! A FIFO message with files that cannot be merged (a named, non-retryable error) would
+//! hold its table's group until SQS dead-letters it; those files are moved to the
+//! dead-letter queue at once instead — one message announcing just them, with the error as a
+//! message attribute — and the message's other files are merged, so the table goes on.
+//! A message with a retryable failure (storage, contention) stays in place and is retried
+//! whole (its merged files change nothing the second time).
 //!
 //! Environment: `TRIBUTARY_ROUTE_TO` (the FIFO queue's URL: forwarding on),
 //! `TRIBUTARY_ROUTE_FROM` (the ARN of the queue whose messages are forwarded; default: any
-//! standard queue), `TRIBUTARY_DEAD_LETTER_TO` (where such FIFO messages are moved).
+//! standard queue), `TRIBUTARY_DEAD_LETTER_TO` (where such files are moved).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 use url::Url;
 
@@ -41,7 +46,6 @@ pub struct Queues {
 /// One SQS record of an event.
 struct Record<'a> {
     id: &'a str,
-    body: &'a str,
     source: &'a str,
 }
 
@@ -54,7 +58,6 @@ fn records(event: &Value) -> Vec<Record<'_>> {
                 .filter(|r| r.get("eventSource").and_then(Value::as_str) == Some("aws:sqs"))
                 .map(|r| Record {
                     id: r.get("messageId").and_then(Value::as_str).unwrap_or(""),
-                    body: r.get("body").and_then(Value::as_str).unwrap_or(""),
                     source: r
                         .get("eventSourceARN")
                         .and_then(Value::as_str)
@@ -119,31 +122,25 @@ impl Queues {
         };
         let plan = plan_forward(engine, event);
         let mut failed: Vec<String> = plan.unreadable.clone();
-        let entries: Vec<(String, SendMessageBatchRequestEntry)> = plan
-            .sends
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                SendMessageBatchRequestEntry::builder()
-                    .id(format!("m{i}"))
-                    .message_body(s.body.clone())
-                    .message_group_id(s.group.clone())
-                    .message_deduplication_id(s.dedup.clone())
-                    .build()
-                    .ok()
-                    .map(|e| (s.source_id.clone(), e))
-            })
-            .collect();
         let sqs = self.sqs().await;
-        for chunk in entries.chunks(10) {
-            let ids: BTreeMap<String, String> = chunk
+        for batch in send_batches(&plan.sends) {
+            let entries: Vec<SendMessageBatchRequestEntry> = batch
                 .iter()
-                .map(|(src, e)| (e.id().to_string(), src.clone()))
+                .enumerate()
+                .filter_map(|(i, s)| {
+                    SendMessageBatchRequestEntry::builder()
+                        .id(format!("m{i}"))
+                        .message_body(s.body.clone())
+                        .message_group_id(s.group.clone())
+                        .message_deduplication_id(s.dedup.clone())
+                        .build()
+                        .ok()
+                })
                 .collect();
             let res = sqs
                 .send_message_batch()
                 .queue_url(to)
-                .set_entries(Some(chunk.iter().map(|(_, e)| e.clone()).collect()))
+                .set_entries(Some(entries))
                 .send()
                 .await;
             match res {
@@ -153,21 +150,30 @@ impl Queues {
                             entry = f.id(),
                             code = f.code(),
                             message = f.message(),
-                            "not forwarded; the message will be retried"
+                            "not forwarded; the messages will be retried"
                         );
-                        if let Some(src) = ids.get(f.id()) {
-                            failed.push(src.clone());
+                        let sent = f
+                            .id()
+                            .strip_prefix('m')
+                            .and_then(|i| i.parse::<usize>().ok())
+                            .and_then(|i| batch.get(i));
+                        match sent {
+                            Some(s) => failed.extend(s.sources.iter().cloned()),
+                            // An entry we cannot tell: retry every message of the call.
+                            None => {
+                                failed.extend(batch.iter().flat_map(|s| s.sources.iter().cloned()))
+                            }
                         }
                     }
                 }
                 Err(e) => {
                     tracing::error!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "forwarding failed; the messages will be retried");
-                    failed.extend(ids.into_values());
+                    failed.extend(batch.iter().flat_map(|s| s.sources.iter().cloned()));
                 }
             }
         }
-        for (group, n) in &plan.per_group {
-            tracing::info!(group = %group, messages = n, "forwarded to the table's message group");
+        for (group, (messages, files)) in &plan.per_group {
+            tracing::info!(group = %group, messages, files, "forwarded to the table's message group");
         }
         failed.sort();
         failed.dedup();
@@ -178,10 +184,17 @@ impl Queues {
         Ok(serde_json::to_value(r)?)
     }
 
-    /// Move a FIFO message whose files cannot be merged to the dead-letter queue. `Err`
-    /// when that fails (the message is then reported failed, as without a dead-letter
-    /// queue).
-    pub async fn dead_letter(&self, event: &Value, id: &str, reason: &str) -> Result<(), String> {
+    /// Move the files of a FIFO message that cannot be merged to the dead-letter queue: one
+    /// message announcing just those `files` (its other files were merged), with the error
+    /// and the source queue as attributes. `Err` when that fails (the message is then
+    /// reported failed, as without a dead-letter queue).
+    pub async fn dead_letter(
+        &self,
+        event: &Value,
+        id: &str,
+        files: &[Url],
+        reason: &str,
+    ) -> Result<(), String> {
         let Some(to) = &self.dead_letter_to else {
             return Err("no dead-letter queue configured".into());
         };
@@ -201,7 +214,8 @@ impl Queues {
             .await
             .send_message()
             .queue_url(to)
-            .message_body(r.body)
+            .message_body(events::s3_notification(files).to_string())
+            .message_attributes("tributary_message_id", attr(id)?)
             .message_attributes("tributary_error", attr(&reason)?)
             .message_attributes("tributary_source_queue", attr(r.source)?)
             .send()
@@ -211,6 +225,13 @@ impl Queues {
     }
 }
 
+/// Most files one forwarded message announces.
+pub const MAX_FILES_PER_MESSAGE: usize = 100;
+/// Largest body of a forwarded message, and largest `SendMessageBatch` (SQS's limit is
+/// 256 KiB for either, attributes included).
+const MAX_BODY_BYTES: usize = 64 * 1024;
+const MAX_SEND_BYTES: usize = 200 * 1024;
+
 /// What forwarding one event sends.
 #[derive(Debug, Default)]
 struct ForwardPlan {
@@ -218,23 +239,34 @@ struct ForwardPlan {
     /// Messages whose body is not a notification tributary understands (reported failed:
     /// retried, then dead-lettered, as the merge would).
     unreadable: Vec<String>,
-    per_group: BTreeMap<String, usize>,
+    /// Per message group: (messages sent, files announced).
+    per_group: BTreeMap<String, (usize, usize)>,
 }
 
 #[derive(Debug)]
 struct Send {
-    source_id: String,
+    /// The routed messages announcing its files: reported failed if it cannot be sent.
+    sources: BTreeSet<String>,
     group: String,
     dedup: String,
     body: String,
 }
 
-/// One send per message and table it announces files of (the body unchanged; a message
-/// announcing files of two tables goes to both groups, each merge ignoring nothing it must
-/// not: files of the other table are merged there too, harmlessly).
+/// One message per table (message group) and routed batch, announcing all of that
+/// table's files the batch announces (at most [`MAX_FILES_PER_MESSAGE`] and
+/// [`MAX_BODY_BYTES`]; more make more messages), as an S3 notification: a FIFO batch of ten
+/// messages then merges up to a thousand files in one commit instead of ten. A file
+/// announced twice in the batch (duplicate deliveries) is announced once.
+///
+/// The deduplication id is a hash of the group, the files and the routed messages, so a
+/// redelivery of the same messages routed the same way within SQS's five-minute window
+/// sends nothing new, while a new notification for a file (a corrected upload) is always
+/// sent.
 fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
     let mut plan = ForwardPlan::default();
     let parsed = events::parse(event).ok();
+    // Per group, its files in the order announced, each with the messages announcing it.
+    let mut groups: BTreeMap<String, Vec<(Url, BTreeSet<String>)>> = BTreeMap::new();
     for (i, r) in records(event).iter().enumerate() {
         let objects: Result<Vec<Url>, String> =
             match parsed.as_ref().and_then(|p| p.messages.get(i)) {
@@ -249,33 +281,81 @@ fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
                 continue;
             }
         };
-        let mut groups: Vec<String> = objects
-            .iter()
-            .map(|o| {
-                engine
-                    .config()
-                    .table_for(&engine.resolve(o))
-                    .map(|t| t.name.clone())
-                    .unwrap_or_else(|| UNROUTED_GROUP.to_string())
-            })
-            .collect();
-        groups.sort();
-        groups.dedup();
-        for (n, group) in groups.into_iter().enumerate() {
-            *plan.per_group.entry(group.clone()).or_default() += 1;
-            plan.sends.push(Send {
-                source_id: r.id.to_string(),
-                dedup: if n == 0 {
-                    r.id.to_string()
-                } else {
-                    format!("{}-{n}", r.id)
-                },
-                group,
-                body: r.body.to_string(),
-            });
+        for o in objects {
+            let group = engine
+                .config()
+                .table_for(&engine.resolve(&o))
+                .map(|t| t.name.clone())
+                .unwrap_or_else(|| UNROUTED_GROUP.to_string());
+            let files = groups.entry(group).or_default();
+            match files.iter_mut().find(|(f, _)| *f == o) {
+                Some((_, ids)) => {
+                    ids.insert(r.id.to_string());
+                }
+                None => files.push((o, BTreeSet::from([r.id.to_string()]))),
+            }
+        }
+    }
+    for (group, files) in groups {
+        let mut chunk: Vec<(Url, BTreeSet<String>)> = Vec::new();
+        let mut bytes = 0;
+        for (file, ids) in files {
+            let size = events::s3_record(&file).to_string().len() + 1;
+            if !chunk.is_empty()
+                && (chunk.len() == MAX_FILES_PER_MESSAGE || bytes + size > MAX_BODY_BYTES)
+            {
+                plan.push(&group, std::mem::take(&mut chunk));
+                bytes = 0;
+            }
+            bytes += size;
+            chunk.push((file, ids));
+        }
+        if !chunk.is_empty() {
+            plan.push(&group, chunk);
         }
     }
     plan
+}
+
+impl ForwardPlan {
+    fn push(&mut self, group: &str, files: Vec<(Url, BTreeSet<String>)>) {
+        let sources: BTreeSet<String> = files.iter().flat_map(|(_, ids)| ids.clone()).collect();
+        let mut hash = Sha256::new();
+        for part in std::iter::once(group)
+            .chain(files.iter().map(|(f, _)| f.as_str()))
+            .chain(sources.iter().map(String::as_str))
+        {
+            hash.update(part.as_bytes());
+            hash.update([0]);
+        }
+        let dedup = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let counts = self.per_group.entry(group.to_string()).or_default();
+        counts.0 += 1;
+        counts.1 += files.len();
+        self.sends.push(Send {
+            sources,
+            group: group.to_string(),
+            dedup,
+            body: events::s3_notification(files.iter().map(|(f, _)| f)).to_string(),
+        });
+    }
+}
+
+/// `SendMessageBatch` calls: at most ten entries and [`MAX_SEND_BYTES`] each.
+fn send_batches(sends: &[Send]) -> Vec<&[Send]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, s) in sends.iter().enumerate() {
+        if i > start && (i - start == 10 || bytes + s.body.len() > MAX_SEND_BYTES) {
+            out.push(&sends[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += s.body.len();
+    }
+    if start < sends.len() {
+        out.push(&sends[start..]);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -297,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn messages_go_to_their_tables_groups_and_only_routed_queues_forward() {
+    fn a_batch_goes_to_its_tables_groups_one_message_each_and_only_routed_queues_forward() {
         let std_arn = "arn:aws:sqs:us-east-1:1:merge";
         let fifo_arn = "arn:aws:sqs:us-east-1:1:merge.fifo";
         let event = json!({"Records": [
@@ -305,22 +385,65 @@ mod tests {
             sqs("b", std_arn, "dms/s/items/20240101-1.parquet"),
             sqs("c", std_arn, "elsewhere/x.parquet"),
             {"messageId": "d", "eventSource": "aws:sqs", "eventSourceARN": std_arn, "body": "not json"},
+            sqs("e", std_arn, "dms/s/orders/20240101-2.parquet"),
+            sqs("f", std_arn, "dms/s/orders/20240101-1.parquet"),
         ]});
         let plan = plan_forward(&engine(), &event);
-        let got: Vec<(&str, &str, &str)> = plan
+        let got: Vec<(&str, Vec<&str>, Vec<String>)> = plan
             .sends
             .iter()
-            .map(|s| (s.source_id.as_str(), s.group.as_str(), s.dedup.as_str()))
+            .map(|s| {
+                let body: Value = serde_json::from_str(&s.body).unwrap();
+                let keys = body["Records"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["s3"]["object"]["key"].as_str().unwrap().to_string())
+                    .collect();
+                let ids = s.sources.iter().map(String::as_str).collect();
+                (s.group.as_str(), ids, keys)
+            })
             .collect();
         assert_eq!(
             got,
             vec![
-                ("a", "orders", "a"),
-                ("b", "items", "b"),
-                ("c", UNROUTED_GROUP, "c")
-            ]
+                (
+                    UNROUTED_GROUP,
+                    vec!["c"],
+                    vec!["elsewhere/x.parquet".to_string()]
+                ),
+                (
+                    "items",
+                    vec!["b"],
+                    vec!["dms/s/items/20240101-1.parquet".to_string()]
+                ),
+                (
+                    "orders",
+                    vec!["a", "e", "f"],
+                    vec![
+                        "dms/s/orders/20240101-1.parquet".to_string(),
+                        "dms/s/orders/20240101-2.parquet".to_string()
+                    ]
+                ),
+            ],
+            "one message per table, a file announced twice sent once"
         );
         assert_eq!(plan.unreadable, vec!["d".to_string()]);
+        assert_eq!(plan.per_group["orders"], (1, 2));
+        let dedups: BTreeSet<&str> = plan.sends.iter().map(|s| s.dedup.as_str()).collect();
+        assert_eq!(dedups.len(), 3);
+        let again = plan_forward(&engine(), &event);
+        assert_eq!(
+            again.sends.iter().map(|s| &s.dedup).collect::<Vec<_>>(),
+            plan.sends.iter().map(|s| &s.dedup).collect::<Vec<_>>(),
+            "a redelivered batch is deduplicated"
+        );
+        let renotified = json!({"Records": [sqs("g", std_arn, "dms/s/items/20240101-1.parquet")]});
+        assert_ne!(
+            plan_forward(&engine(), &renotified).sends[0].dedup,
+            plan.sends[1].dedup,
+            "a new notification of the same file is a new message"
+        );
 
         let on = Queues {
             route_to: Some("https://sqs/merge.fifo".into()),
@@ -346,5 +469,51 @@ mod tests {
             ..Default::default()
         };
         assert!(dl.dead_letters(&from_fifo) && !dl.dead_letters(&event));
+    }
+
+    #[test]
+    fn many_files_make_several_messages_and_calls_within_sqs_limits() {
+        let std_arn = "arn:aws:sqs:us-east-1:1:merge";
+        let long = "x".repeat(900);
+        let records: Vec<Value> = (0..1200)
+            .map(|i| {
+                let key = match i % 2 {
+                    0 => format!("dms/s/orders/{i:05}.parquet"),
+                    _ => format!("dms/s/items/{long}{i:05}.parquet"),
+                };
+                sqs(&format!("m{i}"), std_arn, &key)
+            })
+            .collect();
+        let plan = plan_forward(&engine(), &json!({ "Records": records }));
+        let per = |g: &str| {
+            plan.sends
+                .iter()
+                .filter(|s| s.group == g)
+                .collect::<Vec<_>>()
+        };
+        let orders = per("orders");
+        assert_eq!(orders.len(), 6, "600 files: 100 per message");
+        let files = |s: &Send| {
+            serde_json::from_str::<Value>(&s.body).unwrap()["Records"]
+                .as_array()
+                .unwrap()
+                .len()
+        };
+        assert!(orders.iter().all(|s| files(s) == MAX_FILES_PER_MESSAGE));
+        let items = per("items");
+        assert!(items.len() > 6, "long keys: the body limit splits sooner");
+        assert_eq!(items.iter().map(|s| files(s)).sum::<usize>(), 600);
+        assert!(plan.sends.iter().all(|s| s.body.len() <= MAX_BODY_BYTES));
+        let dedups: BTreeSet<&str> = plan.sends.iter().map(|s| s.dedup.as_str()).collect();
+        assert_eq!(dedups.len(), plan.sends.len());
+        let batches = send_batches(&plan.sends);
+        assert_eq!(
+            batches.iter().map(|b| b.len()).sum::<usize>(),
+            plan.sends.len()
+        );
+        for b in batches {
+            assert!(b.len() <= 10);
+            assert!(b.iter().map(|s| s.body.len()).sum::<usize>() <= MAX_SEND_BYTES);
+        }
     }
 }
