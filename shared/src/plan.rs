@@ -199,6 +199,20 @@ pub(crate) fn admit(
     out
 }
 
+/// Check admitted change sets again against the sequence kinds `recorded` on the table a
+/// commit is about to be based on: a concurrent writer may have recorded other kinds after
+/// this batch was admitted (against a table that had none, or no table). The first
+/// mismatching CDC file's error (full-load files only tell a kind, as in [`admit`]).
+pub(crate) fn recheck_kinds(changes: &[ChangeSet], recorded: Option<&[SeqKind]>) -> Result<()> {
+    let Some(recorded) = recorded else {
+        return Ok(());
+    };
+    for cs in changes {
+        check_kinds(cs, &mut Some(recorded.to_vec()))?;
+    }
+    Ok(())
+}
+
 fn check_kinds(cs: &ChangeSet, expected: &mut Option<Vec<SeqKind>>) -> Result<()> {
     if cs.seq_kinds.iter().any(Option::is_none) {
         return Ok(());

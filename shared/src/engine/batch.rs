@@ -307,6 +307,10 @@ impl Engine {
             }
         };
         let target = record_kinds(target, batch.kinds.as_deref()).await?;
+        plan::recheck_kinds(
+            batch.changes,
+            delta::props(&target).sequence_kinds.as_deref(),
+        )?;
         let target = enable_change_data_feed(table, target).await?;
         let screened: Vec<super::Screened> =
             batch.changes.iter().map(super::Screened::of).collect();

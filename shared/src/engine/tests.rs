@@ -424,3 +424,53 @@ async fn a_whole_file_append_racing_a_reload_is_screened_again() {
         "none of the older load's rows"
     );
 }
+
+/// Two writers of a new table whose files order changes by values of different kinds: the
+/// second admitted its file when there was no table (no kinds to check against), then the
+/// first created the table and recorded timestamps. The second's commit must check its
+/// file again and refuse it, not write text order keys among timestamp ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinds_recorded_by_a_concurrent_writer_are_checked_before_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+    let src = config.tables[0].source.clone();
+    let storage = Storage::new();
+    let stamped = src.join("20240101-0000000001.parquet").unwrap();
+    let texted = src.join("20240101-0000000002.parquet").unwrap();
+    storage
+        .put(&stamped, cdc("I", "2024-01-01 00:00:01", 1))
+        .await
+        .unwrap();
+    storage.put(&texted, cdc("I", "seq-0002", 2)).await.unwrap();
+    let first = Engine::new(config.clone());
+    let mut second = Engine::new(config.clone());
+    let (f, file) = (first.clone(), stamped.clone());
+    let (hook, fired) = Hook::once(move || {
+        let (f, file) = (f.clone(), file.clone());
+        async move {
+            let r = f.process(&[file]).await;
+            assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+        }
+    });
+    second.before_tombstones = Some(hook);
+    let r = second.process(std::slice::from_ref(&texted)).await;
+    assert!(fired.load(Ordering::SeqCst));
+    let failed: Vec<String> = r
+        .failures()
+        .filter_map(|f| match &f.status {
+            FileStatus::Failed { error, .. } => Some(error.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed.len(), 1, "{:?}", r.files);
+    assert!(
+        failed[0].contains("values of different kinds do not compare"),
+        "{failed:?}"
+    );
+    assert_eq!(
+        ids_of(&config).await,
+        vec![1],
+        "the text-ordered row is not written"
+    );
+}

@@ -281,6 +281,10 @@ impl Attempt<'_> {
             Some(r) => crate::engine::record_kinds(table, r.kinds.as_deref()).await?,
             None => table,
         };
+        crate::plan::recheck_kinds(
+            self.changes.sets,
+            delta::props(&table).sequence_kinds.as_deref(),
+        )?;
         let data = history_data_columns(cfg, h, &table, self.columns, kind)?;
         let keys = key_batch(cfg, self.changes.sets, &data)?;
         let existing = delta::rows_with_keys(&table, &label, &cfg.primary_key, &keys).await?;
