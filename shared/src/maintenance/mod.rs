@@ -393,6 +393,8 @@ async fn compact_table(
     loop {
         let plan = compact::plan(table, partitions, target_size)?;
         let compacted = plan.len();
+        #[cfg(test)]
+        tests::before_compaction_commit(label, partitions).await;
         let props = delta::writer_properties(table_cfg);
         match compact::execute(table, plan, (target_size, props), guarded_commit()).await {
             Ok((removed, state)) => {
@@ -702,6 +704,140 @@ pub async fn sync_catalog(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::future::BoxFuture;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    type Hook = Arc<dyn Fn(Vec<Partition>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+    /// Hooks run before a compaction commit attempt, by table label (tests run in
+    /// parallel: each uses its own table name).
+    static HOOKS: Mutex<Vec<(String, Hook)>> = Mutex::new(Vec::new());
+
+    pub(super) async fn before_compaction_commit(label: &str, partitions: &[Partition]) {
+        let hook = HOOKS.lock().ok().and_then(|h| {
+            h.iter()
+                .find(|(l, _)| l == label)
+                .map(|(_, hook)| hook.clone())
+        });
+        if let Some(hook) = hook {
+            hook(partitions.to_vec()).await;
+        }
+    }
+
+    /// One CDC file: (op, ts, id, part) rows.
+    fn cdc(rows: &[(&str, &str, i64, &str)]) -> bytes::Bytes {
+        use arrow::array::{Int64Array, RecordBatch, StringArray};
+        use arrow::datatypes::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("Op", DataType::Utf8, true),
+            Field::new("ts", DataType::Utf8, true),
+            Field::new("id", DataType::Int64, true),
+            Field::new("part", DataType::Utf8, true),
+        ]));
+        let op: Vec<&str> = rows.iter().map(|r| r.0).collect();
+        let ts: Vec<&str> = rows.iter().map(|r| r.1).collect();
+        let part: Vec<&str> = rows.iter().map(|r| r.3).collect();
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(op)),
+                Arc::new(StringArray::from(ts)),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+                Arc::new(StringArray::from(part)),
+            ],
+        )
+        .unwrap();
+        crate::demo::to_parquet(&b).unwrap()
+    }
+
+    /// A compaction group that keeps conflicting (a writer keeps changing one of its
+    /// partitions) is tried again partition by partition: the busy partition is skipped
+    /// until the next run, the others are compacted, and no change is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_partition_does_not_hold_back_its_compaction_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let extra = "partition_by = [\"part\"]\nsequence_by = [\"ts\"]";
+        let text = crate::config::test_table("busy", "raw/busy/", "curated/busy", extra);
+        let config = crate::Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+        let engine = crate::Engine::new(config.clone());
+        let src = config.tables[0].source.clone();
+        for i in 0..3i64 {
+            let f = src.join(&format!("20240101-000000000{i}.parquet")).unwrap();
+            let ts = format!("2024-01-01 00:00:0{i}");
+            let rows: Vec<(&str, &str, i64, &str)> = (0..4)
+                .map(|j| ("I", ts.as_str(), i * 10 + j, ["a", "b"][j as usize % 2]))
+                .collect();
+            engine.storage().put(&f, cdc(&rows)).await.unwrap();
+            let r = engine.process(&[f]).await;
+            assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+        }
+        // Every compaction attempt touching partition a meets an update of row 0 (in a).
+        let calls: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let n = Arc::new(AtomicUsize::new(0));
+        let (e, c) = (engine.clone(), calls.clone());
+        let hook: Hook = Arc::new(move |partitions: Vec<Partition>| {
+            let (e, c, n, src) = (e.clone(), c.clone(), n.clone(), src.clone());
+            Box::pin(async move {
+                if !partitions.iter().any(|p| p.folder() == "part=a") {
+                    return;
+                }
+                c.lock().unwrap().push(partitions.len());
+                let k = n.fetch_add(1, Ordering::SeqCst);
+                let f = src
+                    .join(&format!("20240102-00000000{k:02}.parquet"))
+                    .unwrap();
+                let ts = format!("2024-01-02 00:00:{k:02}");
+                let update = cdc(&[("U", ts.as_str(), 0, "a")]);
+                e.storage().put(&f, update).await.unwrap();
+                let r = e.process(&[f]).await;
+                assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+            })
+        });
+        HOOKS.lock().unwrap().push(("busy".into(), hook));
+        let cfg = &config.tables[0];
+        let report = maintain(
+            cfg,
+            engine.storage(),
+            engine.storage_options(),
+            MaintenanceOptions { force: false },
+        )
+        .await
+        .unwrap();
+        HOOKS.lock().unwrap().retain(|(l, _)| l != "busy");
+        let calls = calls.lock().unwrap().clone();
+        assert_eq!(
+            calls,
+            vec![2, 2, 2, 1, 1, 1],
+            "three attempts of the group, then three of partition a alone"
+        );
+        assert_eq!(
+            (report.partitions_compacted, report.partitions_skipped),
+            (1, 1),
+            "{report:?}"
+        );
+        let t = delta::open(cfg.target.as_ref().unwrap(), &Default::default())
+            .await
+            .unwrap();
+        let rows = delta::query(&t, "SELECT count(*), count(DISTINCT id) FROM t")
+            .await
+            .unwrap();
+        let count = |i: usize| {
+            let c = arrow::compute::cast(rows[0].column(i), &arrow::datatypes::DataType::Int64)
+                .unwrap();
+            c.as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .unwrap()
+                .value(0)
+        };
+        assert_eq!((count(0), count(1)), (12, 12), "every row once");
+        let b_files = t
+            .get_file_uris()
+            .unwrap()
+            .filter(|u| u.contains("part=b"))
+            .count();
+        assert_eq!(b_files, 1, "partition b compacted");
+    }
 
     /// A table created without `delta.checkpointInterval` (before tributary set it) gets it
     /// from its next maintenance run; a user's own interval is kept.
