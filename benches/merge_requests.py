@@ -4,7 +4,8 @@ counted through benches/s3_count.py. Printed per block of 10 merges: mean / max 
 GETs of commit files, mean time (LocalStack on loopback, proxy included).
 
 Usage (LocalStack running; release binaries built):
-  $CACHE/venv-e2e/bin/python benches/merge_requests.py [N=100]
+  $CACHE/venv-e2e/bin/python benches/merge_requests.py [N=100] [K]
+With K, the requests of merge K are printed in order (method, key, query).
 """
 import sys, uuid, collections, json, time
 from pathlib import Path
@@ -14,6 +15,7 @@ import boto3, dms
 from s3_count import CountingProxy
 from conftest import CREDS, ENDPOINT, REGION, Functions, table_config
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+dump = int(sys.argv[2]) if len(sys.argv) > 2 else None
 source = dms.Source(seed=14)
 files = [("LOAD00000001.parquet", dms.parquet(source.insert_records(2000), False))]
 for i in range(n):
@@ -41,6 +43,9 @@ try:
         dt = time.time() - t0
         assert e is None, p
         reqs = proxy.take()
+        if i == dump:
+            for r in reqs:
+                print("  ", *r[1:], flush=True)
         c = collections.Counter(op for _, op, _, _ in reqs)
         logs = sum(1 for _, op, _, k in reqs if op == "GET" and "_delta_log/" in k and k.endswith(".json"))
         block.append((len(reqs), logs, dt))

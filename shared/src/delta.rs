@@ -2,7 +2,7 @@
 //! (tombstones live in `tombstones`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{Field, Schema, SchemaRef};
@@ -13,6 +13,7 @@ use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::kernel::{StructType, Transaction};
+use deltalake::logstore::LogStore;
 use deltalake::operations::merge::MergeMetrics;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::{DeltaTable, DeltaTableBuilder};
@@ -23,6 +24,7 @@ use url::Url;
 
 use crate::config::TableConfig;
 use crate::error::{Error, Result};
+use crate::logcache::LogCache;
 use crate::plan::{is_internal, MergePlan, PlanOp, OP_COLUMN};
 use crate::props::TableProps;
 
@@ -38,16 +40,54 @@ pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaT
             })?;
         }
     }
-    let mut table = DeltaTableBuilder::from_url(url.clone())
+    let mut builder = DeltaTableBuilder::from_url(url.clone())
         .map_err(|e| Error::delta(&label, e))?
-        .with_storage_options(options.clone())
-        .build()
-        .map_err(|e| Error::delta(&label, e))?;
+        .with_storage_options(options.clone());
+    if let Some(store) = cached_root_store(url, options, &builder)? {
+        builder = builder.with_storage_backend(store, url.clone());
+    }
+    let mut table = builder.build().map_err(|e| Error::delta(&label, e))?;
     match table.load().await {
         Ok(()) => Ok(table),
         Err(deltalake::DeltaTableError::NotATable(_)) => Ok(table),
         Err(e) => Err(Error::delta(&label, e)),
     }
+}
+
+/// The store every table of `url`'s bucket (or of the local disk) is read through: delta-rs's
+/// own, behind one [`LogCache`] per bucket and process, so that a warm instance does not
+/// fetch the same commit files and checkpoints again (`TRIBUTARY_LOG_CACHE_MB=0`: `None`,
+/// delta-rs's store as is).
+fn cached_root_store(
+    url: &Url,
+    options: &HashMap<String, String>,
+    builder: &DeltaTableBuilder,
+) -> Result<Option<Arc<dyn deltalake::ObjectStore>>> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<LogCache>>>> = OnceLock::new();
+    let total = crate::logcache::total_bytes_from_env();
+    if total == 0 {
+        return Ok(None);
+    }
+    let mut opts: Vec<_> = options.iter().collect();
+    opts.sort();
+    let key = format!(
+        "{}://{} {opts:?}",
+        url.scheme(),
+        url.host_str().unwrap_or("")
+    );
+    let stores = STORES.get_or_init(Default::default);
+    if let Some(s) = stores.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return Ok(Some(s));
+    }
+    let root = builder
+        .build_storage()
+        .map_err(|e| Error::delta(&crate::storage::display(url), e))?
+        .root_object_store(None);
+    let store = Arc::new(LogCache::new(root, total));
+    if let Ok(mut m) = stores.lock() {
+        return Ok(Some(m.entry(key).or_insert(store).clone()));
+    }
+    Ok(Some(store))
 }
 
 /// Whether the handle points at an existing table.

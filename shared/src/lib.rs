@@ -38,6 +38,7 @@ mod engine;
 mod error;
 pub mod history;
 pub mod lambda;
+pub mod logcache;
 pub mod maintenance;
 pub mod manifest;
 mod plan;

@@ -1536,3 +1536,54 @@ async fn a_composite_string_key_rewrites_as_the_delta_rs_merge_does() {
     }
     assert!(!got.contains(&"us-east/8=0".to_string()));
 }
+
+/// A table deleted and created again at the same place by another writer (another process,
+/// another tool): its new commit files have the old names. A warm instance must read the
+/// new table, not serve the old commits from its log cache (`logcache.rs`: a cached file is
+/// used only while the log's listing shows the same size and ETag).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_deleted_and_created_again_elsewhere_is_read_afresh() {
+    let fx = Fixture::items();
+    let first: Vec<Change> = (1..=3)
+        .map(|id| c('I', "2024-01-01 00:00:01", id, "a", id * 10))
+        .collect();
+    let f = fx.put_items("20240101-0000000001.parquet", &first);
+    fx.merge_ok(&[f]).await;
+    let f = fx.put_items(
+        "20240101-0000000002.parquet",
+        &[c('U', "2024-01-01 00:00:02", 1, "a", 11)],
+    );
+    fx.merge_ok(&[f]).await;
+    assert_eq!(fx.items_rows().await.len(), 3);
+    // Another writer builds a different table with the same number of commits...
+    let other = Fixture::items();
+    let second = vec![c('I', "2024-01-02 00:00:01", 7, "b", 70)];
+    let f = other.put_items("20240102-0000000001.parquet", &second);
+    other.merge_ok(&[f]).await;
+    let f = other.put_items(
+        "20240102-0000000002.parquet",
+        &[c('U', "2024-01-02 00:00:02", 7, "b", 71)],
+    );
+    other.merge_ok(&[f]).await;
+    // ... and puts it in place of the first (below this process's stores).
+    let table = fx.path("curated/items");
+    std::fs::remove_dir_all(&table).unwrap();
+    let copy = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(other.path("curated/items"))
+        .arg(&table)
+        .status()
+        .unwrap();
+    assert!(copy.success());
+    assert_eq!(fx.items_rows().await, vec![(7, "b".to_string(), 71)]);
+    // And merges go on from the new table.
+    let f = fx.put_items(
+        "20240103-0000000001.parquet",
+        &[c('I', "2024-01-03 00:00:01", 8, "b", 80)],
+    );
+    fx.merge_ok(&[f]).await;
+    assert_eq!(
+        fx.items_rows().await,
+        vec![(7, "b".to_string(), 71), (8, "b".to_string(), 80)]
+    );
+}
