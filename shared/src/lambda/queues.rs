@@ -18,7 +18,8 @@
 //! `TRIBUTARY_ROUTE_FROM` (the ARN of the queue whose messages are forwarded; default: any
 //! standard queue), `TRIBUTARY_DEAD_LETTER_TO` (where such files are moved).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
@@ -265,8 +266,10 @@ struct Send {
 fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
     let mut plan = ForwardPlan::default();
     let parsed = events::parse(event).ok();
-    // Per group, its files in the order announced, each with the messages announcing it.
+    // Per group, its files in the order announced, each with the messages announcing it
+    // (and where each file is in its group's list).
     let mut groups: BTreeMap<String, Vec<(Url, BTreeSet<String>)>> = BTreeMap::new();
+    let mut at: HashMap<(String, Url), usize> = Default::default();
     for (i, r) in records(event).iter().enumerate() {
         let objects: Result<Vec<Url>, String> =
             match parsed.as_ref().and_then(|p| p.messages.get(i)) {
@@ -287,12 +290,15 @@ fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
                 .table_for(&engine.resolve(&o))
                 .map(|t| t.name.clone())
                 .unwrap_or_else(|| UNROUTED_GROUP.to_string());
-            let files = groups.entry(group).or_default();
-            match files.iter_mut().find(|(f, _)| *f == o) {
-                Some((_, ids)) => {
-                    ids.insert(r.id.to_string());
+            let files = groups.entry(group.clone()).or_default();
+            match at.entry((group, o.clone())) {
+                Entry::Occupied(i) => {
+                    files[*i.get()].1.insert(r.id.to_string());
                 }
-                None => files.push((o, BTreeSet::from([r.id.to_string()]))),
+                Entry::Vacant(v) => {
+                    v.insert(files.len());
+                    files.push((o, BTreeSet::from([r.id.to_string()])));
+                }
             }
         }
     }
