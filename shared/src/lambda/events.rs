@@ -53,25 +53,31 @@ const KEY_KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERI
     .remove(b'~')
     .remove(b'/');
 
-/// One S3 notification record announcing the creation of `object` (an `s3://` URL), in the
-/// form S3 sends (key URL-encoded), with only the fields [`parse`] reads.
-pub fn s3_record(object: &Url) -> Value {
+/// One S3 notification record announcing the creation of `object` (an `s3://` URL) of
+/// `size` bytes (when known), in the form S3 sends (key URL-encoded), with only the fields
+/// [`parse`] and [`announced`] read.
+pub fn s3_record(object: &Url, size: Option<u64>) -> Value {
     let key = storage::percent_decode(object.path().trim_start_matches('/'));
+    let mut o = serde_json::json!({"key": percent_encoding::utf8_percent_encode(&key, KEY_KEEP).to_string()});
+    if let Some(n) = size {
+        o["size"] = n.into();
+    }
     serde_json::json!({
         "eventVersion": "2.1",
         "eventSource": "aws:s3",
         "eventName": "ObjectCreated:Put",
         "s3": {
             "bucket": {"name": object.host_str().unwrap_or_default()},
-            "object": {"key": percent_encoding::utf8_percent_encode(&key, KEY_KEEP).to_string()},
+            "object": o,
         },
     })
 }
 
-/// An S3 notification announcing `objects`: what forwarded and dead-lettered messages
-/// carry, so that a redrive to the merge queue replays exactly these files.
-pub fn s3_notification<'a>(objects: impl IntoIterator<Item = &'a Url>) -> Value {
-    serde_json::json!({"Records": objects.into_iter().map(s3_record).collect::<Vec<_>>()})
+/// An S3 notification announcing `objects` (with their sizes when known): what forwarded
+/// and dead-lettered messages carry, so that a redrive to the merge queue replays exactly
+/// these files.
+pub fn s3_notification<'a>(objects: impl IntoIterator<Item = (&'a Url, Option<u64>)>) -> Value {
+    serde_json::json!({"Records": objects.into_iter().map(|(u, n)| s3_record(u, n)).collect::<Vec<_>>()})
 }
 
 /// Parse any supported payload.
@@ -138,6 +144,18 @@ fn is_test_event(v: &Value) -> bool {
 
 /// Objects announced by one notification document (S3, EventBridge, SNS envelope).
 fn objects_of(v: &Value) -> Result<Vec<Url>, String> {
+    announced_of(v).map(|a| a.into_iter().map(|(u, _)| u).collect())
+}
+
+/// The objects an SQS message body announces, each with its size in bytes when the
+/// notification gives it (S3 and EventBridge do).
+pub fn announced(body: &str) -> Result<Vec<(Url, Option<u64>)>, String> {
+    serde_json::from_str::<Value>(body)
+        .map_err(|e| format!("SQS message body is not JSON: {e}"))
+        .and_then(|v| announced_of(&v))
+}
+
+fn announced_of(v: &Value) -> Result<Vec<(Url, Option<u64>)>, String> {
     if is_test_event(v) {
         return Ok(vec![]);
     }
@@ -148,8 +166,9 @@ fn objects_of(v: &Value) -> Result<Vec<Url>, String> {
             .ok_or("SNS envelope without Message")?;
         let inner: Value =
             serde_json::from_str(msg).map_err(|e| format!("SNS Message is not JSON: {e}"))?;
-        return objects_of(&inner);
+        return announced_of(&inner);
     }
+    let size = |v: &Value, at: &str| v.pointer(at).and_then(Value::as_u64);
     if let Some(records) = v.get("Records").and_then(Value::as_array) {
         // Read the few fields we need: emulators and older producers omit others that the
         // strict `aws_lambda_events` S3 types require.
@@ -163,7 +182,8 @@ fn objects_of(v: &Value) -> Result<Vec<Url>, String> {
                 continue;
             }
             let (bucket, key) = bucket_and_key(r, "/s3", "S3 record without s3")?;
-            out.push(storage::s3_url(bucket, &decode_s3_key(key)).map_err(|e| e.to_string())?);
+            let url = storage::s3_url(bucket, &decode_s3_key(key)).map_err(|e| e.to_string())?;
+            out.push((url, size(r, "/s3/object/size")));
         }
         return Ok(out);
     }
@@ -173,9 +193,8 @@ fn objects_of(v: &Value) -> Result<Vec<Url>, String> {
         }
         let (bucket, key) =
             bucket_and_key(v, "/detail", "EventBridge Object Created without detail")?;
-        return Ok(vec![
-            storage::s3_url(bucket, key).map_err(|e| e.to_string())?
-        ]);
+        let url = storage::s3_url(bucket, key).map_err(|e| e.to_string())?;
+        return Ok(vec![(url, size(v, "/detail/object/size"))]);
     }
     Err("message is neither an S3 notification nor an EventBridge event".into())
 }
@@ -363,7 +382,7 @@ mod tests {
             .iter()
             .map(|k| storage::s3_url("raw-bucket", k).unwrap())
             .collect();
-        let body = s3_notification(&urls).to_string();
+        let body = s3_notification(urls.iter().zip([Some(7), None, Some(0)])).to_string();
         let ev = json!({"Records": [{"messageId": "m", "eventSource": "aws:sqs", "body": body}]});
         let inv = parse(&ev).unwrap();
         let got: Vec<String> = inv.messages[0]
@@ -379,6 +398,12 @@ mod tests {
             .collect();
         assert_eq!(got, want);
         assert_eq!(inv.messages[0].objects.as_ref().unwrap(), &urls);
+        let sizes: Vec<Option<u64>> = announced(&body)
+            .unwrap()
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
+        assert_eq!(sizes, vec![Some(7), None, Some(0)]);
     }
 
     #[test]

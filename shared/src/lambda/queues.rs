@@ -47,6 +47,7 @@ pub struct Queues {
 /// One SQS record of an event.
 struct Record<'a> {
     id: &'a str,
+    body: &'a str,
     source: &'a str,
 }
 
@@ -59,6 +60,7 @@ fn records(event: &Value) -> Vec<Record<'_>> {
                 .filter(|r| r.get("eventSource").and_then(Value::as_str) == Some("aws:sqs"))
                 .map(|r| Record {
                     id: r.get("messageId").and_then(Value::as_str).unwrap_or(""),
+                    body: r.get("body").and_then(Value::as_str).unwrap_or(""),
                     source: r
                         .get("eventSourceARN")
                         .and_then(Value::as_str)
@@ -215,7 +217,7 @@ impl Queues {
             .await
             .send_message()
             .queue_url(to)
-            .message_body(events::s3_notification(files).to_string())
+            .message_body(events::s3_notification(files.iter().map(|f| (f, None))).to_string())
             .message_attributes("tributary_message_id", attr(id)?)
             .message_attributes("tributary_error", attr(&reason)?)
             .message_attributes("tributary_source_queue", attr(r.source)?)
@@ -231,6 +233,11 @@ pub const MAX_FILES_PER_MESSAGE: usize = 100;
 /// Largest body of a forwarded message, and largest `SendMessageBatch` (SQS's limit is
 /// 256 KiB for either, attributes included).
 const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Most bytes of source files one forwarded message announces: about what ten files of
+/// DMS's largest default size (1 GB) were per invocation before messages carried several.
+const MAX_SOURCE_BYTES: u64 = 1024 * 1024 * 1024;
+/// The size a file counts for when its notification does not say.
+const UNKNOWN_SIZE: u64 = MAX_SOURCE_BYTES / 10;
 const MAX_SEND_BYTES: usize = 200 * 1024;
 
 /// What forwarding one event sends.
@@ -253,11 +260,22 @@ struct Send {
     body: String,
 }
 
+/// A file to forward: its URL, its size when the notification says, and the routed
+/// messages announcing it.
+struct Announced {
+    file: Url,
+    size: Option<u64>,
+    sources: BTreeSet<String>,
+}
+
 /// One message per table (message group) and routed batch, announcing all of that
-/// table's files the batch announces (at most [`MAX_FILES_PER_MESSAGE`] and
-/// [`MAX_BODY_BYTES`]; more make more messages), as an S3 notification: a FIFO batch of ten
-/// messages then merges up to a thousand files in one commit instead of ten. A file
-/// announced twice in the batch (duplicate deliveries) is announced once.
+/// table's files the batch announces — at most [`MAX_FILES_PER_MESSAGE`] files,
+/// [`MAX_SOURCE_BYTES`] of them (a file of unknown size counts as [`UNKNOWN_SIZE`]) and
+/// [`MAX_BODY_BYTES`] of body; more make more messages — as an S3 notification: a FIFO
+/// batch of ten messages then merges up to a thousand small files in a few commits
+/// instead of ten commits, while a batch of large files stays as much work as ten of them
+/// (within the function's time limit). A file announced twice in the batch (duplicate
+/// deliveries) is announced once.
 ///
 /// The deduplication id is a hash of the group, the files and the routed messages, so a
 /// redelivery of the same messages routed the same way within SQS's five-minute window
@@ -265,18 +283,11 @@ struct Send {
 /// sent.
 fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
     let mut plan = ForwardPlan::default();
-    let parsed = events::parse(event).ok();
-    // Per group, its files in the order announced, each with the messages announcing it
-    // (and where each file is in its group's list).
-    let mut groups: BTreeMap<String, Vec<(Url, BTreeSet<String>)>> = BTreeMap::new();
+    // Per group, its files in the order announced (and where each file is in its list).
+    let mut groups: BTreeMap<String, Vec<Announced>> = BTreeMap::new();
     let mut at: HashMap<(String, Url), usize> = Default::default();
-    for (i, r) in records(event).iter().enumerate() {
-        let objects: Result<Vec<Url>, String> =
-            match parsed.as_ref().and_then(|p| p.messages.get(i)) {
-                Some(m) => m.objects.clone(),
-                None => Err("not an SQS message".into()),
-            };
-        let objects = match objects {
+    for r in records(event) {
+        let objects = match events::announced(r.body) {
             Ok(o) => o,
             Err(reason) => {
                 tracing::error!(message_id = r.id, error = %reason, "cannot understand message");
@@ -284,7 +295,7 @@ fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
                 continue;
             }
         };
-        for o in objects {
+        for (o, size) in objects {
             let group = engine
                 .config()
                 .table_for(&engine.resolve(&o))
@@ -293,28 +304,36 @@ fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
             let files = groups.entry(group.clone()).or_default();
             match at.entry((group, o.clone())) {
                 Entry::Occupied(i) => {
-                    files[*i.get()].1.insert(r.id.to_string());
+                    files[*i.get()].sources.insert(r.id.to_string());
                 }
                 Entry::Vacant(v) => {
                     v.insert(files.len());
-                    files.push((o, BTreeSet::from([r.id.to_string()])));
+                    files.push(Announced {
+                        file: o,
+                        size,
+                        sources: BTreeSet::from([r.id.to_string()]),
+                    });
                 }
             }
         }
     }
     for (group, files) in groups {
-        let mut chunk: Vec<(Url, BTreeSet<String>)> = Vec::new();
-        let mut bytes = 0;
-        for (file, ids) in files {
-            let size = events::s3_record(&file).to_string().len() + 1;
+        let mut chunk: Vec<Announced> = Vec::new();
+        let (mut body, mut source) = (0, 0);
+        for a in files {
+            let record = events::s3_record(&a.file, a.size).to_string().len() + 1;
+            let size = a.size.unwrap_or(UNKNOWN_SIZE);
             if !chunk.is_empty()
-                && (chunk.len() == MAX_FILES_PER_MESSAGE || bytes + size > MAX_BODY_BYTES)
+                && (chunk.len() == MAX_FILES_PER_MESSAGE
+                    || body + record > MAX_BODY_BYTES
+                    || source + size > MAX_SOURCE_BYTES)
             {
                 plan.push(&group, std::mem::take(&mut chunk));
-                bytes = 0;
+                (body, source) = (0, 0);
             }
-            bytes += size;
-            chunk.push((file, ids));
+            body += record;
+            source += size;
+            chunk.push(a);
         }
         if !chunk.is_empty() {
             plan.push(&group, chunk);
@@ -324,11 +343,11 @@ fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
 }
 
 impl ForwardPlan {
-    fn push(&mut self, group: &str, files: Vec<(Url, BTreeSet<String>)>) {
-        let sources: BTreeSet<String> = files.iter().flat_map(|(_, ids)| ids.clone()).collect();
+    fn push(&mut self, group: &str, files: Vec<Announced>) {
+        let sources: BTreeSet<String> = files.iter().flat_map(|a| a.sources.clone()).collect();
         let mut hash = Sha256::new();
         for part in std::iter::once(group)
-            .chain(files.iter().map(|(f, _)| f.as_str()))
+            .chain(files.iter().map(|a| a.file.as_str()))
             .chain(sources.iter().map(String::as_str))
         {
             hash.update(part.as_bytes());
@@ -342,7 +361,7 @@ impl ForwardPlan {
             sources,
             group: group.to_string(),
             dedup,
-            body: events::s3_notification(files.iter().map(|(f, _)| f)).to_string(),
+            body: events::s3_notification(files.iter().map(|a| (&a.file, a.size))).to_string(),
         });
     }
 }
@@ -370,9 +389,17 @@ mod tests {
     use serde_json::json;
 
     fn sqs(id: &str, arn: &str, key: &str) -> Value {
+        sized(id, arn, key, Some(50_000))
+    }
+
+    fn sized(id: &str, arn: &str, key: &str, size: Option<u64>) -> Value {
+        let mut object = json!({ "key": key });
+        if let Some(n) = size {
+            object["size"] = n.into();
+        }
         json!({"messageId": id, "eventSource": "aws:sqs", "eventSourceARN": arn,
                "body": json!({"Records":[{"eventSource":"aws:s3","eventName":"ObjectCreated:Put",
-                   "s3":{"bucket":{"name":"raw"},"object":{"key":key}}}]}).to_string()})
+                   "s3":{"bucket":{"name":"raw"},"object":object}}]}).to_string()})
     }
 
     fn engine() -> Engine {
@@ -512,6 +539,38 @@ mod tests {
         assert!(plan.sends.iter().all(|s| s.body.len() <= MAX_BODY_BYTES));
         let dedups: BTreeSet<&str> = plan.sends.iter().map(|s| s.dedup.as_str()).collect();
         assert_eq!(dedups.len(), plan.sends.len());
+        // Large files: at most a gigabyte of them per message; a file of unknown size counts
+        // as a tenth of that.
+        let records: Vec<Value> = (0..30)
+            .map(|i| {
+                let key = format!("dms/s/orders/LOAD{i:08}.parquet");
+                match i % 3 {
+                    0 => sized(&format!("u{i}"), std_arn, &key, None),
+                    _ => sized(&format!("b{i}"), std_arn, &key, Some(300 << 20)),
+                }
+            })
+            .collect();
+        let big = plan_forward(&engine(), &json!({ "Records": records }));
+        let sizes: Vec<Vec<Option<u64>>> = big
+            .sends
+            .iter()
+            .map(|s| {
+                events::announced(&s.body)
+                    .unwrap()
+                    .into_iter()
+                    .map(|(_, n)| n)
+                    .collect()
+            })
+            .collect();
+        assert_eq!(sizes.iter().map(Vec::len).sum::<usize>(), 30);
+        for m in &sizes {
+            let total: u64 = m.iter().map(|n| n.unwrap_or(UNKNOWN_SIZE)).sum();
+            assert!(total <= MAX_SOURCE_BYTES || m.len() == 1, "{m:?}");
+        }
+        assert!(sizes.len() >= 8, "{} messages", sizes.len());
+        assert!(sizes
+            .iter()
+            .any(|m| m.contains(&None) && m.contains(&Some(300 << 20))));
         let batches = send_batches(&plan.sends);
         assert_eq!(
             batches.iter().map(|b| b.len()).sum::<usize>(),
