@@ -220,91 +220,10 @@ fn partition_column(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Counting;
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
-    use futures::stream::BoxStream;
     use futures::TryStreamExt;
-    use object_store::{
-        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
-        PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
-    };
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// An object store that counts the GET requests it serves (the S3 requests a read costs).
-    #[derive(Debug)]
-    struct Counting {
-        inner: Arc<dyn ObjectStore>,
-        gets: AtomicUsize,
-    }
-
-    impl std::fmt::Display for Counting {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "Counting({})", self.inner)
-        }
-    }
-
-    // `get_ranges` is left to the trait's default: it coalesces the ranges and GETs each
-    // coalesced one through `get_opts`, as the S3 store does.
-    #[async_trait::async_trait]
-    impl ObjectStore for Counting {
-        async fn put_opts(
-            &self,
-            location: &object_store::path::Path,
-            payload: PutPayload,
-            opts: PutOptions,
-        ) -> object_store::Result<PutResult> {
-            self.inner.put_opts(location, payload, opts).await
-        }
-        async fn put_multipart_opts(
-            &self,
-            location: &object_store::path::Path,
-            opts: PutMultipartOptions,
-        ) -> object_store::Result<Box<dyn MultipartUpload>> {
-            self.inner.put_multipart_opts(location, opts).await
-        }
-        async fn get_opts(
-            &self,
-            location: &object_store::path::Path,
-            options: GetOptions,
-        ) -> object_store::Result<GetResult> {
-            self.gets.fetch_add(1, Ordering::SeqCst);
-            self.inner.get_opts(location, options).await
-        }
-        fn delete_stream(
-            &self,
-            locations: BoxStream<'static, object_store::Result<object_store::path::Path>>,
-        ) -> BoxStream<'static, object_store::Result<object_store::path::Path>> {
-            self.inner.delete_stream(locations)
-        }
-        fn list(
-            &self,
-            prefix: Option<&object_store::path::Path>,
-        ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-            self.inner.list(prefix)
-        }
-        async fn list_with_delimiter(
-            &self,
-            prefix: Option<&object_store::path::Path>,
-        ) -> object_store::Result<ListResult> {
-            self.inner.list_with_delimiter(prefix).await
-        }
-        async fn copy_opts(
-            &self,
-            from: &object_store::path::Path,
-            to: &object_store::path::Path,
-            options: CopyOptions,
-        ) -> object_store::Result<()> {
-            self.inner.copy_opts(from, to, options).await
-        }
-        async fn rename_opts(
-            &self,
-            from: &object_store::path::Path,
-            to: &object_store::path::Path,
-            options: RenameOptions,
-        ) -> object_store::Result<()> {
-            self.inner.rename_opts(from, to, options).await
-        }
-    }
 
     /// Streaming a data file of eight columns costs two GETs (footer, one row group), not
     /// one per column: every GET is a round trip to S3 in the merge's critical path.
@@ -351,10 +270,7 @@ mod tests {
         let snapshot = table.snapshot().unwrap();
         let schema = snapshot.snapshot().arrow_schema();
         let f = snapshot.log_data().iter().next().unwrap();
-        let store = Arc::new(Counting {
-            inner: table.log_store().object_store(None),
-            gets: AtomicUsize::new(0),
-        });
+        let store = Arc::new(Counting::new(table.log_store().object_store(None)));
         let batches: Vec<RecordBatch> = stream(store.clone(), &f, &schema, &Partition::default())
             .await
             .unwrap()
@@ -363,10 +279,6 @@ mod tests {
             .unwrap();
         assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), n);
         assert!(schema.fields().len() >= 8, "{schema:?}");
-        assert_eq!(
-            store.gets.load(Ordering::SeqCst),
-            2,
-            "footer and one row group"
-        );
+        assert_eq!(store.gets(), 2, "footer and one row group");
     }
 }

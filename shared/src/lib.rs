@@ -49,6 +49,8 @@ mod rewrite;
 mod source;
 pub mod status;
 pub mod storage;
+#[cfg(test)]
+mod testing;
 mod tombstones;
 
 pub use config::{Config, TableConfig};

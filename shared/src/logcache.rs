@@ -397,10 +397,10 @@ impl ObjectStore for LogCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Counting;
     use futures::TryStreamExt;
     use object_store::local::LocalFileSystem;
     use object_store::ObjectStoreExt;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn only_commits_and_classic_checkpoints_are_immutable() {
@@ -426,63 +426,14 @@ mod tests {
         }
     }
 
-    /// Counts the GETs that reach the store below the cache.
-    #[derive(Debug)]
-    struct Gets(LocalFileSystem, AtomicUsize);
-
-    impl fmt::Display for Gets {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("Gets")
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl ObjectStore for Gets {
-        async fn put_opts(
-            &self,
-            l: &Path,
-            p: PutPayload,
-            o: PutOptions,
-        ) -> object_store::Result<PutResult> {
-            self.0.put_opts(l, p, o).await
-        }
-        async fn put_multipart_opts(
-            &self,
-            l: &Path,
-            o: PutMultipartOptions,
-        ) -> object_store::Result<Box<dyn MultipartUpload>> {
-            self.0.put_multipart_opts(l, o).await
-        }
-        async fn get_opts(&self, l: &Path, o: GetOptions) -> object_store::Result<GetResult> {
-            self.1.fetch_add(1, Ordering::SeqCst);
-            self.0.get_opts(l, o).await
-        }
-        fn delete_stream(
-            &self,
-            l: BoxStream<'static, object_store::Result<Path>>,
-        ) -> BoxStream<'static, object_store::Result<Path>> {
-            self.0.delete_stream(l)
-        }
-        fn list(&self, p: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-            self.0.list(p)
-        }
-        async fn list_with_delimiter(&self, p: Option<&Path>) -> object_store::Result<ListResult> {
-            self.0.list_with_delimiter(p).await
-        }
-        async fn copy_opts(&self, f: &Path, t: &Path, o: CopyOptions) -> object_store::Result<()> {
-            self.0.copy_opts(f, t, o).await
-        }
-    }
-
     #[tokio::test]
     async fn a_listed_log_file_is_read_once_and_a_recreated_one_again() {
         let dir = tempfile::tempdir().unwrap();
-        let below = Arc::new(Gets(
+        let below = Arc::new(Counting::new(Arc::new(
             LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
-            AtomicUsize::new(0),
-        ));
+        )));
         let cache = LogCache::new(below.clone(), 1024 * 1024);
-        let gets = || below.1.load(Ordering::SeqCst);
+        let gets = || below.gets();
         let commit = Path::from("t/_delta_log/00000000000000000000.json");
         let other = Path::from("t/_delta_log/_last_checkpoint");
         let log = Path::from("t/_delta_log");
