@@ -220,8 +220,16 @@ impl LogCache {
         }) {
             return Ok(Some(hit));
         }
+        // Listed too large to keep: read as asked, without a whole-file fetch first.
+        let limit = MAX_ENTRY_BYTES.min(self.total);
+        if self
+            .with(|s| s.listed.get(location).is_some_and(|(n, _)| *n > limit))
+            .unwrap_or(false)
+        {
+            return Ok(None);
+        }
         let got = self.inner.get_opts(location, GetOptions::default()).await?;
-        if got.meta.size > MAX_ENTRY_BYTES.min(self.total) {
+        if got.meta.size > limit {
             return Ok(None);
         }
         let meta = got.meta.clone();
@@ -261,10 +269,13 @@ impl ObjectStore for LogCache {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        if !immutable_log_file(location) || self.total == 0 {
+        if !immutable_log_file(location) {
             return self.inner.put_opts(location, payload, opts).await;
         }
         self.forget(location);
+        if payload.content_length() as u64 > MAX_ENTRY_BYTES.min(self.total) {
+            return self.inner.put_opts(location, payload, opts).await;
+        }
         let data: Bytes = payload.clone().into();
         let put = self.inner.put_opts(location, payload, opts).await?;
         let meta = ObjectMeta {
