@@ -9,7 +9,13 @@
 //! "Exactly" means the value survives the round trip: converted back to the type it came in,
 //! it is equal to what it was (`1.75` into an integer column fails, `5` into a string column
 //! is `"5"` and back `5`). Text (CSV) is checked against what it says: `3.333` does not fit
-//! `decimal(10,2)`, `…:00.1234567` does not fit microseconds.
+//! `decimal(10,2)`, `…:00.1234567` does not fit microseconds, and a number read from text
+//! must not lose what the text had: `02134` into an integer column would come back as
+//! `2134`, so an integer column takes text only in its canonical form (`2134`, `-5`), and a
+//! float or decimal column refuses zero-padded or space-padded text (`007.5`, ` 7`).
+//!
+//! Values are judged decoded: dictionary and run-end encoded arrays are unpacked and view
+//! types read as their plain types ([`decode`]) before any rule looks at them.
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::compute::kernels::cmp::not_distinct;
@@ -35,6 +41,7 @@ pub(crate) fn delta_type(dt: &DataType) -> Option<DataType> {
         DataType::Date64 => DataType::Date32,
         DataType::Timestamp(_, _) => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         DataType::Dictionary(_, v) => return delta_type(v),
+        DataType::RunEndEncoded(_, v) => return delta_type(v.data_type()),
         DataType::Boolean
         | DataType::Int8
         | DataType::Int16
@@ -87,15 +94,44 @@ const STRICT: CastOptions<'static> = CastOptions {
     format_options: FormatOptions::new(),
 };
 
+/// The plain type of an encoded layout: a dictionary's or a run-end encoded array's value
+/// type (itself decoded), a view type's plain type. `None` when `dt` is plain already.
+pub(crate) fn plain_type(dt: &DataType) -> Option<DataType> {
+    let values = match dt {
+        DataType::Dictionary(_, v) => v.as_ref(),
+        DataType::RunEndEncoded(_, v) => v.data_type(),
+        DataType::Utf8View => return Some(DataType::Utf8),
+        DataType::BinaryView => return Some(DataType::Binary),
+        _ => return None,
+    };
+    Some(plain_type(values).unwrap_or_else(|| values.clone()))
+}
+
+/// `array` with its values decoded ([`plain_type`]); the same array when it is plain.
+/// Decoding changes no value, so every rule about values can look at the result.
+pub(crate) fn decode(array: &ArrayRef) -> Result<ArrayRef, arrow::error::ArrowError> {
+    let mut a = array.clone();
+    // One layer at a time (a dictionary of views: the dictionary, then the view).
+    while let Some(t) = plain_type(a.data_type()) {
+        let next = match a.data_type() {
+            DataType::Dictionary(_, v) => v.as_ref().clone(),
+            DataType::RunEndEncoded(_, v) => v.data_type().clone(),
+            _ => t,
+        };
+        a = cast_with_options(&a, &next, &STRICT)?;
+    }
+    Ok(a)
+}
+
 /// Convert `array` to `to`, refusing any value that would change.
 pub(crate) fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, Inexact> {
     let from = array.data_type();
     if from == to {
         return Ok(array.clone());
     }
-    if let DataType::Dictionary(_, values) = from {
-        // Unpacking a dictionary changes no value.
-        let plain = cast_with_options(array, values, &STRICT).map_err(|e| Inexact {
+    if plain_type(from).is_some() {
+        // Unpacking a dictionary or run-end encoding, or a view, changes no value.
+        let plain = decode(array).map_err(|e| Inexact {
             row: None,
             value: None,
             reason: e.to_string(),
@@ -149,6 +185,7 @@ fn kind(dt: &DataType) -> Kind {
         Boolean => Kind::Bool,
         Binary | LargeBinary | BinaryView | FixedSizeBinary(_) => Kind::Bytes,
         Dictionary(_, v) => kind(v),
+        RunEndEncoded(_, v) => kind(v.data_type()),
         _ => Kind::Other,
     }
 }
@@ -246,6 +283,35 @@ fn text_mismatch(array: &ArrayRef, out: &ArrayRef, to: &DataType) -> Option<(usi
     let text =
         |i: usize| -> String { array_value_to_string(array.as_ref(), i).unwrap_or_default() };
     let rows = (0..array.len()).filter(|&i| array.is_valid(i));
+    if to.is_integer() {
+        // The integer, written back, must be the text: `02134`, `+5`, ` 7` would not be.
+        return first_text(array, |t| !is_canonical_integer(t)).map(|i| {
+            let kept = array_value_to_string(out.as_ref(), i).unwrap_or_default();
+            (
+                i,
+                format!(
+                    "the column would keep {kept}, which does not give this text back; an integer column takes text only as it writes it (no leading zeros, `+`, spaces, fraction or exponent) — keep codes such as zip codes in a text column"
+                ),
+            )
+        });
+    }
+    if matches!(
+        to,
+        DataType::Float16
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Decimal32(..)
+            | DataType::Decimal64(..)
+            | DataType::Decimal128(..)
+            | DataType::Decimal256(..)
+    ) {
+        if let Some(i) = first_text(array, is_padded_number) {
+            return Some((
+                i,
+                "the text is padded (leading zeros or spaces) and the number would not give it back; keep codes such as zip codes in a text column".into(),
+            ));
+        }
+    }
     match to {
         DataType::Decimal32(_, s)
         | DataType::Decimal64(_, s)
@@ -315,6 +381,46 @@ fn text_mismatch(array: &ArrayRef, out: &ArrayRef, to: &DataType) -> Option<(usi
         }
         _ => None,
     }
+}
+
+/// The first valid row of a text array whose text is `bad`.
+fn first_text(array: &ArrayRef, bad: impl Fn(&str) -> bool) -> Option<usize> {
+    let mut rows = (0..array.len()).filter(|&i| array.is_valid(i));
+    match array.data_type() {
+        DataType::Utf8 => {
+            let a = array.as_string::<i32>();
+            rows.find(|&i| bad(a.value(i)))
+        }
+        DataType::LargeUtf8 => {
+            let a = array.as_string::<i64>();
+            rows.find(|&i| bad(a.value(i)))
+        }
+        DataType::Utf8View => {
+            let a = array.as_string_view();
+            rows.find(|&i| bad(a.value(i)))
+        }
+        _ => None,
+    }
+}
+
+/// How an integer is written back: `0`, `2134`, `-5` — no `+`, leading zeros, spaces,
+/// fraction or exponent, and no `-0`.
+fn is_canonical_integer(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'))
+        && text != "-0"
+}
+
+/// A number with spaces around it or zeros before its first digit (`007.5`, `-01`, ` 7`):
+/// what the padding said is lost in a number column. `0.5`, `0`, `-0.25`, `0e3` are not.
+fn is_padded_number(text: &str) -> bool {
+    if text.trim() != text {
+        return true;
+    }
+    let t = text.strip_prefix(['-', '+']).unwrap_or(text).as_bytes();
+    t.len() > 1 && t[0] == b'0' && t[1].is_ascii_digit()
 }
 
 /// The number of decimal places `text` needs (`"3.330"` → 2, `"1.5e-3"` → 4, `"1200"` → 0).
@@ -450,6 +556,111 @@ mod tests {
         assert!(exact_cast(&t(&["0.1", "inf"]), &DataType::Float32).is_ok());
         assert!(exact_cast(&t(&["1.5"]), &DataType::Int64).is_err());
         assert!(exact_cast(&t(&["2024-01-01"]), &DataType::Date32).is_ok());
+    }
+
+    /// Issue #23: `zip = '02134'` into an `int64` column merged as 2134. Text goes into an
+    /// integer column only as the integer writes it back.
+    #[test]
+    fn text_into_an_integer_column_must_be_the_integers_canonical_form() {
+        let t = |v: &[&str]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
+        for bad in ["02134", "+5", " 7", "7 ", "1e3", "-0", "007", "5.0"] {
+            for to in [
+                DataType::Int64,
+                DataType::Int32,
+                DataType::UInt64,
+                DataType::Int8,
+            ] {
+                let e = err(t(&["1", bad]), to.clone());
+                assert_eq!(
+                    (e.row, e.value.as_deref()),
+                    (Some(1), Some(bad)),
+                    "{bad:?} into {to}: {e:?}"
+                );
+            }
+        }
+        let e = err(t(&["02134"]), DataType::Int64);
+        assert!(
+            e.describe(&DataType::Utf8, &DataType::Int64)
+                .contains("2134"),
+            "{e:?}"
+        );
+        let ok = exact_cast(
+            &t(&["2134", "-5", "0", "9223372036854775807"]),
+            &DataType::Int64,
+        )
+        .unwrap();
+        assert_eq!(
+            ok.as_primitive::<arrow::datatypes::Int64Type>().values()[..],
+            [2134, -5, 0, i64::MAX]
+        );
+        // The same for every layout of text.
+        let large: ArrayRef = Arc::new(arrow::array::LargeStringArray::from(vec!["02134"]));
+        assert!(exact_cast(&large, &DataType::Int64).is_err());
+        let view: ArrayRef = Arc::new(arrow::array::StringViewArray::from(vec!["02134"]));
+        assert!(exact_cast(&view, &DataType::Int64).is_err());
+        let dict: ArrayRef = Arc::new(
+            vec!["2134", "02134"]
+                .into_iter()
+                .collect::<arrow::array::DictionaryArray<arrow::datatypes::Int32Type>>(),
+        );
+        assert_eq!(err(dict, DataType::Int64).row, Some(1));
+    }
+
+    /// Floats and decimals parse their notations (`1e3`, `1.50`, `+5`), but zero- or
+    /// space-padded text would not come back either.
+    #[test]
+    fn padded_text_into_a_float_or_decimal_column_fails() {
+        let t = |v: &[&str]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
+        assert!(exact_cast(&t(&["1e3", ".5", "-0"]), &DataType::Float64).is_ok());
+        for to in [
+            DataType::Float64,
+            DataType::Float32,
+            DataType::Decimal128(10, 2),
+        ] {
+            for bad in ["02134", "007.5", "-01", " 7", "7 "] {
+                assert_eq!(
+                    err(t(&["1", bad]), to.clone()).row,
+                    Some(1),
+                    "{bad:?} into {to}"
+                );
+            }
+            let ok = exact_cast(&t(&["0.5", "0", "-0.25", "+5", "1.50"]), &to);
+            assert!(ok.is_ok(), "{to}: {ok:?}");
+        }
+    }
+
+    /// Encoded layouts are decoded before any rule: a dictionary, a run-end encoded array
+    /// and a view convert as their plain values do.
+    #[test]
+    fn encoded_layouts_convert_as_their_values() {
+        use arrow::array::{DictionaryArray, RunArray, StringViewArray};
+        use arrow::datatypes::Int32Type;
+        let values: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 1.75]));
+        let dict: ArrayRef = Arc::new(
+            DictionaryArray::<Int32Type>::try_new(Int32Array::from(vec![0, 1, 0]), values).unwrap(),
+        );
+        assert_eq!(err(dict.clone(), DataType::Int64).row, Some(1));
+        assert_eq!(
+            plain_type(dict.data_type()),
+            Some(DataType::Float64),
+            "a dictionary's plain type is its value type"
+        );
+        let ree: ArrayRef = Arc::new(
+            RunArray::<Int32Type>::try_new(
+                &Int32Array::from(vec![2, 3]),
+                &Int64Array::from(vec![5, 1 << 40]),
+            )
+            .unwrap(),
+        );
+        assert_eq!(delta_type(ree.data_type()), Some(DataType::Int64));
+        let plain = decode(&ree).unwrap();
+        assert_eq!(plain.data_type(), &DataType::Int64);
+        assert_eq!(plain.len(), 3);
+        assert_eq!(err(ree, DataType::Int32).row, Some(2));
+        let view: ArrayRef = Arc::new(StringViewArray::from(vec!["a", "b"]));
+        assert_eq!(decode(&view).unwrap().data_type(), &DataType::Utf8);
+        let nested = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8View));
+        assert_eq!(plain_type(&nested), Some(DataType::Utf8));
     }
 
     #[test]

@@ -389,6 +389,19 @@ pub(crate) fn align_to_table(
                 e.describe(f.data_type(), tf.data_type())
             ))
         })?;
+        if table_cfg.primary_key.contains(f.name()) {
+            // The keys in their new type: text `NaN` is no key, text `-0` is the key `0`.
+            if let Some((r, why)) = crate::source::key_problem(&cols[i]) {
+                return Err(serr(format!(
+                    "key column `{}` is {} in the table but {} in the files: row {} of the plan: {why}",
+                    f.name(),
+                    tf.data_type(),
+                    f.data_type(),
+                    r + 1
+                )));
+            }
+            cols[i] = crate::source::normalize_zero(cols[i].clone());
+        }
         fields[i] = Field::new(f.name(), tf.data_type().clone(), true);
         changed = true;
     }

@@ -174,10 +174,11 @@ pub(crate) struct Admission {
     pub kinds: Option<Vec<SeqKind>>,
 }
 
-/// Admit change sets in canonical order. `table_schema`/`table_kinds` describe the Delta
-/// table when it exists.
+/// Admit change sets in canonical order. `key` is the table's primary key;
+/// `table_schema`/`table_kinds` describe the Delta table when it exists.
 pub(crate) fn admit(
     mut changes: Vec<ChangeSet>,
+    key: &[String],
     table_schema: Option<&Schema>,
     table_kinds: Option<&[SeqKind]>,
 ) -> Admission {
@@ -191,7 +192,7 @@ pub(crate) fn admit(
         .unwrap_or_default();
     for cs in changes {
         let file = cs.file.clone();
-        match check_kinds(&cs, &mut out.kinds).and_then(|()| unify(cs, &mut types)) {
+        match check_kinds(&cs, &mut out.kinds).and_then(|()| unify(cs, key, &mut types)) {
             Ok(cs) => out.admitted.push(cs),
             Err(e) => out.rejected.push((file, e)),
         }
@@ -242,7 +243,9 @@ fn check_kinds(cs: &ChangeSet, expected: &mut Option<Vec<SeqKind>>) -> Result<()
 }
 
 /// Convert a change set's columns to the batch's types; new columns take this file's type.
-fn unify(cs: ChangeSet, types: &mut Vec<Field>) -> Result<ChangeSet> {
+/// A key column converted here is checked again in its new type (text `NaN` into the float
+/// key another file of the batch set).
+fn unify(cs: ChangeSet, key: &[String], types: &mut Vec<Field>) -> Result<ChangeSet> {
     let name = storage::display(&cs.file);
     let schema = cs.data.schema();
     let mut fields = Vec::with_capacity(schema.fields().len());
@@ -256,7 +259,10 @@ fn unify(cs: ChangeSet, types: &mut Vec<Field>) -> Result<ChangeSet> {
                 f.data_type().clone()
             }
         };
-        let c = source::convert(&name, f.name(), cs.data.column(i), &target)?;
+        let mut c = source::convert(&name, f.name(), cs.data.column(i), &target)?;
+        if &target != f.data_type() && key.contains(f.name()) {
+            c = source::key_column(&name, f.name(), c)?;
+        }
         fields.push(Field::new(f.name(), target, true));
         columns.push(c);
     }

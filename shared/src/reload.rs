@@ -185,6 +185,7 @@ pub async fn reload(engine: &Engine, table_name: &str) -> Result<ReloadReport> {
     let (sets, failures) = (read.sets, read.failed);
     let admission = plan::admit(
         sets,
+        &cfg.primary_key,
         view.schema.as_deref(),
         view.props.sequence_kinds.as_deref(),
     );

@@ -5,8 +5,10 @@
 use std::sync::Arc;
 
 use tributary::deltalake::arrow::array::{
-    ArrayRef, Decimal128Array, Float64Array, Int32Array, Int64Array, TimestampMicrosecondArray,
+    ArrayRef, Decimal128Array, DictionaryArray, Float64Array, Int32Array, Int64Array,
+    TimestampMicrosecondArray,
 };
+use tributary::deltalake::arrow::datatypes::Int32Type;
 use tributary::maintenance::{self, MaintenanceOptions};
 use tributary::{delta, manifest, FileStatus};
 use tributary_tests::*;
@@ -251,6 +253,48 @@ columns = [{ name = "id", type = "int64" }, { name = "amount", type = "decimal(1
     assert_eq!(
         t_rows(&fx, "SELECT CAST(amount AS VARCHAR) FROM t ORDER BY id").await,
         vec!["1.10", "3.33"]
+    );
+}
+
+/// Issue #23: `zip int64` held 2134 and a file with the text `'02134'` merged as 2134. Text
+/// goes into an integer column only as the integer writes it back; anything else fails the
+/// file with its name, the row, the column and the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_that_is_not_an_integers_canonical_form_fails_instead_of_losing_its_zeros() {
+    let fx = Fixture::new(T_TABLE);
+    let base = cdc(
+        &fx,
+        "20240101-0000000001.parquet",
+        "I",
+        1,
+        1,
+        vec![("zip", ints(&[2134]))],
+    );
+    fx.merge_ok(&[base]).await;
+    for (i, text) in ["02134", "+5", " 7", "1e3"].into_iter().enumerate() {
+        let name = format!("20240101-000000001{i}.parquet");
+        let f = cdc(&fx, &name, "U", 2, 1, vec![("zip", strings(&[text]))]);
+        let r = fx.engine.process(std::slice::from_ref(&f)).await;
+        let e = Fixture::failure(&r, &f).to_string();
+        assert!(
+            e.contains(&name)
+                && e.contains("row 1, column `zip`")
+                && e.contains(&format!("{text:?}")),
+            "{e}"
+        );
+    }
+    let canonical = cdc(
+        &fx,
+        "20240101-0000000003.parquet",
+        "U",
+        3,
+        1,
+        vec![("zip", strings(&["-5"]))],
+    );
+    fx.merge_ok(&[canonical]).await;
+    assert_eq!(
+        t_rows(&fx, "SELECT CAST(zip AS VARCHAR) FROM t").await,
+        vec!["-5"]
     );
 }
 
@@ -548,6 +592,70 @@ async fn reserved_names_duplicate_columns_and_nan_keys_are_refused() {
         vec!["2"],
         "0.0 and -0.0 are one key"
     );
+}
+
+/// Issue #23: a key written as `dictionary<int32, float64>` holding NaN merged (rows with
+/// NaN keys no change could match again) while a plain float64 NaN key was refused. Every
+/// input rule judges the decoded values, whatever the layout the file chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dictionary_encoded_nan_key_is_refused_like_a_plain_one() {
+    let fx = Fixture::new(T_TABLE);
+    let f = |name: &str, t: u32, keys: Vec<i32>, values: Vec<f64>, v: &[&str]| {
+        let id: ArrayRef = Arc::new(
+            DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from(keys),
+                Arc::new(Float64Array::from(values)),
+            )
+            .unwrap(),
+        );
+        let t = ts(t);
+        fx.put_batch(
+            "t",
+            name,
+            &batch(vec![
+                ("Op", strings(&vec!["I"; v.len()])),
+                ("ts", strings(&vec![t.as_str(); v.len()])),
+                ("id", id),
+                ("v", strings(v)),
+            ]),
+        )
+    };
+    let nan = f(
+        "20240101-0000000001.parquet",
+        1,
+        vec![0, 0],
+        vec![f64::NAN],
+        &["a", "b"],
+    );
+    let mixed = f(
+        "20240101-0000000002.parquet",
+        2,
+        vec![0, 1],
+        vec![1.0, f64::NAN],
+        &["one", "c"],
+    );
+    let plain = f(
+        "20240101-0000000003.parquet",
+        3,
+        vec![0],
+        vec![1.0],
+        &["one"],
+    );
+    let r = fx
+        .engine
+        .process(&[nan.clone(), mixed.clone(), plain])
+        .await;
+    for (file, row) in [(&nan, 1), (&mixed, 2)] {
+        let e = Fixture::failure(&r, file);
+        let m = e.to_string();
+        assert!(
+            e.kind() == "bad_input"
+                && m.contains(&format!("row {row}, column `id`"))
+                && m.contains("NaN"),
+            "{m}"
+        );
+    }
+    assert_eq!(t_rows(&fx, "SELECT v FROM t").await, vec!["one"]);
 }
 
 // ---- partitions -------------------------------------------------------------------------

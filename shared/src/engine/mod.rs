@@ -369,6 +369,7 @@ impl Engine {
         let sets = self.screen(table, &view, sets, outcomes).await;
         let admission = plan::admit(
             sets,
+            &table.primary_key,
             view.schema.as_deref(),
             view.props.sequence_kinds.as_deref(),
         );
@@ -419,6 +420,7 @@ impl Engine {
         while let Some(cs) = slices.next_slice()? {
             let admission = plan::admit(
                 vec![cs],
+                &table.primary_key,
                 view.schema.as_deref(),
                 view.props.sequence_kinds.as_deref(),
             );
@@ -478,6 +480,7 @@ impl Engine {
             counts.add(&cs.counts);
             let mut check = plan::admit(
                 vec![cs],
+                &table.primary_key,
                 view.schema.as_deref(),
                 view.props.sequence_kinds.as_deref(),
             );

@@ -109,7 +109,7 @@ impl Engine {
             return Ok(Whole::Done(None));
         };
         let mut kinds = view.props.sequence_kinds.clone();
-        let first = admit_one(first, &view, &mut kinds)?;
+        let first = admit_one(first, table, &view, &mut kinds)?;
         let base_plan = plan::plan(table, std::slice::from_ref(&first))?;
         let mut c = self
             .prepare(table, &first, &base_plan, &kinds, start)
@@ -432,7 +432,7 @@ impl Pass<'_, '_> {
             }
             c.first_read = c.first_read.or(c.tombstones.read_version());
             if let Some(cs) = self.slices.next_slice()? {
-                let cs = admit_one(cs, self.view, &mut self.kinds)?;
+                let cs = admit_one(cs, self.table, self.view, &mut self.kinds)?;
                 let plan = plan::plan(self.table, std::slice::from_ref(&cs))?;
                 next = Some((cs, plan));
             }
@@ -493,10 +493,16 @@ fn same_kinds(table: &DeltaTable, kinds: &Option<Vec<source::SeqKind>>) -> bool 
 /// Admit one slice against the table (and the kinds the file established so far).
 fn admit_one(
     cs: ChangeSet,
+    table: &TableConfig,
     view: &TableView,
     kinds: &mut Option<Vec<source::SeqKind>>,
 ) -> Result<ChangeSet> {
-    let mut a = plan::admit(vec![cs], view.schema.as_deref(), kinds.as_deref());
+    let mut a = plan::admit(
+        vec![cs],
+        &table.primary_key,
+        view.schema.as_deref(),
+        kinds.as_deref(),
+    );
     if let Some((_, e)) = a.rejected.pop() {
         return Err(e);
     }

@@ -43,6 +43,10 @@ fn cs(name: &str, rows: &[(ChangeOp, &str, i64)], cols: Vec<(&str, ArrayRef)>) -
     }
 }
 
+fn key() -> Vec<String> {
+    cfg().primary_key
+}
+
 fn strs(v: &[Option<&str>]) -> ArrayRef {
     Arc::new(StringArray::from(v.to_vec()))
 }
@@ -101,7 +105,7 @@ fn admission_orders_files_and_refuses_values_that_do_not_fit() {
         &[(Insert, "1 c", 3)],
         vec![("n", Arc::new(Int64Array::from(vec![7])))],
     );
-    let a = admit(vec![fits, wide, narrow], None, None);
+    let a = admit(vec![fits, wide, narrow], &key(), None, None);
     let names: Vec<String> = a
         .admitted
         .iter()
@@ -123,7 +127,7 @@ fn admission_orders_files_and_refuses_values_that_do_not_fit() {
         seq_kinds: vec![Some(SeqKind::Text)],
         ..cs("20240101-4.parquet", &[(Insert, "1 d", 4)], vec![])
     };
-    let a = admit(vec![text], None, Some(&[SeqKind::Timestamp]));
+    let a = admit(vec![text], &key(), None, Some(&[SeqKind::Timestamp]));
     assert!(
         a.rejected[0].1.to_string().contains("text values"),
         "{}",
@@ -212,4 +216,44 @@ fn tombstones_turn_older_upserts_into_deletes_and_clear_what_they_predate() {
         (PlanOp::Upsert, (None, Some("1 b".into())))
     );
     assert_eq!(rows[&Some("2".into())].0, PlanOp::Delete);
+}
+
+/// A key converted to the type another file of the batch gave the key column is checked in
+/// that type: text `NaN` into a float key fails its file, text `-0` is the key `0`.
+#[test]
+fn a_key_converted_to_another_files_type_is_checked_again() {
+    use arrow::array::{AsArray, Float64Array};
+    use arrow::datatypes::Float64Type;
+    use ChangeOp::*;
+    let keyed = |name: &str, id: ArrayRef| ChangeSet {
+        data: RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new(
+                "id",
+                id.data_type().clone(),
+                true,
+            )])),
+            vec![id],
+        )
+        .unwrap(),
+        ..cs(name, &[(Insert, "1 a", 0)], vec![])
+    };
+    let floats = keyed(
+        "20240101-1.parquet",
+        Arc::new(Float64Array::from(vec![1.5])),
+    );
+    let nan = keyed("20240101-2.parquet", strs(&[Some("NaN")]));
+    let zero = keyed("20240101-3.parquet", strs(&[Some("-0")]));
+    let a = admit(vec![floats, nan, zero], &key(), None, None);
+    assert_eq!(a.rejected.len(), 1);
+    assert!(a.rejected[0].0.path().ends_with("20240101-2.parquet"));
+    let e = a.rejected[0].1.to_string();
+    assert!(e.contains("NaN") && e.contains("row 1"), "{e}");
+    assert_eq!(a.admitted.len(), 2);
+    let z = a.admitted[1]
+        .data
+        .column_by_name("id")
+        .unwrap()
+        .as_primitive::<Float64Type>()
+        .value(0);
+    assert!(z == 0.0 && z.is_sign_positive(), "-0 is stored as 0: {z}");
 }

@@ -396,6 +396,8 @@ fn to_change_set(
     table_schema: Option<&Schema>,
     first_row: usize,
 ) -> Result<ChangeSet> {
+    // Every rule below judges values, not their layout.
+    let raw = plain_columns(f.name, raw)?;
     check_column_names(f.name, &raw.schema(), cfg)?;
     let ops = parse_ops(f, &raw, cfg)?;
     check_keys(f.name, &raw, cfg)?;
@@ -425,6 +427,46 @@ fn to_change_set(
         last_modified: None,
         counts,
         partial: false,
+    })
+}
+
+/// The file's columns decoded: dictionary and run-end encoded columns as their value type,
+/// view types as their plain types ([`coerce::decode`]). The Parquet reader hands over a
+/// column in the layout the file's Arrow schema asks for; without this, a rule that looks
+/// at a column's type (a NaN key is a float key's) would not see a dictionary of floats.
+fn plain_columns(file: &str, raw: RecordBatch) -> Result<RecordBatch> {
+    let schema = raw.schema();
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| coerce::plain_type(f.data_type()).is_some())
+    {
+        return Ok(raw);
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for (f, c) in schema.fields().iter().zip(raw.columns()) {
+        let c = coerce::decode(c).map_err(|e| {
+            Error::bad_input(
+                file,
+                Location::Column(f.name().clone()),
+                format!("cannot decode the column ({}): {e}", f.data_type()),
+            )
+        })?;
+        fields.push(Field::new(f.name(), c.data_type().clone(), true));
+        columns.push(c);
+    }
+    RecordBatch::try_new_with_options(
+        Arc::new(Schema::new(fields)),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(raw.num_rows())),
+    )
+    .map_err(|e| {
+        Error::bad_input(
+            file,
+            Location::File,
+            format!("cannot assemble the decoded columns: {e}"),
+        )
     })
 }
 
@@ -540,22 +582,53 @@ fn check_keys(file: &str, raw: &RecordBatch, cfg: &TableConfig) -> Result<()> {
                 ),
             )
         })?;
-        let at = |r: usize| Location::Row {
-            row: r + 1,
-            column: Some(k.clone()),
-        };
-        if let Some(r) = (0..a.len()).find(|&i| a.is_null(i)) {
-            return Err(Error::bad_input(file, at(r), "primary key is null"));
-        }
-        if let Some(r) = first_nan(&a) {
-            return Err(Error::bad_input(
-                file,
-                at(r),
-                "primary key is NaN; NaN equals no value, so the row could never be matched again",
-            ));
-        }
+        check_key_values(file, k, &a)?;
     }
     Ok(())
+}
+
+/// Why a key column's values cannot be keys: the first row (0-based) that is null or NaN
+/// (NaN equals nothing, so the row could never be updated or deleted). Judged on the
+/// decoded values, whatever the array's layout.
+pub(crate) fn key_problem(a: &ArrayRef) -> Option<(usize, &'static str)> {
+    if let Some(nulls) = a.logical_nulls() {
+        if let Some(r) = (0..a.len()).find(|&i| nulls.is_null(i)) {
+            return Some((r, "primary key is null"));
+        }
+    }
+    let nan = match coerce::decode(a) {
+        Ok(plain) => first_nan(&plain),
+        // A layout that cannot be decoded holds no float of a known type.
+        Err(_) => None,
+    };
+    nan.map(|r| {
+        (
+            r,
+            "primary key is NaN; NaN equals no value, so the row could never be matched again",
+        )
+    })
+}
+
+/// A key column as the table keeps it: a null or NaN key fails the file (naming the row),
+/// `-0.0` becomes `0.0` (one key, as SQL compares them).
+pub(crate) fn key_column(file: &str, column: &str, a: ArrayRef) -> Result<ArrayRef> {
+    check_key_values(file, column, &a)?;
+    Ok(normalize_zero(a))
+}
+
+/// A null or NaN key fails the file, naming the row and column.
+fn check_key_values(file: &str, column: &str, a: &ArrayRef) -> Result<()> {
+    match key_problem(a) {
+        Some((r, why)) => Err(Error::bad_input(
+            file,
+            Location::Row {
+                row: r + 1,
+                column: Some(column.to_string()),
+            },
+            why,
+        )),
+        None => Ok(()),
+    }
 }
 
 fn first_nan(a: &ArrayRef) -> Option<usize> {
@@ -581,7 +654,7 @@ fn first_nan(a: &ArrayRef) -> Option<usize> {
 }
 
 /// `-0.0` and `0.0` are the same key (SQL equality); store one of them.
-fn normalize_zero(a: ArrayRef) -> ArrayRef {
+pub(crate) fn normalize_zero(a: ArrayRef) -> ArrayRef {
     match a.data_type() {
         DataType::Float32 => {
             let v: Float32Array = a
@@ -740,7 +813,8 @@ fn curated_columns(
         };
         c = convert(file, f.name(), &c, &target)?;
         if cfg.primary_key.contains(f.name()) {
-            c = normalize_zero(c);
+            // Again in the table's type: text `NaN` or `-0` into a float key column.
+            c = key_column(file, f.name(), c)?;
         }
         fields.push(Field::new(f.name(), target, true));
         columns.push(c);
@@ -792,11 +866,229 @@ pub(crate) fn string_array<'a>(values: impl Iterator<Item = &'a str>) -> ArrayRe
 
 #[cfg(test)]
 mod tests {
+    use arrow::array::{
+        DictionaryArray, Int32Array, Int64Array, RunArray, StringArray, StringViewArray,
+    };
+    use arrow::datatypes::{Float64Type, Int32Type};
+
     use super::*;
-    use crate::config::CsvOptions;
+    use crate::config::{Config, CsvOptions};
 
     fn url(s: &str) -> Url {
         Url::parse(s).unwrap()
+    }
+
+    fn table(extra: &str) -> TableConfig {
+        let text = format!("[[table]]\nname = \"t\"\nsource = \"s3://r/t/\"\ntarget = \"s3://c/t\"\nprimary_key = [\"id\"]\n{extra}");
+        Config::from_toml(&text, "test", None)
+            .unwrap()
+            .tables
+            .remove(0)
+    }
+
+    fn batch(cols: Vec<(&str, ArrayRef)>) -> RecordBatch {
+        let fields: Vec<Field> = cols
+            .iter()
+            .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+            .collect();
+        RecordBatch::try_new(
+            Arc::new(Schema::new(fields)),
+            cols.into_iter().map(|(_, a)| a).collect(),
+        )
+        .unwrap()
+    }
+
+    /// Read a file of `body` as the engine does (whole, one slice).
+    fn read(
+        name: &str,
+        body: Bytes,
+        cfg: &TableConfig,
+        table: Option<&Schema>,
+    ) -> Result<ChangeSet> {
+        let raw = RawFile {
+            body: Body::Memory(body),
+            last_modified: None,
+        };
+        let file = url(&format!("s3://r/t/{name}"));
+        let mut slices = Slices::open(
+            &file,
+            &raw,
+            cfg,
+            table,
+            &TableProps::default(),
+            1_000,
+            1 << 20,
+        )?;
+        slices
+            .next_slice()?
+            .ok_or_else(|| Error::internal("no slice"))
+    }
+
+    fn floats_dict(keys: Vec<i32>, values: Vec<f64>) -> ArrayRef {
+        Arc::new(
+            DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from(keys),
+                Arc::new(Float64Array::from(values)),
+            )
+            .unwrap(),
+        )
+    }
+
+    /// Issue #23: a `dictionary<int32, float64>` key column holding NaN merged (NaN keys
+    /// that never match again); a plain float64 NaN key was refused. The rule is about the
+    /// values, whatever the layout the Parquet file asks for.
+    #[test]
+    fn a_dictionary_encoded_nan_key_fails_the_file() {
+        let cfg = table("");
+        let b = batch(vec![
+            ("id", floats_dict(vec![1, 0, 1], vec![f64::NAN, 1.0])),
+            ("v", Arc::new(StringArray::from(vec!["one", "a", "b"]))),
+        ]);
+        let parquet = crate::demo::to_parquet(&b).unwrap();
+        // The reader hands the column over as the dictionary it was written as.
+        let read_back = ::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            parquet.clone(),
+        )
+        .unwrap();
+        assert!(matches!(
+            read_back.schema().field_with_name("id").unwrap().data_type(),
+            DataType::Dictionary(_, v) if **v == DataType::Float64
+        ));
+        let e = read("LOAD00000001.parquet", parquet, &cfg, None)
+            .expect_err("a NaN key must fail the file")
+            .to_string();
+        assert!(
+            e.contains("LOAD00000001.parquet")
+                && e.contains("row 2, column `id`")
+                && e.contains("NaN"),
+            "{e}"
+        );
+
+        // Without NaN the file reads, as plain values: -0.0 and 0.0 are one key.
+        let b = batch(vec![("id", floats_dict(vec![0, 1], vec![-0.0, 2.5]))]);
+        let cs = read(
+            "LOAD00000002.parquet",
+            crate::demo::to_parquet(&b).unwrap(),
+            &cfg,
+            None,
+        )
+        .unwrap();
+        let id = cs.data.column_by_name("id").unwrap();
+        assert_eq!(id.data_type(), &DataType::Float64);
+        let zero = id.as_primitive::<Float64Type>().value(0);
+        assert!(zero == 0.0 && zero.is_sign_positive(), "{zero}");
+    }
+
+    /// A dictionary entry that is null is a null key, though the dictionary's keys are all
+    /// valid; a run-end encoded or view key column is judged by its values too.
+    #[test]
+    fn key_rules_judge_decoded_values_in_every_layout() {
+        let cfg = table("");
+        let file = url("s3://r/t/LOAD00000001.parquet");
+        let info = FileInfo {
+            url: &file,
+            name: "s3://r/t/LOAD00000001.parquet",
+            file_name: "LOAD00000001.parquet",
+            kind: FileKind::FullLoad,
+            generation: 1,
+        };
+        let change_set =
+            |id: ArrayRef| to_change_set(&info, batch(vec![("id", id)]), &cfg, None, 0);
+        let null_entry: ArrayRef = Arc::new(
+            DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from(vec![0, 1]),
+                Arc::new(Float64Array::from(vec![Some(1.0), None])),
+            )
+            .unwrap(),
+        );
+        let e = change_set(null_entry).unwrap_err().to_string();
+        assert!(
+            e.contains("row 2, column `id`") && e.contains("null"),
+            "{e}"
+        );
+
+        let ree: ArrayRef = Arc::new(
+            RunArray::<Int32Type>::try_new(
+                &Int32Array::from(vec![2, 3]),
+                &Float64Array::from(vec![1.0, f64::NAN]),
+            )
+            .unwrap(),
+        );
+        let e = change_set(ree).unwrap_err().to_string();
+        assert!(e.contains("row 3, column `id`") && e.contains("NaN"), "{e}");
+
+        let ree: ArrayRef = Arc::new(
+            RunArray::<Int32Type>::try_new(
+                &Int32Array::from(vec![2, 3]),
+                &Int64Array::from(vec![Some(7), None]),
+            )
+            .unwrap(),
+        );
+        let e = change_set(ree).unwrap_err().to_string();
+        assert!(
+            e.contains("row 3, column `id`") && e.contains("null"),
+            "{e}"
+        );
+
+        let view: ArrayRef = Arc::new(StringViewArray::from(vec!["a", "b"]));
+        let cs = change_set(view).unwrap();
+        assert_eq!(
+            cs.data.column_by_name("id").unwrap().data_type(),
+            &DataType::Utf8
+        );
+    }
+
+    /// Text `NaN` into a float key column of the table is a NaN key.
+    #[test]
+    fn text_nan_into_a_float_key_column_fails_the_file() {
+        let cfg = table("");
+        let schema = Schema::new(vec![Field::new("id", DataType::Float64, true)]);
+        let b = batch(vec![(
+            "id",
+            Arc::new(StringArray::from(vec!["1.5", "NaN"])) as ArrayRef,
+        )]);
+        let e = read(
+            "LOAD00000001.parquet",
+            crate::demo::to_parquet(&b).unwrap(),
+            &cfg,
+            Some(&schema),
+        )
+        .expect_err("a NaN key must fail the file")
+        .to_string();
+        assert!(e.contains("row 2, column `id`") && e.contains("NaN"), "{e}");
+    }
+
+    /// Issue #23, CSV: every CSV value is text parsed into the column's type, so a
+    /// zero-padded integer fails the file like any other text would.
+    #[test]
+    fn a_zero_padded_csv_integer_fails_the_file() {
+        let cfg = table(
+            "format = \"csv\"\n[table.csv]\nheader = true\ncolumns = [{ name = \"id\", type = \"int64\" }, { name = \"zip\", type = \"int64\" }]\n",
+        );
+        let e = read(
+            "LOAD00000001.csv",
+            Bytes::from_static(b"id,zip\n1,2134\n2,007\n"),
+            &cfg,
+            None,
+        )
+        .expect_err("007 is not an integer as it is written back")
+        .to_string();
+        assert!(
+            e.contains("row 2, column `zip`") && e.contains("\"007\""),
+            "{e}"
+        );
+        let cs = read(
+            "LOAD00000002.csv",
+            Bytes::from_static(b"id,zip\n1,2134\n2,-5\n"),
+            &cfg,
+            None,
+        )
+        .unwrap();
+        let zip = cs.data.column_by_name("zip").unwrap();
+        assert_eq!(
+            zip.as_primitive::<arrow::datatypes::Int64Type>().values()[..],
+            [2134, -5]
+        );
     }
 
     #[test]
