@@ -144,7 +144,7 @@ fn print(st: &TableStatus, now: DateTime<Utc>) {
         None => out!("  manifests   off"),
         Some(m) if m.exact => out!("  manifests   exact (list the live files)"),
         Some(m) => out!(
-            "  manifests   DIFFER in {} partition(s): {} (maintenance regenerates them)",
+            "  manifests   DIFFER in {} partition(s): {} (the next merge of the table or maintenance rewrites them)",
             m.differing_partitions.len(),
             m.differing_partitions.join(", ")
         ),

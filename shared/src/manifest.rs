@@ -10,18 +10,37 @@
 //!
 //! Partitions are carried as [`Partition`] values (the Delta log's values, null included);
 //! the folder name is derived from them by one rule (Hive escaping) and never parsed back.
+//!
+//! **The version marker.** `_symlink_format_manifest/_version` records the table version
+//! the manifests describe: every commit up to it has had its partitions' manifests written
+//! (from that version or a later one). It is written after the manifests, never moved back
+//! (a conditional write), and read by every merge — also one that commits nothing, such as
+//! the retry of a merge that crashed between its commit and its manifests. A merge that
+//! finds it behind the table rewrites the partitions the commits in between touched (read
+//! from their commit files), or every manifest when the marker is missing or the gap is
+//! long ([`catch_up`]): one GET per merge in the normal case, one PUT more after a commit.
+//! Readers skip it: its name starts with `_` (Athena, Redshift Spectrum, Hive and Trino
+//! ignore such files in a location) and it is not named `manifest` ([`list_manifests`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bytes::Bytes;
+use deltalake::kernel::Action;
 use deltalake::DeltaTable;
 use url::Url;
 
 use crate::error::{Error, Result};
-use crate::storage::{self, Storage};
+use crate::storage::{self, Storage, Tagged};
 
 /// Folder of the manifests inside the table.
 pub const MANIFEST_DIR: &str = "_symlink_format_manifest";
+/// The marker, inside [`MANIFEST_DIR`], that records the table version the manifests
+/// describe (see the module documentation).
+pub const VERSION_MARKER: &str = "_version";
+/// Commits a catch-up reads from the log; a longer gap regenerates every manifest.
+const MAX_GAP: u64 = 100;
+/// Reads and conditional writes of the marker while other writers keep changing it.
+const MARKER_ATTEMPTS: usize = 5;
 /// Hive's folder name for a null partition value.
 const NULL_FOLDER: &str = "__HIVE_DEFAULT_PARTITION__";
 
@@ -234,6 +253,237 @@ pub(crate) async fn sync(
     })
 }
 
+/// [`sync`] of every manifest (deleting those of partitions without files), then the
+/// version marker: what maintenance runs.
+pub(crate) async fn sync_all(
+    storage: &Storage,
+    table: DeltaTable,
+) -> Result<(ManifestReport, DeltaTable)> {
+    let marker = read_marker(storage, &table).await?;
+    let (report, table) = sync(storage, table, None).await?;
+    advance_marker(storage, &table, report.version, marker).await?;
+    Ok((report, table))
+}
+
+/// What commits the manifests did not reflect changed (a catch-up found them behind: a
+/// crash or a failure between a commit and its manifests, or a writer without them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum Behind {
+    /// Nothing: the manifests were at the version the merge read.
+    #[default]
+    No,
+    /// The commits in between added or removed files of these partitions, and changed the
+    /// table's metadata (schema, properties) when `metadata`.
+    Known(Gap),
+    /// The marker was missing, or the log could not say: every manifest was regenerated.
+    Unknown,
+}
+
+/// What a run of commits changed, read from their commit files.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Gap {
+    pub(crate) partitions: BTreeSet<Partition>,
+    pub(crate) metadata: bool,
+}
+
+/// The marker as read: the version it records (`None`: no marker, or one that does not
+/// read as a version) and the object, for the conditional write after it.
+#[derive(Debug, Clone, Default)]
+struct Marker {
+    version: Option<u64>,
+    seen: Option<Tagged>,
+}
+
+fn marker_url(table: &DeltaTable) -> Url {
+    under_table(table, [MANIFEST_DIR, VERSION_MARKER])
+}
+
+async fn read_marker(storage: &Storage, table: &DeltaTable) -> Result<Marker> {
+    let seen = storage.get_tagged(&marker_url(table)).await?;
+    let version = seen
+        .as_ref()
+        .and_then(|t| std::str::from_utf8(&t.body).ok())
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    Ok(Marker { version, seen })
+}
+
+/// The table version the manifests record that they describe (`None`: no marker).
+pub async fn recorded_version(storage: &Storage, table: &DeltaTable) -> Result<Option<u64>> {
+    Ok(read_marker(storage, table).await?.version)
+}
+
+/// Record that the manifests describe `version`, unless the marker already says so or
+/// more (another writer's): a write conditional on the marker as read, read again and
+/// compared when another writer changed it in between. Never moves the marker back.
+async fn advance_marker(
+    storage: &Storage,
+    table: &DeltaTable,
+    version: u64,
+    mut marker: Marker,
+) -> Result<()> {
+    let url = marker_url(table);
+    for _ in 0..MARKER_ATTEMPTS {
+        if marker.version.is_some_and(|v| v >= version) {
+            return Ok(());
+        }
+        let body = Bytes::from(format!("{version}\n"));
+        if storage.put_if(&url, body, marker.seen.as_ref()).await? {
+            return Ok(());
+        }
+        marker = read_marker(storage, table).await?;
+    }
+    // Others keep advancing it: they cover this version or will (the next merge checks).
+    tracing::warn!(marker = %storage::display(&url), version, "manifest version marker kept changing; left to the other writers");
+    Ok(())
+}
+
+/// What the commits after `from` up to `to` changed, from their commit files (which the
+/// log cache mostly holds already: loading the table read them). `None` when the log cannot
+/// say: a commit file already cleaned up, a remove without partition values.
+async fn changes_between(table: &DeltaTable, from: u64, to: u64) -> Result<Option<Gap>> {
+    let label = table.table_url().to_string();
+    let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
+    let columns = snapshot.metadata().partition_columns().to_vec();
+    let partition = |values: Option<&HashMap<String, Option<String>>>| -> Option<Partition> {
+        if columns.is_empty() {
+            return Some(Partition::default());
+        }
+        let values = values?;
+        Some(Partition(
+            columns
+                .iter()
+                .map(|c| (c.clone(), values.get(c).cloned().flatten()))
+                .collect(),
+        ))
+    };
+    let store = table.log_store();
+    let mut gap = Gap::default();
+    for v in from.saturating_add(1)..=to {
+        let Some(bytes) = store
+            .read_commit_entry(v)
+            .await
+            .map_err(|e| Error::delta(&label, e))?
+        else {
+            return Ok(None);
+        };
+        let actions =
+            deltalake::logstore::get_actions(v, &bytes).map_err(|e| Error::delta(&label, e))?;
+        for action in actions {
+            let p = match action {
+                Action::Add(a) => partition(Some(&a.partition_values)),
+                Action::Remove(r) => partition(r.partition_values.as_ref()),
+                Action::Metadata(_) => {
+                    gap.metadata = true;
+                    continue;
+                }
+                _ => continue,
+            };
+            match p {
+                Some(p) => gap.partitions.insert(p),
+                None => return Ok(None),
+            };
+        }
+    }
+    Ok(Some(gap))
+}
+
+/// What a merge that committed read first: the version and its live files.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Since<'a> {
+    pub(crate) version: Option<u64>,
+    pub(crate) files: &'a [LiveFile],
+}
+
+/// Bring the manifests to the table's loaded version after a merge: one that committed
+/// (`since`: what it read first; its commit's partitions are the difference of the live
+/// files) or one that changed nothing (`None`: a re-delivery, the retry of a merge that
+/// crashed after its commit). Reads the version marker (one GET); when it is behind what
+/// the merge's own commit explains, the partitions of the commits in between are rewritten
+/// too (read from the log), or every manifest when the marker is missing or the gap is
+/// longer than [`MAX_GAP`]. Returns what was written, what the manifests were behind (the
+/// catalog follows it) and the marker write that records the version covered (one PUT),
+/// for after the catalog (`None`: the marker is up to date).
+pub(crate) async fn catch_up(
+    storage: &Storage,
+    table: DeltaTable,
+    since: Option<Since<'_>>,
+) -> Result<(ManifestReport, Behind, Option<Pending>)> {
+    let Some(version) = table.version() else {
+        return Ok((ManifestReport::default(), Behind::No, None));
+    };
+    let marker = read_marker(storage, &table).await?;
+    // A table created empty (version 0, no file: how tributary creates tables) has no
+    // manifest to describe: no marker there is a marker at 0.
+    let empty_at_zero = match since {
+        Some(s) => s.version == Some(0) && s.files.is_empty(),
+        None => version == 0 && live_files(&table)?.is_empty(),
+    };
+    let recorded = marker.version.or(empty_at_zero.then_some(0));
+    if recorded.is_some_and(|r| r >= version) {
+        let report = ManifestReport {
+            version,
+            ..Default::default()
+        };
+        return Ok((report, Behind::No, None));
+    }
+    let (partitions, behind) = match (recorded, since) {
+        (Some(r), Some(s)) if s.version.is_some_and(|b| r >= b) => (
+            Some(touched_partitions(s.files, &live_files(&table)?)),
+            Behind::No,
+        ),
+        (Some(r), _) if version - r <= MAX_GAP => {
+            match changes_between(&table, r, version).await? {
+                // Commits that changed no file and no metadata (transaction ids only).
+                Some(gap) if gap == Gap::default() => (Some(BTreeSet::new()), Behind::No),
+                Some(gap) => (Some(gap.partitions.clone()), Behind::Known(gap)),
+                None => (None, Behind::Unknown),
+            }
+        }
+        _ => (None, Behind::Unknown),
+    };
+    if behind != Behind::No {
+        tracing::warn!(table = %table.table_url(), recorded = ?marker.version, version, partitions = partitions.as_ref().map(BTreeSet::len), "manifests behind the table (a crash or failure after a commit): rewriting them");
+    }
+    let (report, newest) = match &partitions {
+        Some(p) if p.is_empty() => {
+            let report = ManifestReport {
+                version,
+                ..Default::default()
+            };
+            (report, table)
+        }
+        p => sync(storage, table, p.as_ref()).await?,
+    };
+    // Every manifest was written from `report.version`; the partitions only cover the
+    // commits up to the version the merge loaded (later ones are their writers' to cover).
+    let covered = match partitions {
+        None => report.version,
+        Some(_) => version,
+    };
+    let pending = Pending {
+        table: newest,
+        version: covered,
+        marker,
+    };
+    Ok((report, behind, Some(pending)))
+}
+
+/// The version marker a catch-up owes, written by [`Pending::record`] once the caller's
+/// other post-commit steps (the catalog) are done too: a crash before it leaves the marker
+/// behind, and the next merge then redoes the manifests and the catalog of those commits.
+pub(crate) struct Pending {
+    table: DeltaTable,
+    version: u64,
+    marker: Marker,
+}
+
+impl Pending {
+    /// Record the version covered (never moving the marker back).
+    pub(crate) async fn record(self, storage: &Storage) -> Result<()> {
+        advance_marker(storage, &self.table, self.version, self.marker).await
+    }
+}
+
 /// The manifests on storage: partition folder → sorted URIs (for tests and checks).
 pub async fn read_manifests(
     storage: &Storage,
@@ -284,6 +534,29 @@ mod tests {
         assert_eq!(part(Some("a/b")).folder(), "r=a%2Fb");
         assert_eq!(part(None).folder(), "r=__HIVE_DEFAULT_PARTITION__");
         assert_eq!(Partition::default().folder(), "");
+    }
+
+    /// Two writers syncing different versions: the one that read the marker before the
+    /// other wrote it, with an older version, must not move it back.
+    #[tokio::test]
+    async fn the_version_marker_never_moves_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = Url::from_directory_path(dir.path()).unwrap();
+        let table = crate::delta::open(&url, &Default::default()).await.unwrap();
+        let storage = Storage::new();
+        assert_eq!(recorded_version(&storage, &table).await.unwrap(), None);
+        let early = read_marker(&storage, &table).await.unwrap();
+        let m = read_marker(&storage, &table).await.unwrap();
+        advance_marker(&storage, &table, 5, m).await.unwrap();
+        assert_eq!(recorded_version(&storage, &table).await.unwrap(), Some(5));
+        // The slower writer read "no marker" and covered only version 3.
+        advance_marker(&storage, &table, 3, early).await.unwrap();
+        assert_eq!(recorded_version(&storage, &table).await.unwrap(), Some(5));
+        let m = read_marker(&storage, &table).await.unwrap();
+        advance_marker(&storage, &table, 7, m).await.unwrap();
+        assert_eq!(recorded_version(&storage, &table).await.unwrap(), Some(7));
+        // Not a manifest: never listed as one.
+        assert!(list_manifests(&storage, &table).await.unwrap().is_empty());
     }
 
     #[test]

@@ -76,6 +76,11 @@ pub struct ManifestStatus {
     pub exact: bool,
     /// Partition folders whose manifest is missing, stale or left over.
     pub differing_partitions: Vec<String>,
+    /// The table version the manifests record that they describe
+    /// (`_symlink_format_manifest/_version`; `None`: not recorded yet). Behind the table's
+    /// version after a crash between a commit and its manifests: the next merge of the
+    /// table catches up.
+    pub recorded_version: Option<u64>,
 }
 
 /// The state of `cfg`'s table at `now`. `catalog` reads the Glue entries (when the table
@@ -224,6 +229,7 @@ async fn manifest_status(
     Ok(ManifestStatus {
         exact: differing.is_empty(),
         differing_partitions: differing,
+        recorded_version: manifest::recorded_version(storage, table).await?,
     })
 }
 

@@ -14,7 +14,9 @@ use deltalake::{ObjectStore, Path};
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
-use object_store::{GetResultPayload, ObjectMeta, ObjectStoreExt};
+use object_store::{
+    GetResultPayload, ObjectMeta, ObjectStoreExt, PutMode, PutOptions, UpdateVersion,
+};
 use percent_encoding::percent_decode_str;
 use tokio::io::AsyncWriteExt;
 use url::Url;
@@ -127,6 +129,15 @@ pub(crate) fn join(base: &Url, name: &str) -> Url {
 }
 
 /// An object under a listed prefix.
+/// A small object read with its version tag, for a conditional write after it
+/// ([`Storage::put_if`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Tagged {
+    pub(crate) body: Bytes,
+    /// The ETag (`None` when the store gives none).
+    pub(crate) tag: Option<String>,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Listed {
     pub(crate) url: Url,
@@ -277,6 +288,63 @@ impl Storage {
             .await
             .map_err(|e| Error::storage(display(url), e))?;
         Ok(())
+    }
+
+    /// Read a small object with its version tag (ETag); `None` when it does not exist.
+    pub(crate) async fn get_tagged(&self, url: &Url) -> Result<Option<Tagged>> {
+        let store = self.store(url)?;
+        let path = object_path(url)?;
+        let res = match store.get(&path).await {
+            Ok(r) => r,
+            Err(deltalake::ObjectStoreError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Error::storage(display(url), e)),
+        };
+        let tag = res.meta.e_tag.clone();
+        let body = res
+            .bytes()
+            .await
+            .map_err(|e| Error::storage(display(url), e))?;
+        Ok(Some(Tagged { body, tag }))
+    }
+
+    /// Write an object only if it is still as `seen` (`None`: only if it does not exist):
+    /// `false` when another writer created or changed it first. A store that cannot make
+    /// a conditional update (the local file system) writes unconditionally — the caller
+    /// has compared what it read just before.
+    pub(crate) async fn put_if(
+        &self,
+        url: &Url,
+        data: Bytes,
+        seen: Option<&Tagged>,
+    ) -> Result<bool> {
+        let store = self.store(url)?;
+        let path = object_path(url)?;
+        let mode = match seen {
+            None => PutMode::Create,
+            Some(t) => match &t.tag {
+                Some(e_tag) => PutMode::Update(UpdateVersion {
+                    e_tag: Some(e_tag.clone()),
+                    version: None,
+                }),
+                None => PutMode::Overwrite,
+            },
+        };
+        let opts = PutOptions {
+            mode,
+            ..Default::default()
+        };
+        match store.put_opts(&path, data.clone().into(), opts).await {
+            Ok(_) => Ok(true),
+            Err(
+                deltalake::ObjectStoreError::AlreadyExists { .. }
+                | deltalake::ObjectStoreError::Precondition { .. },
+            ) => Ok(false),
+            Err(deltalake::ObjectStoreError::NotImplemented { .. }) => {
+                self.put(url, data).await?;
+                Ok(true)
+            }
+            Err(e) => Err(Error::storage(display(url), e)),
+        }
     }
 
     /// Delete an object; `false` when it was not there.

@@ -179,6 +179,139 @@ async fn manifests_can_be_switched_off() {
     assert!(!fx.path("curated/items/_symlink_format_manifest").exists());
 }
 
+/// An engine over the fixture's table that writes no manifests: what a merge killed right
+/// after its commit leaves (the commit, no manifest).
+fn crashing_engine(fx: &Fixture, extra: &str) -> tributary::Engine {
+    let text = format!(
+        "{}{extra}",
+        ITEMS_TABLE.replace("drop_columns", "manifests = false\ndrop_columns")
+    );
+    let path = fx.path("crashing.toml");
+    std::fs::write(&path, text).unwrap();
+    tributary::Engine::new(tributary::Config::from_path(&path).unwrap())
+}
+
+/// The version the manifests record (`_symlink_format_manifest/_version`) and the table's.
+async fn recorded_and_table_version(fx: &Fixture) -> (Option<u64>, Option<u64>) {
+    let t = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let recorded = manifest::recorded_version(fx.engine.storage(), &t)
+        .await
+        .unwrap();
+    (recorded, t.version())
+}
+
+/// Issue #28: a merge killed between its commit and its manifests left them wrong, and the
+/// retry — which finds its changes applied and commits nothing — wrote none. The retry
+/// must find the manifests behind the table (their version marker) and rewrite the
+/// partitions the commit touched, and only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_of_a_merge_killed_before_its_manifests_rewrites_them() {
+    let fx = Fixture::items();
+    let f1 = fx.put_items(
+        "20240101-1.parquet",
+        &[
+            c('I', &ts(1), 1, "a", 1),
+            c('I', &ts(2), 2, "b", 2),
+            c('I', &ts(3), 3, "d", 3),
+        ],
+    );
+    fx.merge_ok(&[f1]).await;
+    assert_manifests_exact(&fx).await;
+    let (recorded, version) = recorded_and_table_version(&fx).await;
+    assert_eq!(recorded, version, "the marker records the version written");
+    let untouched = fx.path("curated/items/_symlink_format_manifest/part=d/manifest");
+    let untouched_at = std::fs::metadata(&untouched).unwrap().modified().unwrap();
+    // Killed after the commit: b updated, c inserted, a deleted; no manifest written.
+    let f2 = fx.put_items(
+        "20240101-2.parquet",
+        &[
+            c('U', &ts(4), 2, "b", 20),
+            c('I', &ts(5), 4, "c", 4),
+            c('D', &ts(6), 1, "a", 1),
+        ],
+    );
+    let r = crashing_engine(&fx, "")
+        .process(std::slice::from_ref(&f2))
+        .await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    let t = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let stale = manifest::read_manifests(fx.engine.storage(), &t)
+        .await
+        .unwrap();
+    assert_ne!(stale, manifest::expected_manifests(&t).unwrap(), "stale");
+    assert!(t.version() > version);
+    // The retry (a re-delivery of the same file) changes nothing and commits nothing...
+    let r = fx.merge_ok(std::slice::from_ref(&f2)).await;
+    let t0 = &r.tables[0];
+    assert_eq!(t0.inserted + t0.updated + t0.deleted, 0, "{t0:?}");
+    assert_eq!(t0.version, t.version(), "no commit: {t0:?}");
+    // ...and leaves the manifests exact: the partitions of the commit, not the others.
+    assert!(t0.manifests_caught_up, "{t0:?}");
+    assert_manifests_exact(&fx).await;
+    assert!(!fx
+        .path("curated/items/_symlink_format_manifest/part=a/manifest")
+        .exists());
+    assert_eq!(t0.manifests_written, 2, "b and c: {t0:?}");
+    assert_eq!(t0.manifests_deleted, 1, "a: {t0:?}");
+    assert_eq!(
+        std::fs::metadata(&untouched).unwrap().modified().unwrap(),
+        untouched_at,
+        "partition d was not rewritten"
+    );
+    let (recorded, version) = recorded_and_table_version(&fx).await;
+    assert_eq!(recorded, version);
+    // The marker is no manifest: neither listed nor deleted by maintenance.
+    maintain(&fx, false).await.unwrap();
+    assert_manifests_exact(&fx).await;
+    assert!(fx
+        .path("curated/items/_symlink_format_manifest/_version")
+        .exists());
+    // Caught up, the next re-delivery writes nothing.
+    let r = fx.merge_ok(&[f2]).await;
+    let t0 = &r.tables[0];
+    assert!(
+        !t0.manifests_caught_up && t0.manifests_written == 0,
+        "{t0:?}"
+    );
+}
+
+/// The issue's case: a large full-load file appended whole into a new table, killed right
+/// after the append's commit (no `_symlink_format_manifest/` at all). Its retry goes slice
+/// by slice and commits nothing; the manifests are regenerated (there is no marker yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_of_a_whole_file_append_killed_before_its_manifests_writes_them() {
+    let fx = Fixture::new(&format!("{ITEMS_TABLE}slice_rows = 1024\n"));
+    let parts = ["a", "b", "c", "d"];
+    let rows: Vec<Change> = (1..=3000)
+        .map(|i| c('I', &ts(0), i, parts[i as usize % 4], i))
+        .collect();
+    let load = fx.put_items("LOAD00000001.parquet", &rows);
+    let crashed = crashing_engine(&fx, "slice_rows = 1024\n");
+    let r = crashed.process(std::slice::from_ref(&load)).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    assert!(r.tables[0].appended, "{:?}", r.tables[0]);
+    assert!(!fx.path("curated/items/_symlink_format_manifest").exists());
+    let r = fx.merge_ok(&[load]).await;
+    for t in &r.tables {
+        assert_eq!(t.inserted + t.updated + t.deleted, 0, "{t:?}");
+    }
+    assert!(
+        r.tables.iter().any(|t| t.manifests_caught_up),
+        "{:?}",
+        r.tables
+    );
+    assert_manifests_exact(&fx).await;
+    let mut seen = rows_via_manifests(&fx).await;
+    seen.sort();
+    assert_eq!(seen.len(), 3000, "every row through the manifests");
+    let (recorded, version) = recorded_and_table_version(&fx).await;
+    assert_eq!(recorded, version);
+}
+
 /// Every load of a table reads each commit since the last checkpoint (one GET each on S3):
 /// tributary's tables are created with a checkpoint every 10 commits, not delta-rs's 100.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

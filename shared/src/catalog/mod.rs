@@ -36,7 +36,7 @@ use tokio::sync::OnceCell;
 use crate::config::{CatalogConfig, EntryKind, TableConfig};
 use crate::delta;
 use crate::error::{Error, Result};
-use crate::manifest::LiveFile;
+use crate::manifest::{Behind, LiveFile};
 use entry::{Desired, GluePartition, Verdict};
 use glue::{Failure, Glue};
 
@@ -249,8 +249,67 @@ impl Catalog {
             };
             plans.push((name, kind, plan));
         }
+        Some(self.run(cfg, c, plans, after).await)
+    }
+
+    /// After the manifests of a table were found behind it (a crash or a failure between
+    /// a commit and its post-commit steps, which the retry does not commit again): sync what
+    /// the commits in between changed — the partitions whose files they added or removed
+    /// (registered where the table has files now, removed where it has none) and the
+    /// entries when one changed the metadata — or every entry fully when that is not known.
+    /// `None` (no Glue call) when nothing was behind or the table has no catalog settings.
+    pub(crate) async fn catch_up(
+        &self,
+        cfg: &TableConfig,
+        history: bool,
+        behind: &Behind,
+        table: &DeltaTable,
+    ) -> Option<CatalogReport> {
+        let c = cfg.catalog.as_ref()?;
+        let gap = match behind {
+            Behind::No => return None,
+            Behind::Known(g) => Some(g),
+            Behind::Unknown => None,
+        };
+        let mut plans = Vec::new();
+        for (name, kind) in entries(cfg, c, history) {
+            let Some(g) = gap else {
+                plans.push((name, kind, Plan::Full));
+                continue;
+            };
+            let (added, removed) = if matches!(kind, EntryKind::Manifest { .. }) {
+                match gap_partitions(table, g) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        plans.push((name, kind, Plan::Failed(e)));
+                        continue;
+                    }
+                }
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            if g.metadata || !added.is_empty() || !removed.is_empty() {
+                let plan = Plan::Changes {
+                    entry: g.metadata,
+                    added,
+                    removed,
+                };
+                plans.push((name, kind, plan));
+            }
+        }
+        Some(self.run(cfg, c, plans, table).await)
+    }
+
+    /// Carry out the entries' plans (none: no Glue call) on `after`.
+    async fn run(
+        &self,
+        cfg: &TableConfig,
+        c: &CatalogConfig,
+        plans: Vec<(String, EntryKind, Plan)>,
+        after: &DeltaTable,
+    ) -> CatalogReport {
         if plans.is_empty() {
-            return Some(CatalogReport::default());
+            return CatalogReport::default();
         }
         let glue = self.glue().await;
         let mut report = CatalogReport::default();
@@ -270,7 +329,7 @@ impl Catalog {
             unreachable = self.record(cfg, c, &name, res, &mut report);
         }
         report.calls = glue.calls();
-        Some(report)
+        report
     }
 
     /// The state of the table's entries (and its history table's), read only: nothing is
@@ -462,6 +521,27 @@ fn partition_diff(
         now.difference(&before).cloned().collect(),
         before.difference(&now).cloned().collect(),
     ))
+}
+
+/// Of the partitions a run of commits touched, those the table has files in now (to
+/// register; Glue keeps the ones it has) and those it has none in (to remove).
+fn gap_partitions(
+    table: &DeltaTable,
+    g: &crate::manifest::Gap,
+) -> Result<(Vec<GluePartition>, Vec<GluePartition>)> {
+    if delta::partition_columns(table)?.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let now = entry::partitions(table)?;
+    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    for p in &g.partitions {
+        let gp = entry::partition(table, p);
+        match now.contains(&gp) {
+            true => added.push(gp),
+            false => removed.push(gp),
+        }
+    }
+    Ok((added, removed))
 }
 
 /// The table at its latest version.

@@ -1,5 +1,6 @@
 //! One batch of admitted change sets of one table → one commit: plan, record tombstones,
-//! MERGE (re-planned and retried on conflicts), re-check tombstones, update manifests.
+//! MERGE (re-planned and retried on conflicts), re-check tombstones, update manifests
+//! (also after a merge that commits nothing: they may be behind an earlier commit).
 
 use std::time::Instant;
 
@@ -82,15 +83,20 @@ impl Before {
     }
 }
 
-/// A commit as the post-commit steps see it.
+/// A merge as the post-commit steps see it: the table after it and, when it committed,
+/// the table before (`None`: nothing committed — a re-delivery, or the retry of a merge
+/// that crashed after its commit).
 pub(crate) struct Committed {
-    before: Before,
+    before: Option<Before>,
     after: DeltaTable,
 }
 
 impl Committed {
     pub(super) fn new(before: Before, after: DeltaTable) -> Self {
-        Committed { before, after }
+        Committed {
+            before: Some(before),
+            after,
+        }
     }
 }
 
@@ -155,7 +161,7 @@ impl Engine {
         };
         let mut retry = Retry::new(&table.name, table.max_commit_attempts);
         let mut first_read: Option<Before> = None;
-        let committed = loop {
+        let merged = loop {
             let res = self
                 .try_merge(
                     table,
@@ -172,9 +178,7 @@ impl Engine {
             }
         };
         report.commit_attempts = retry.attempt();
-        if let Some(c) = committed {
-            self.after_commit(table, c, &mut report).await;
-        }
+        self.after_merge(table, merged, &mut report).await;
         if let Some(h) = &table.history {
             self.merge_history(table, h, batch, &files, None, &mut report)
                 .await?;
@@ -213,35 +217,45 @@ impl Engine {
         Ok(report)
     }
 
-    /// After a commit: the manifests of the partitions it touched, then the catalog
-    /// entries (neither fails the merge: it is committed).
-    pub(super) async fn after_commit(
+    /// After a merge: the manifests of the partitions its commit touched — and of those
+    /// earlier commits touched when the manifests are behind them (a crash between a commit
+    /// and its manifests: the retry commits nothing) — then the catalog entries, for the
+    /// commit and for what the manifests were behind. Neither fails the merge: it is
+    /// committed.
+    pub(super) async fn after_merge(
         &self,
         table: &TableConfig,
-        c: Committed,
+        m: Committed,
         report: &mut TableReport,
     ) {
         let t = Instant::now();
-        let for_catalog = table.catalog.is_some().then(|| c.after.clone());
+        let for_catalog = table.catalog.is_some().then(|| m.after.clone());
+        let (mut behind, mut pending) = (manifest::Behind::No, None);
         if table.manifests {
-            self.update_manifests(table, &c.before.files, c.after, report)
+            (behind, pending) = self
+                .update_manifests(table, m.before.as_ref(), m.after, report)
                 .await;
         }
         report.phases_ms.manifests = ms_since(t);
         if let Some(after) = for_catalog {
             let t = Instant::now();
-            let r = self
-                .catalog
-                .after_commit(
-                    table,
-                    false,
-                    c.before.schema.as_ref(),
-                    &c.before.files,
-                    &after,
-                )
-                .await;
+            if let Some(before) = &m.before {
+                let r = self
+                    .catalog
+                    .after_commit(table, false, before.schema.as_ref(), &before.files, &after)
+                    .await;
+                absorb(report, r);
+            }
+            let r = self.catalog.catch_up(table, false, &behind, &after).await;
             absorb(report, r);
             report.phases_ms.catalog = ms_since(t);
+        }
+        // Last: until it is written, the next merge redoes the manifests and the catalog.
+        if let Some(p) = pending {
+            if let Err(e) = p.record(&self.storage).await {
+                tracing::error!(table = %table.name, error = %e, "manifest version marker not written; the next merge of the table rewrites the manifests of this commit");
+                report.manifest_error = Some(e.to_string());
+            }
         }
     }
 
@@ -283,7 +297,7 @@ impl Engine {
     }
 
     /// One attempt: load (or create) the table, apply tombstones, MERGE, re-check. Returns
-    /// the table before and after when a commit happened.
+    /// the table after it, and before it when a commit happened.
     async fn try_merge(
         &self,
         table: &TableConfig,
@@ -292,7 +306,7 @@ impl Engine {
         tombstones: &mut Tombstones<'_>,
         report: &mut TableReport,
         first_read: &mut Option<Before>,
-    ) -> Result<Option<Committed>> {
+    ) -> Result<Committed> {
         let batch = a.batch;
         let t = Instant::now();
         let target = match loaded {
@@ -306,6 +320,11 @@ impl Engine {
                 t
             }
         };
+        // Before this attempt's own commits (the sequence kinds, the change data feed):
+        // metadata commits whose versions the manifests' marker must not take for a gap.
+        if first_read.is_none() {
+            *first_read = Some(Before::of(table, &target)?);
+        }
         let target = record_kinds(target, batch.kinds.as_deref()).await?;
         plan::recheck_kinds(
             batch.changes,
@@ -327,9 +346,6 @@ impl Engine {
             (hook.0)().await;
         }
         let read_version = target.version();
-        if first_read.is_none() {
-            *first_read = Some(Before::of(table, &target)?);
-        }
         let t = Instant::now();
         let target = write(table, target, &plan, a, report).await?;
         report.phases_ms.merge = ms_since(t);
@@ -347,10 +363,10 @@ impl Engine {
             .ok_or_else(|| crate::error::Error::internal("no first read"))?;
         // Any commit since the first read (this attempt's or an earlier one's).
         let committed = target.version() != before.version;
-        Ok(committed.then_some(Committed {
-            before,
+        Ok(Committed {
+            before: committed.then_some(before),
             after: target,
-        }))
+        })
     }
 
     pub(super) async fn load_or_create(
@@ -378,33 +394,34 @@ impl Engine {
         .await
     }
 
-    /// Rewrite the manifests of the partitions the commit touched. A failure here does not
-    /// fail the merge (it is committed); it is logged and reported.
+    /// Bring the manifests to the table after the merge ([`manifest::catch_up`]): the
+    /// partitions its commit touched (`before`: the table it first read; `None` when it
+    /// committed nothing), and those of earlier commits the manifests are behind. A failure
+    /// does not fail the merge (it is committed); it is logged and reported, and the version
+    /// marker, not moved, makes the next merge of the table catch up. Returns what the
+    /// manifests were behind (the catalog follows it) and the marker write still owed.
     async fn update_manifests(
         &self,
         table: &TableConfig,
-        before: &[manifest::LiveFile],
+        before: Option<&Before>,
         after: DeltaTable,
         report: &mut TableReport,
-    ) {
-        let result = async {
-            let touched = manifest::touched_partitions(before, &manifest::live_files(&after)?);
-            if touched.is_empty() {
-                return Ok(manifest::ManifestReport::default());
-            }
-            manifest::sync(&self.storage, after, Some(&touched))
-                .await
-                .map(|(m, _)| m)
-        }
-        .await;
-        match result {
-            Ok(m) => {
+    ) -> (manifest::Behind, Option<manifest::Pending>) {
+        let since = before.map(|b| manifest::Since {
+            version: b.version,
+            files: &b.files,
+        });
+        match manifest::catch_up(&self.storage, after, since).await {
+            Ok((m, behind, pending)) => {
                 report.manifests_written = m.written;
                 report.manifests_deleted = m.deleted;
+                report.manifests_caught_up = behind != manifest::Behind::No;
+                (behind, pending)
             }
             Err(e) => {
-                tracing::error!(table = %table.name, error = %e, "manifests not updated; maintenance will regenerate them");
+                tracing::error!(table = %table.name, error = %e, "manifests not updated; the next merge of the table or the maintenance run rewrites them");
                 report.manifest_error = Some(e.to_string());
+                (manifest::Behind::No, None)
             }
         }
     }

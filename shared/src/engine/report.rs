@@ -78,6 +78,9 @@ pub struct TableReport {
     /// Why the manifests could not be updated (the merge itself succeeded; the next merge
     /// of the partition or the maintenance run rewrites them).
     pub manifest_error: Option<String>,
+    /// The manifests were behind the table (a crash or a failure between an earlier commit
+    /// and its manifests) and were brought up to date, with the catalog entries.
+    pub manifests_caught_up: bool,
     /// What the call did to the history table, when the table has one.
     pub history: Option<crate::history::HistoryReport>,
     /// What the call did to the Glue Data Catalog (main and history entries), when the
@@ -144,6 +147,7 @@ impl TableReport {
         if o.manifest_error.is_some() {
             self.manifest_error.clone_from(&o.manifest_error);
         }
+        self.manifests_caught_up |= o.manifests_caught_up;
         if let Some(h) = &o.history {
             match &mut self.history {
                 Some(mine) => {
@@ -152,6 +156,7 @@ impl TableReport {
                     mine.versions_removed += h.versions_removed;
                     mine.late_keys += h.late_keys;
                     mine.commit_attempts += h.commit_attempts;
+                    mine.manifests_caught_up |= h.manifests_caught_up;
                 }
                 None => self.history = Some(h.clone()),
             }

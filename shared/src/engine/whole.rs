@@ -160,10 +160,12 @@ impl Engine {
             true => self.catalog.created(table, false, &target).await,
             false => None,
         };
+        // Before the metadata commits below, as a merge's (`Engine::try_merge`).
+        let before = super::batch::Before::of(table, &target)?;
         let target = super::batch::record_kinds(target, kinds.as_deref()).await?;
         let target = super::batch::enable_change_data_feed(table, target).await?;
         Ok(Commit {
-            before: super::batch::Before::of(table, &target)?,
+            before,
             target,
             created,
             tombstones: Tombstones::open(table, &self.options, &base_plan.batch.schema()).await?,
@@ -263,7 +265,7 @@ impl Engine {
         };
         report.version = after.version();
         tracing::info!(table = %table.name, file = %name, slices = w.slices, rows = w.rows, files_added = written, write_wait_ms = w.write_wait_ms, total_ms = start.elapsed().as_millis() as u64, "appended the whole file in one commit");
-        self.after_commit(
+        self.after_merge(
             table,
             super::batch::Committed::new(before, after),
             &mut report,

@@ -65,6 +65,9 @@ pub struct HistoryReport {
     pub commit_attempts: u32,
     /// Why the history's manifests could not be updated.
     pub manifest_error: Option<String>,
+    /// The history's manifests were behind it (a crash or a failure between an earlier
+    /// commit and its manifests) and were brought up to date, with its catalog entries.
+    pub manifests_caught_up: bool,
     /// The history entries' catalog sync (reported with the table's: `TableReport::catalog`).
     #[serde(skip)]
     pub(crate) catalog: Option<crate::catalog::CatalogReport>,
@@ -116,24 +119,27 @@ pub(crate) async fn apply(
             log_table: &log_table,
         };
         match ctx.run().await {
-            Ok((mut r, written)) => {
+            Ok((mut r, w)) => {
                 r.commit_attempts = retry.attempt();
-                if let Some(w) = written {
-                    let for_catalog = cfg.catalog.is_some().then(|| w.after.clone());
-                    if cfg.manifests {
-                        manifests(cfg, storage, &w.files_before, w.after, &mut r).await;
-                    }
-                    if let Some(after) = for_catalog {
+                let for_catalog = cfg.catalog.is_some().then(|| w.after.clone());
+                let (mut behind, mut pending) = (crate::manifest::Behind::No, None);
+                if cfg.manifests {
+                    (behind, pending) = manifests(cfg, storage, &w, &mut r).await;
+                }
+                if let Some(after) = for_catalog {
+                    if let Some(b) = &w.before {
                         let c = catalog
-                            .after_commit(
-                                cfg,
-                                true,
-                                w.schema_before.as_ref(),
-                                &w.files_before,
-                                &after,
-                            )
+                            .after_commit(cfg, true, b.schema.as_ref(), &b.files, &after)
                             .await;
                         add_catalog(&mut r, c);
+                    }
+                    add_catalog(&mut r, catalog.catch_up(cfg, true, &behind, &after).await);
+                }
+                // Last: until it is written, the next call redoes manifests and catalog.
+                if let Some(p) = pending {
+                    if let Err(e) = p.record(storage).await {
+                        tracing::error!(table = %cfg.name, error = %e, "history manifest version marker not written; the next call rewrites the manifests of this commit");
+                        r.manifest_error = Some(e.to_string());
                     }
                 }
                 return Ok(r);
@@ -199,26 +205,31 @@ fn check_names(cfg: &TableConfig, h: &HistoryConfig, columns: &[Field]) -> Resul
     }
 }
 
-/// Rewrite the manifests of the history's partitions a commit touched (a failure is logged
-/// and reported; maintenance regenerates them).
+/// Bring the history's manifests to the table after the call ([`crate::manifest::catch_up`]):
+/// the partitions its commit touched, and those of earlier commits the manifests are
+/// behind (a crash after a history commit: the retry commits nothing). A failure is logged
+/// and reported; the next call or the maintenance run catches up. Returns what the
+/// manifests were behind (the catalog follows it) and the marker write still owed.
 async fn manifests(
     cfg: &TableConfig,
     storage: &Storage,
-    before: &[crate::manifest::LiveFile],
-    after: DeltaTable,
+    w: &Written,
     r: &mut HistoryReport,
-) {
-    let res = async {
-        let touched =
-            crate::manifest::touched_partitions(before, &crate::manifest::live_files(&after)?);
-        crate::manifest::sync(storage, after, Some(&touched))
-            .await
-            .map(|(m, _)| m)
-    }
-    .await;
-    if let Err(e) = res {
-        tracing::error!(table = %cfg.name, error = %e, "history manifests not updated; maintenance will regenerate them");
-        r.manifest_error = Some(e.to_string());
+) -> (crate::manifest::Behind, Option<crate::manifest::Pending>) {
+    let since = w.before.as_ref().map(|b| crate::manifest::Since {
+        version: b.version,
+        files: &b.files,
+    });
+    match crate::manifest::catch_up(storage, w.after.clone(), since).await {
+        Ok((_, behind, pending)) => {
+            r.manifests_caught_up = behind != crate::manifest::Behind::No;
+            (behind, pending)
+        }
+        Err(e) => {
+            tracing::error!(table = %cfg.name, error = %e, "history manifests not updated; the next call or the maintenance run rewrites them");
+            r.manifest_error = Some(e.to_string());
+            (crate::manifest::Behind::No, None)
+        }
     }
 }
 
@@ -233,11 +244,28 @@ struct Attempt<'a> {
     log_table: &'a DeltaTable,
 }
 
-/// A history commit: the schema and live files before it, the table after it.
+/// A history call's table after it and, when it committed, before it.
 struct Written {
-    schema_before: Option<arrow::datatypes::SchemaRef>,
-    files_before: Vec<crate::manifest::LiveFile>,
+    before: Option<Before>,
     after: DeltaTable,
+}
+
+/// The history table as a call first read it (live files only when manifests are on).
+struct Before {
+    version: Option<u64>,
+    schema: Option<arrow::datatypes::SchemaRef>,
+    files: Vec<crate::manifest::LiveFile>,
+}
+
+impl Written {
+    /// `after`, with `before` kept when a commit happened since.
+    fn new(before: Before, after: DeltaTable) -> Self {
+        let committed = after.version() != before.version;
+        Written {
+            before: committed.then_some(before),
+            after,
+        }
+    }
 }
 
 fn add_catalog(r: &mut HistoryReport, c: Option<crate::catalog::CatalogReport>) {
@@ -248,7 +276,7 @@ fn add_catalog(r: &mut HistoryReport, c: Option<crate::catalog::CatalogReport>) 
 
 impl Attempt<'_> {
     /// Read the keys' versions, fold, MERGE.
-    async fn run(&self) -> Result<(HistoryReport, Option<Written>)> {
+    async fn run(&self) -> Result<(HistoryReport, Written)> {
         let (cfg, h, kind) = (self.cfg, self.h, self.changes.kind);
         let label = format!("{} history", cfg.name);
         let mut schema_fields = self.columns.to_vec();
@@ -277,6 +305,15 @@ impl Attempt<'_> {
         if created {
             created_report = self.catalog.created(cfg, true, &table).await;
         }
+        let before = Before {
+            version: table.version(),
+            schema: delta::arrow_schema(&table),
+            files: if cfg.manifests {
+                crate::manifest::live_files(&table)?
+            } else {
+                Vec::new()
+            },
+        };
         let table = match record {
             Some(r) => crate::engine::record_kinds(table, r.kinds.as_deref()).await?,
             None => table,
@@ -312,24 +349,13 @@ impl Attempt<'_> {
             let read_version = table.version();
             let table = crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
             report.version = table.version();
-            return Ok((report, None));
+            return Ok((report, Written::new(before, table)));
         }
-        let before = if cfg.manifests {
-            crate::manifest::live_files(&table)?
-        } else {
-            Vec::new()
-        };
-        let schema_before = delta::arrow_schema(&table);
         let read_version = table.version();
         let table = merge_versions(cfg, table, &out.batch, self.changes.files, txns).await?;
         let table = crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
         report.version = table.version();
-        let written = (table.version() != read_version).then_some(Written {
-            schema_before,
-            files_before: before,
-            after: table,
-        });
-        Ok((report, written))
+        Ok((report, Written::new(before, table)))
     }
 }
 

@@ -255,7 +255,7 @@ impl Tidy<'_> {
         // 4. All manifests, deleting those of partitions without files.
         update(&mut table, label).await?;
         if self.manifests {
-            let (m, newest) = manifest::sync(storage, table, None).await?;
+            let (m, newest) = manifest::sync_all(storage, table).await?;
             report.manifests_written = m.written;
             report.manifests_deleted = m.deleted;
             table = newest;
