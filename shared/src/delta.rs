@@ -43,31 +43,44 @@ pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaT
     let mut builder = DeltaTableBuilder::from_url(url.clone())
         .map_err(|e| Error::delta(&label, e))?
         .with_storage_options(options.clone());
-    if let Some(store) = cached_root_store(url, options, &builder)? {
-        builder = builder.with_storage_backend(store, url.clone());
-    }
+    let store = root_store(url, options, &builder)?;
+    builder = builder.with_storage_backend(
+        store.clone() as Arc<dyn deltalake::ObjectStore>,
+        url.clone(),
+    );
     let mut table = builder.build().map_err(|e| Error::delta(&label, e))?;
     match table.load().await {
-        Ok(()) => Ok(table),
+        Ok(()) => {
+            note_schema(&store, url, &table);
+            Ok(table)
+        }
         Err(deltalake::DeltaTableError::NotATable(_)) => Ok(table),
         Err(e) => Err(Error::delta(&label, e)),
     }
 }
 
+/// Tell the bucket's store what the loaded table's schema says of its decimal bounds, so
+/// that its commits' statistics are made exact only where they need it (`stats`).
+fn note_schema(store: &Arc<LogCache>, url: &Url, table: &DeltaTable) {
+    if let (Some(schema), Ok(root)) = (
+        arrow_schema(table),
+        object_store::path::Path::from_url_path(url.path()),
+    ) {
+        store.note_schema(root.as_ref(), crate::stats::arrow_has_wide_decimal(&schema));
+    }
+}
+
 /// The store every table of `url`'s bucket (or of the local disk) is read through: delta-rs's
 /// own, behind one [`LogCache`] per bucket and process, so that a warm instance does not
-/// fetch the same commit files and checkpoints again (`TRIBUTARY_LOG_CACHE_MB=0`: `None`,
-/// delta-rs's store as is).
-fn cached_root_store(
+/// fetch the same commit files and checkpoints again (`TRIBUTARY_LOG_CACHE_MB=0`: a cache
+/// that keeps nothing), and so that every commit's statistics are exact (`stats`).
+fn root_store(
     url: &Url,
     options: &HashMap<String, String>,
     builder: &DeltaTableBuilder,
-) -> Result<Option<Arc<dyn deltalake::ObjectStore>>> {
+) -> Result<Arc<LogCache>> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<LogCache>>>> = OnceLock::new();
     let total = crate::logcache::total_bytes_from_env();
-    if total == 0 {
-        return Ok(None);
-    }
     let mut opts: Vec<_> = options.iter().collect();
     opts.sort();
     let key = format!(
@@ -77,7 +90,7 @@ fn cached_root_store(
     );
     let stores = STORES.get_or_init(Default::default);
     if let Some(s) = stores.lock().ok().and_then(|m| m.get(&key).cloned()) {
-        return Ok(Some(s));
+        return Ok(s);
     }
     let root = builder
         .build_storage()
@@ -85,9 +98,9 @@ fn cached_root_store(
         .root_object_store(None);
     let store = Arc::new(LogCache::new(root, total));
     if let Ok(mut m) = stores.lock() {
-        return Ok(Some(m.entry(key).or_insert(store).clone()));
+        return Ok(m.entry(key).or_insert(store).clone());
     }
-    Ok(Some(store))
+    Ok(store)
 }
 
 /// Whether the handle points at an existing table.
@@ -543,7 +556,27 @@ pub(crate) async fn merge(
             .when_not_matched_by_source_delete(|d| d.predicate(below))
             .map_err(delta_err)?;
     }
-    builder.await.map_err(delta_err)
+    let (table, metrics) = builder.await.map_err(delta_err)?;
+    Ok((settle(table).await?, metrics))
+}
+
+/// The table after a commit, as readers see it. delta-rs keeps the committed actions in
+/// memory as its writer made them; the stored commit has exact decimal bounds (`stats`),
+/// the in-memory one the writer's `f64` ones, which a MERGE or scan of this handle would
+/// prune by. A table with such columns is read back from the log (its commits are in the
+/// log cache); any other is kept as it is.
+pub(crate) async fn settle(mut table: DeltaTable) -> Result<DeltaTable> {
+    let wide = arrow_schema(&table).is_some_and(|s| crate::stats::arrow_has_wide_decimal(&s));
+    let Some(version) = table.version().filter(|_| wide) else {
+        return Ok(table);
+    };
+    let label = table.table_url().to_string();
+    table.state = None;
+    table
+        .load_version(version)
+        .await
+        .map_err(|e| Error::delta(&label, e))?;
+    Ok(table)
 }
 
 pub(crate) fn is_conflict(e: &Error) -> bool {
@@ -896,7 +929,7 @@ pub(crate) async fn commit_actions(
         .await
         .map_err(delta_err)?;
     // The commit's own snapshot (delta-rs brought it to the new version): loading it again
-    // would list and read the log once more.
+    // would list and read the log once more (except where its statistics are not exact).
     table.state = Some(done.snapshot());
-    Ok(table)
+    settle(table).await
 }

@@ -47,6 +47,7 @@ pub mod reload;
 mod retry;
 mod rewrite;
 mod source;
+mod stats;
 pub mod status;
 pub mod storage;
 #[cfg(test)]

@@ -14,6 +14,10 @@
 //! `_delta_log` — delta-rs lists the log before it reads any commit or checkpoint — shows
 //! the same size and ETag as the cached copy. A file not listed since, or listed
 //! differently, is fetched again. `_last_checkpoint` and every other object pass through.
+//!
+//! Every commit file PUT through it gets exact decimal statistics first (`stats`): this is
+//! the one place every writer's commits pass. With the cache off (`TRIBUTARY_LOG_CACHE_MB=0`)
+//! it still stands in front of the store for that, keeping nothing.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -89,6 +93,8 @@ struct State {
     listed: HashMap<Path, (u64, String)>,
     hits: u64,
     misses: u64,
+    /// What each table root's schema says of its decimal bounds (`stats`).
+    schemas: HashMap<String, crate::stats::Known>,
 }
 
 impl State {
@@ -193,6 +199,46 @@ impl LogCache {
         }
     }
 
+    /// Note what the table at `root` (a path of this store) holds: whether it has decimal
+    /// columns whose bounds delta-rs writes inexactly (see `stats`).
+    pub(crate) fn note_schema(&self, root: &str, wide_decimals: bool) {
+        use crate::stats::Known;
+        let k = if wide_decimals {
+            Known::Wide
+        } else {
+            Known::Exact
+        };
+        self.with(|s| {
+            if s.schemas.len() >= MAX_LISTED {
+                s.schemas.clear();
+            }
+            s.schemas.insert(root.trim_end_matches('/').to_string(), k)
+        });
+    }
+
+    /// A commit's contents with exact statistics (see `stats`): what is PUT and kept.
+    async fn exact_stats(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+    ) -> object_store::Result<PutPayload> {
+        use crate::stats::{self, Known};
+        let Some(root) = stats::table_root(location) else {
+            return Ok(payload);
+        };
+        let known = self
+            .with(|s| s.schemas.get(root).copied())
+            .flatten()
+            .unwrap_or(Known::Unknown);
+        let data: Bytes = payload.clone().into();
+        let (fixed, learned) =
+            stats::exact_commit(self.inner.as_ref(), location, &data, known).await?;
+        if let Some(k) = learned {
+            self.note_schema(root, k == Known::Wide);
+        }
+        Ok(fixed.map(PutPayload::from).unwrap_or(payload))
+    }
+
     pub fn stats(&self) -> LogCacheStats {
         self.state
             .lock()
@@ -272,6 +318,11 @@ impl ObjectStore for LogCache {
         if !immutable_log_file(location) {
             return self.inner.put_opts(location, payload, opts).await;
         }
+        let payload = if location.as_ref().ends_with(".json") {
+            self.exact_stats(location, payload).await?
+        } else {
+            payload
+        };
         self.forget(location);
         if payload.content_length() as u64 > MAX_ENTRY_BYTES.min(self.total) {
             return self.inner.put_opts(location, payload, opts).await;

@@ -546,6 +546,42 @@ pub(crate) fn apply_tombstones(
     Ok(changed)
 }
 
+/// Hold back the plan's upserts older than their key's pending tombstone — a delete recorded
+/// whose MERGE is not known to be in the table (in flight, or cut short by a crash or a
+/// contention give-up: its retry comes). Applying such an upsert could bring back the row
+/// that MERGE deleted, and turning it into the delete would apply the delete before the
+/// rest of its file: either shows a state the source never had. The delete's own merge
+/// settles the key. Returns how many upserts were held back.
+pub(crate) fn hold_back(
+    plan: &mut MergePlan,
+    table: &TableConfig,
+    pending: &HashMap<OwnedRow, String>,
+) -> Result<usize> {
+    if pending.is_empty() {
+        return Ok(0);
+    }
+    let enc = KeyEncoder::new(&plan.batch.schema(), &table.primary_key)?;
+    let keys = enc.encode(&plan.batch)?;
+    let seq_idx = index_of(&plan.batch.schema(), &table.sequence_column)?;
+    let seqs = plan.batch.column(seq_idx).as_string::<i32>().clone();
+    let ops = plan.ops()?;
+    let keep: arrow::array::BooleanArray = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let older = pending.get(k).is_some_and(|t| t.as_str() > seqs.value(i));
+            Some(!(ops[i] == PlanOp::Upsert && older))
+        })
+        .collect();
+    let held = keep.false_count();
+    if held == 0 {
+        return Ok(0);
+    }
+    plan.batch = arrow::compute::filter_record_batch(&plan.batch, &keep).map_err(Error::arrow)?;
+    plan.upserts = plan.upserts.saturating_sub(held);
+    Ok(held)
+}
+
 /// Null a sparse column (and set its order key to the tombstone's) on the rows whose value
 /// was set before their key's tombstone.
 fn clear_before(

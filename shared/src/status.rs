@@ -39,7 +39,8 @@ pub struct TableStatus {
     pub small_files: u64,
     pub partitions: u64,
     pub freshness: Freshness,
-    /// Delete tombstones kept (rows of the tombstone table, duplicates included).
+    /// Delete tombstones kept (rows of the tombstone table: two per delete, pending and
+    /// applied; duplicates included).
     pub tombstones: u64,
     /// `None` when the table keeps no manifests (`manifests = false`).
     pub manifests: Option<ManifestStatus>,

@@ -1,9 +1,12 @@
 //! Delete tombstones: a hidden Delta table `<target>/_tributary_tombstones` holding, per
 //! deleted key, the order key of the delete and when it was recorded.
 //!
-//! A tombstone states a fact of the source ("this key was deleted at this point"), true
-//! whether or not the main table has caught up. Upserts older than a tombstone become
-//! deletes, so a late or re-delivered insert never revives a deleted row.
+//! A tombstone states a fact of the source ("this key was deleted at this point"). It is
+//! recorded twice: pending before the MERGE that applies it, applied after. Upserts older
+//! than an applied tombstone become deletes, so a late or re-delivered insert never revives
+//! a deleted row; upserts older than a pending one are held back until its merge (or that
+//! merge's retry) settles the key, so a tombstone whose MERGE never committed is never
+//! applied early by another commit (#28).
 //!
 //! The table is append-only: recording is a blind append (concurrent appends never
 //! conflict), and readers keep the newest order key per key. Duplicates (a re-delivered
@@ -16,12 +19,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, TimestampMicrosecondArray};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, TimestampMicrosecondArray,
+};
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::row::OwnedRow;
 use deltalake::datafusion::common::Column;
 use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
+use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 
@@ -35,6 +41,11 @@ use crate::retry::Retry;
 /// Column of the tombstone table holding the wall-clock time a delete was recorded.
 pub(crate) const DELETED_AT_COLUMN: &str = "deleted_at";
 
+/// Column of the tombstone table saying whether the delete is in the main table: `false`
+/// when recorded before its MERGE (pending), `true` when confirmed after it; null in rows
+/// written before the column existed (confirmed: they were applied the old way).
+pub(crate) const APPLIED_COLUMN: &str = "_tributary_applied";
+
 /// Newest tombstone order key per primary key (row-encoded with the plan's key types).
 pub(crate) type TombstoneMap = HashMap<OwnedRow, String>;
 
@@ -45,6 +56,8 @@ pub(crate) struct Tombstones<'a> {
     label: String,
     /// Version of the tombstone table at the last [`Tombstones::read`].
     read_version: Option<u64>,
+    /// Pending tombstones of the last read (newer than the key's applied one).
+    pending: TombstoneMap,
 }
 
 impl<'a> Tombstones<'a> {
@@ -69,16 +82,28 @@ impl<'a> Tombstones<'a> {
             table,
             label: format!("{} tombstones", cfg.name),
             read_version: None,
+            pending: TombstoneMap::new(),
         })
     }
 
-    /// Append the plan's deletes. Returns how many tombstones the plan carried.
+    /// Append the plan's deletes as pending, before the MERGE that applies them. Returns
+    /// how many tombstones the plan carried.
     pub(crate) async fn record(&mut self, plan: &MergePlan, files: &[String]) -> Result<usize> {
+        self.append(plan, files, false).await
+    }
+
+    /// Append the plan's deletes as applied, once the MERGE that applies them is in the
+    /// table: from now on other writers turn older upserts of these keys into deletes.
+    pub(crate) async fn confirm(&mut self, plan: &MergePlan, files: &[String]) -> Result<usize> {
+        self.append(plan, files, true).await
+    }
+
+    async fn append(&mut self, plan: &MergePlan, files: &[String], applied: bool) -> Result<usize> {
         let deletes = deletes_of(plan)?;
         if deletes.num_rows() == 0 {
             return Ok(0);
         }
-        let batch = self.tombstone_rows(&deletes)?;
+        let batch = self.tombstone_rows(&deletes, applied)?;
         // A blind append: delta-rs rebases it over concurrent appends. Only a concurrent
         // metadata commit (two writers creating the table at once) conflicts: refresh, retry.
         let mut retry = Retry::new(&self.label, self.cfg.max_commit_attempts);
@@ -88,12 +113,14 @@ impl<'a> Tombstones<'a> {
                 .clone()
                 .write(vec![batch.clone()])
                 .with_save_mode(SaveMode::Append)
+                // Tables from before APPLIED_COLUMN get it.
+                .with_schema_mode(SchemaMode::Merge)
                 .with_commit_properties(delta::tributary_commit(files))
                 .await
                 .map_err(|e| Error::delta(&self.label, e));
             match res {
                 Ok(table) => {
-                    self.table = table;
+                    self.table = delta::settle(table).await?;
                     return Ok(deletes.num_rows());
                 }
                 Err(e) => {
@@ -106,7 +133,7 @@ impl<'a> Tombstones<'a> {
 
     /// The deletes in the tombstone table's own columns and types (the first file may have
     /// written the keys with another integer width than today's file: convert exactly).
-    fn tombstone_rows(&self, deletes: &RecordBatch) -> Result<RecordBatch> {
+    fn tombstone_rows(&self, deletes: &RecordBatch, applied: bool) -> Result<RecordBatch> {
         let table_schema = delta::arrow_schema(&self.table)
             .ok_or_else(|| Error::internal(format!("{}: table not loaded", self.label)))?;
         let now = chrono::Utc::now().timestamp_micros();
@@ -116,6 +143,8 @@ impl<'a> Tombstones<'a> {
         for f in table_schema.fields() {
             let col: ArrayRef = if f.name() == DELETED_AT_COLUMN {
                 Arc::new(TimestampMicrosecondArray::from(vec![now; n]).with_timezone("UTC"))
+            } else if f.name() == APPLIED_COLUMN {
+                Arc::new(BooleanArray::from(vec![applied; n]))
             } else {
                 let c = deletes.column_by_name(f.name()).ok_or_else(|| Error::Schema {
                     table: self.cfg.name.clone(),
@@ -130,6 +159,10 @@ impl<'a> Tombstones<'a> {
             };
             fields.push(Field::new(f.name(), f.data_type().clone(), true));
             cols.push(col);
+        }
+        if table_schema.field_with_name(APPLIED_COLUMN).is_err() {
+            fields.push(Field::new(APPLIED_COLUMN, DataType::Boolean, true));
+            cols.push(Arc::new(BooleanArray::from(vec![applied; n])));
         }
         RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(Error::arrow)
     }
@@ -146,11 +179,20 @@ impl<'a> Tombstones<'a> {
         }
     }
 
-    /// Tombstones for the plan's upsert keys, from the newest tombstone table version.
+    /// Applied tombstones for the plan's upsert keys, from the newest tombstone table
+    /// version (the pending ones: [`Tombstones::pending`]).
     pub(crate) async fn read(&mut self, plan: &MergePlan) -> Result<TombstoneMap> {
         self.refresh().await?;
         self.read_version = self.table.version();
-        self.scan(plan).await
+        let (applied, pending) = self.scan(plan).await?;
+        self.pending = pending;
+        Ok(applied)
+    }
+
+    /// Pending tombstones of the last [`Tombstones::read`] newer than their key's applied
+    /// one: deletes recorded whose MERGE is not (known to be) in the table.
+    pub(crate) fn pending(&self) -> &TombstoneMap {
+        &self.pending
     }
 
     /// The tombstone table's version at the last [`Tombstones::read`].
@@ -190,10 +232,13 @@ impl<'a> Tombstones<'a> {
             .map_err(|e| Error::delta(&self.label, e))
     }
 
-    async fn scan(&self, plan: &MergePlan) -> Result<TombstoneMap> {
+    /// The newest applied and the newest pending tombstone of each of the plan's upsert
+    /// keys (a pending one only when newer than the applied one).
+    async fn scan(&self, plan: &MergePlan) -> Result<(TombstoneMap, TombstoneMap)> {
         let mut out = HashMap::new();
+        let mut pending: TombstoneMap = HashMap::new();
         if plan.upserts == 0 {
-            return Ok(out);
+            return Ok((out, pending));
         }
         let cfg = self.cfg;
         let label = &self.label;
@@ -223,6 +268,11 @@ impl<'a> Tombstones<'a> {
             .map(|k| Expr::Column(ucol(k)))
             .collect();
         cols.push(Expr::Column(ucol(&cfg.sequence_column)));
+        let has_applied = delta::arrow_schema(&self.table)
+            .is_some_and(|s| s.field_with_name(APPLIED_COLUMN).is_ok());
+        if has_applied {
+            cols.push(Expr::Column(ucol(APPLIED_COLUMN)));
+        }
         let batches = df
             .select(cols)
             .map_err(df_err)?
@@ -254,19 +304,32 @@ impl<'a> Tombstones<'a> {
             let seqs = b.column(cfg.primary_key.len());
             let seqs = cast(seqs, &DataType::Utf8).map_err(Error::arrow)?;
             let seqs = seqs.as_string::<i32>();
+            let applied = match has_applied {
+                true => Some(
+                    cast(b.column(cfg.primary_key.len() + 1), &DataType::Boolean)
+                        .map_err(Error::arrow)?,
+                ),
+                false => None,
+            };
+            let applied = applied.as_ref().map(|a| a.as_boolean());
             for (i, k) in keys.into_iter().enumerate() {
                 if seqs.is_valid(i) {
                     let s = seqs.value(i);
-                    match out.get(&k) {
+                    let is_pending = applied.is_some_and(|a| a.is_valid(i) && !a.value(i));
+                    let map = if is_pending { &mut pending } else { &mut out };
+                    match map.get(&k) {
                         Some(old) if old.as_str() >= s => {}
                         _ => {
-                            out.insert(k, s.to_string());
+                            map.insert(k, s.to_string());
                         }
                     }
                 }
             }
         }
-        Ok(out)
+        // A pending tombstone is held only while no applied one is as new (its own
+        // confirmation carries the same order key).
+        pending.retain(|k, p| out.get(k).is_none_or(|a| a.as_str() < p.as_str()));
+        Ok((out, pending))
     }
 }
 
@@ -285,6 +348,7 @@ fn schema(cfg: &TableConfig, plan_schema: &Schema) -> Result<Schema> {
         DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         true,
     ));
+    fields.push(Field::new(APPLIED_COLUMN, DataType::Boolean, true));
     Ok(Schema::new(fields))
 }
 
@@ -292,7 +356,19 @@ fn ucol(name: &str) -> Column {
     Column::new_unqualified(name)
 }
 
-/// The plan's delete rows.
+/// The plan's deletes alone, as a plan (to apply them again).
+pub(crate) fn deletes_only(plan: &MergePlan) -> Result<MergePlan> {
+    let batch = deletes_of(plan)?;
+    let n = batch.num_rows();
+    Ok(MergePlan {
+        batch,
+        upserts: 0,
+        deletes: n,
+        superseded: 0,
+        sparse: plan.sparse.clone(),
+    })
+}
+
 fn deletes_of(plan: &MergePlan) -> Result<RecordBatch> {
     let mask: arrow::array::BooleanArray = plan
         .ops()?
@@ -387,7 +463,8 @@ mod tests {
     }
 
     /// Appends keep the newest order key per key (duplicates and older deletes included),
-    /// and the post-commit re-check only scans when another writer appended since.
+    /// pending tombstones are apart from applied ones until confirmed, and the post-commit
+    /// re-check only scans when another writer appended since.
     #[tokio::test]
     async fn appends_keep_the_newest_and_recheck_scans_only_after_a_change() {
         let dir = tempfile::tempdir().unwrap();
@@ -399,10 +476,11 @@ mod tests {
         let schema = deletes.batch.schema();
         let mut ours = Tombstones::open(cfg, &opts, &schema).await.unwrap();
         assert_eq!(ours.record(&deletes, &[]).await.unwrap(), 2);
+        assert_eq!(ours.confirm(&deletes, &[]).await.unwrap(), 2);
         // the same file again, and an older delete of key 1: duplicates, not changes
-        assert_eq!(ours.record(&deletes, &[]).await.unwrap(), 2);
+        assert_eq!(ours.confirm(&deletes, &[]).await.unwrap(), 2);
         let older = plan(cfg, &[(1, "1 a", "D")]);
-        assert_eq!(ours.record(&older, &[]).await.unwrap(), 1);
+        assert_eq!(ours.confirm(&older, &[]).await.unwrap(), 1);
 
         let upserts = plan(cfg, &[(1, "1 c", "U"), (2, "1 c", "U"), (3, "1 c", "U")]);
         let read = ours.read(&upserts).await.unwrap();
@@ -411,20 +489,84 @@ mod tests {
         assert_eq!(read.len(), 2);
         assert_eq!(read.get(&keys[0]).map(String::as_str), Some("1 b"));
         assert_eq!(read.get(&keys[1]).map(String::as_str), Some("1 a"));
+        assert!(ours.pending().is_empty(), "confirmed: not pending");
         assert!(ours.read_if_changed(&upserts).await.unwrap().is_none());
 
-        // another writer records a delete of key 3: the re-check sees it
+        // another writer records a delete of key 3: pending until it confirms it
         let mut theirs = Tombstones::open(cfg, &opts, &schema).await.unwrap();
-        theirs
-            .record(&plan(cfg, &[(3, "1 d", "D")]), &[])
+        let theirs_plan = plan(cfg, &[(3, "1 d", "D")]);
+        theirs.record(&theirs_plan, &[]).await.unwrap();
+        let again = ours
+            .read_if_changed(&upserts)
             .await
-            .unwrap();
+            .unwrap()
+            .expect("changed");
+        assert_eq!(again.get(&keys[2]), None, "pending is not applied");
+        assert_eq!(
+            ours.pending().get(&keys[2]).map(String::as_str),
+            Some("1 d")
+        );
+        theirs.confirm(&theirs_plan, &[]).await.unwrap();
         let again = ours
             .read_if_changed(&upserts)
             .await
             .unwrap()
             .expect("changed");
         assert_eq!(again.get(&keys[2]).map(String::as_str), Some("1 d"));
+        assert!(ours.pending().is_empty());
         assert!(ours.read_if_changed(&upserts).await.unwrap().is_none());
+    }
+
+    /// A tombstone table written before `_tributary_applied` existed: its rows count as
+    /// applied, and the next record adds the column.
+    #[tokio::test]
+    async fn a_tombstone_table_from_before_the_applied_column_keeps_working() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+        let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+        let cfg = &config.tables[0];
+        let opts = HashMap::new();
+        let old = plan(cfg, &[(1, "1 b", "D")]);
+        let schema = old.batch.schema();
+        // the old layout: keys, order key, deletion time
+        let mut fields = super::schema(cfg, &schema).unwrap().fields().to_vec();
+        fields.retain(|f| f.name() != APPLIED_COLUMN);
+        let old_schema = Schema::new(fields);
+        let url = cfg.tombstones.clone().unwrap();
+        let (table, _) = delta::open_or_create(
+            &url,
+            &opts,
+            "t_tombstones",
+            &old_schema,
+            &[],
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let rows = RecordBatch::try_new(
+            Arc::new(old_schema.clone()),
+            vec![
+                Arc::new(Int64Array::from(vec![1])),
+                Arc::new(StringArray::from(vec!["1 b"])),
+                Arc::new(TimestampMicrosecondArray::from(vec![0]).with_timezone("UTC")),
+            ],
+        )
+        .unwrap();
+        table
+            .write(vec![rows])
+            .with_save_mode(SaveMode::Append)
+            .await
+            .unwrap();
+        let mut t = Tombstones::open(cfg, &opts, &schema).await.unwrap();
+        let upserts = plan(cfg, &[(1, "1 a", "U"), (2, "1 a", "U")]);
+        let enc = KeyEncoder::new(&schema, &cfg.primary_key).unwrap();
+        let keys = enc.encode(&upserts.batch).unwrap();
+        let read = t.read(&upserts).await.unwrap();
+        assert_eq!(read.get(&keys[0]).map(String::as_str), Some("1 b"));
+        t.record(&plan(cfg, &[(2, "1 c", "D")]), &[]).await.unwrap();
+        let read = t.read(&upserts).await.unwrap();
+        assert_eq!(read.get(&keys[0]).map(String::as_str), Some("1 b"));
+        assert_eq!(read.get(&keys[1]), None);
+        assert_eq!(t.pending().get(&keys[1]).map(String::as_str), Some("1 c"));
     }
 }

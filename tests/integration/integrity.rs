@@ -852,7 +852,8 @@ async fn files_older_than_the_tombstone_horizon_are_refused() {
         .await;
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let r = maintain(&fx).await.unwrap();
-    assert_eq!(r.tombstones_expired, 1, "{r:?}");
+    // two rows for the delete: pending (before its MERGE) and applied (after)
+    assert_eq!(r.tombstones_expired, 2, "{r:?}");
     let t = delta::open(&fx.url("curated/t"), &Default::default())
         .await
         .unwrap();
@@ -993,5 +994,186 @@ fn handled_commit_conflicts_are_not_logged_as_errors() {
     assert_eq!(
         rt.block_on(t_rows(&fx, "SELECT CAST(v AS VARCHAR) FROM t")),
         vec!["7"]
+    );
+}
+
+// ---- exact statistics (#23) ---------------------------------------------------------------
+
+fn decimals(v: &[i128], precision: u8, scale: i8) -> ArrayRef {
+    Arc::new(
+        Decimal128Array::from(v.to_vec())
+            .with_precision_and_scale(precision, scale)
+            .unwrap(),
+    )
+}
+
+/// The statistics JSON of every `add` in the table's commit files.
+fn logged_stats(fx: &Fixture, rel: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let log = fx.path(&format!("{rel}/_delta_log"));
+    let mut commits: Vec<_> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    commits.sort();
+    for c in commits {
+        for line in std::fs::read_to_string(&c).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            if let Some(s) = v["add"]["stats"].as_str() {
+                out.push(s.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// #23 item 1: delta-rs's writer logs decimal bounds through `f64` (`1234567890123456789`
+/// as `…768`), and every reader that skips files by statistics misses the row. Every `add`
+/// tributary commits — the load, a MERGE, compaction — carries exact bounds, and filtered
+/// reads (which prune by them) find the rows, also from a checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_decimal_bounds_are_exact_in_the_log_and_filters_find_their_rows() {
+    let fx = Fixture::new(T_TABLE);
+    let big = 1_234_567_890_123_456_789i128;
+    // 123.456789012345678901 at scale 18, and a negative amount
+    let frac = 123_456_789_012_345_678_901i128;
+    let load = fx.put_batch(
+        "t",
+        "LOAD00000001.parquet",
+        &batch(vec![
+            ("ts", strings(&[&ts(0), &ts(0)])),
+            ("id", ints(&[1, 2])),
+            ("amt", decimals(&[big, 5], 38, 0)),
+            ("frac", decimals(&[frac, -1], 38, 18)),
+        ]),
+    );
+    fx.merge_ok(&[load]).await;
+    let stats = logged_stats(&fx, "curated/t");
+    assert_eq!(stats.len(), 1, "{stats:?}");
+    for want in [
+        "\"amt\":1234567890123456789",
+        "\"amt\":5",
+        "\"frac\":123.456789012345678901",
+        "\"frac\":-0.000000000000000001",
+    ] {
+        assert!(stats[0].contains(want), "{want} not in {}", stats[0]);
+    }
+    let by_amt = "SELECT CAST(id AS VARCHAR) FROM t WHERE amt = 1234567890123456789";
+    let by_frac = "SELECT CAST(id AS VARCHAR) FROM t WHERE frac = CAST('123.456789012345678901' AS DECIMAL(38,18))";
+    assert_eq!(t_rows(&fx, by_amt).await, vec!["1"]);
+    assert_eq!(t_rows(&fx, by_frac).await, vec!["1"]);
+    // A MERGE (delta-rs's: decimal keys and values are not rewritten by tributary itself)
+    // and a compaction write new files: their bounds are exact too.
+    let update = cdc(
+        &fx,
+        "20240101-0000000001.parquet",
+        "U",
+        1,
+        3,
+        vec![
+            ("amt", decimals(&[big + 1], 38, 0)),
+            ("frac", decimals(&[frac + 1], 38, 18)),
+        ],
+    );
+    fx.merge_ok(&[update]).await;
+    let m = maintain(&fx).await.unwrap();
+    assert!(m.partitions_compacted >= 1, "{m:?}");
+    let stats = logged_stats(&fx, "curated/t");
+    let last = stats.last().unwrap();
+    for want in [
+        "\"amt\":1234567890123456790",
+        "\"frac\":123.456789012345678902",
+    ] {
+        assert!(last.contains(want), "{want} not in {last}");
+    }
+    let by_new = "SELECT CAST(id AS VARCHAR) FROM t WHERE amt = 1234567890123456790";
+    assert_eq!(t_rows(&fx, by_new).await, vec!["3"]);
+    assert_eq!(t_rows(&fx, by_amt).await, vec!["1"]);
+    assert_eq!(t_rows(&fx, by_frac).await, vec!["1"]);
+}
+
+/// #23 item 2: keys whose bounds went through `f64` merged wrongly — an update of a
+/// `decimal(38,0)` key inserted a second row, a delete deleted nothing, a late older insert
+/// came back; `uint64` keys (stored as `decimal(20,0)`) the same. With exact bounds they
+/// behave as any key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_decimal_and_unsigned_keys_update_delete_and_block_like_any_key() {
+    use tributary::deltalake::arrow::array::UInt64Array;
+    let big = 1_234_567_890_123_456_789i128;
+    let keys: Vec<(&str, ArrayRef, ArrayRef)> = vec![
+        (
+            "decimal(38,0)",
+            decimals(&[big, 5], 38, 0),
+            decimals(&[big], 38, 0),
+        ),
+        (
+            "uint64",
+            Arc::new(UInt64Array::from(vec![u64::MAX, 5])),
+            Arc::new(UInt64Array::from(vec![u64::MAX])),
+        ),
+        (
+            "uint64 (a snowflake id)",
+            Arc::new(UInt64Array::from(vec![big as u64, 5])),
+            Arc::new(UInt64Array::from(vec![big as u64])),
+        ),
+    ];
+    const COUNT: &str = "SELECT CAST(COUNT(*) AS VARCHAR) FROM t";
+    for (what, load_keys, key) in keys {
+        let fx = Fixture::new(T_TABLE);
+        let file = |name: &str, op: Option<&str>, t: u32, v: i64, k: &ArrayRef| {
+            let mut cols = Vec::new();
+            if let Some(op) = op {
+                cols.push(("Op", strings(&[op])));
+            }
+            cols.extend([
+                ("ts", strings(&[&ts(t)])),
+                ("id", k.clone()),
+                ("v", ints(&[v])),
+            ]);
+            fx.put_batch("t", name, &batch(cols))
+        };
+        let load = fx.put_batch(
+            "t",
+            "LOAD00000001.parquet",
+            &batch(vec![
+                ("ts", strings(&[&ts(0), &ts(0)])),
+                ("id", load_keys.clone()),
+                ("v", ints(&[1, 2])),
+            ]),
+        );
+        fx.merge_ok(&[load]).await;
+        let u = file("20240101-0000000001.parquet", Some("U"), 1, 3, &key);
+        let r = fx.merge_ok(&[u]).await;
+        assert_eq!(r.tables[0].updated, 1, "{what}: {:?}", r.tables[0]);
+        assert_eq!(t_rows(&fx, COUNT).await, vec!["2"], "{what}: no second row");
+        let d = file("20240101-0000000003.parquet", Some("D"), 3, 3, &key);
+        let r = fx.merge_ok(&[d]).await;
+        assert_eq!(r.tables[0].deleted, 1, "{what}: {:?}", r.tables[0]);
+        assert_eq!(t_rows(&fx, COUNT).await, vec!["1"], "{what}: deleted");
+        let late = file("20240101-0000000004.parquet", Some("I"), 2, 9, &key);
+        fx.merge_ok(&[late]).await;
+        assert_eq!(
+            t_rows(&fx, COUNT).await,
+            vec!["1"],
+            "{what}: a late older insert stays out"
+        );
+    }
+}
+
+/// #23 item 9: in a table without `sequence_by`, CDC changes are ordered by their files'
+/// names; a file not named as DMS names them (`manual_fix.parquet`) ranked after every DMS
+/// file forever, so its old change beat every later one. It fails, saying how to fix it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdc_file_without_a_dms_name_fails_where_names_order_the_changes() {
+    let fx = Fixture::new(&T_TABLE.replace("sequence_by = [\"ts\"]\n", ""));
+    let good = cdc(&fx, "20240101-0000000001.parquet", "I", 1, 1, vec![]);
+    fx.merge_ok(&[good]).await;
+    let manual = cdc(&fx, "manual_fix.parquet", "U", 0, 1, vec![]);
+    let r = fx.engine.process(std::slice::from_ref(&manual)).await;
+    let e = Fixture::failure(&r, &manual).to_string();
+    assert!(
+        e.contains("manual_fix.parquet") && e.contains("sequence_by") && e.contains("Rename"),
+        "{e}"
     );
 }

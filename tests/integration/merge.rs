@@ -279,8 +279,12 @@ async fn missing_key_null_key_and_bad_cast_are_reported() {
     let fx = Fixture::new(&format!(
         "{ITEMS_TABLE}\n[[table]]\nname = \"csvt\"\nsource = \"raw/shop/csvt/\"\ntarget = \"curated/csvt\"\nprimary_key = [\"id\"]\nformat = \"csv\"\n[table.csv]\ncolumns = [{{ name = \"id\", type = \"int64\" }}, {{ name = \"val\", type = \"int64\" }}]\n"
     ));
-    let bad_cast = fx.put_raw("shop/csvt", "20240101-1.csv", b"I,1,10\nU,2,eleven\n");
-    let null_key = fx.put_raw("shop/csvt", "20240101-2.csv", b"I,NULL,10\n");
+    let bad_cast = fx.put_raw(
+        "shop/csvt",
+        "20240101-000000001.csv",
+        b"I,1,10\nU,2,eleven\n",
+    );
+    let null_key = fx.put_raw("shop/csvt", "20240101-000000002.csv", b"I,NULL,10\n");
     let r = fx.engine.process(&[bad_cast, null_key]).await;
     let errs: Vec<String> = r
         .failures()
@@ -291,13 +295,15 @@ async fn missing_key_null_key_and_bad_cast_are_reported() {
         .collect();
     assert_eq!(errs.len(), 2, "{errs:?}");
     assert!(
-        errs.iter()
-            .any(|e| e.contains("20240101-1.csv, row 2, column `val`") && e.contains("\"eleven\"")),
+        errs.iter().any(
+            |e| e.contains("20240101-000000001.csv, row 2, column `val`")
+                && e.contains("\"eleven\"")
+        ),
         "{errs:?}"
     );
     assert!(
         errs.iter()
-            .any(|e| e.contains("20240101-2.csv, row 1, column `id`: primary key is null")),
+            .any(|e| e.contains("20240101-000000002.csv, row 1, column `id`: primary key is null")),
         "{errs:?}"
     );
     // A parquet file without the key column
@@ -1103,7 +1109,7 @@ async fn status_reports_each_figure_of_the_table() {
         Some("20240101-0800000000.parquet")
     );
     assert_eq!(st.freshness.behind_seconds, Some(1800.0));
-    assert_eq!(st.tombstones, 1);
+    assert_eq!(st.tombstones, 2, "the delete's pending and applied rows");
     assert!(!st.change_data_feed && st.catalog.is_none());
     let m = st.manifests.as_ref().unwrap();
     assert!(m.exact, "{m:?}");

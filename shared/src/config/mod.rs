@@ -486,6 +486,13 @@ mod tests {
             e.contains("csv.cdc_header = false needs csv.columns"),
             "{e}"
         );
+        let e = err_with(
+            "sequence_by = [\"seq\"]\nformat = \"csv\"\n[table.csv]\nheader = true\ncolumns = [{ name = \"id\", type = \"int64\" }]",
+        );
+        assert!(
+            e.contains("`sequence_by` column `seq` has no type in csv.columns"),
+            "{e}"
+        );
         let e = err_with("drop_columns = [\"id\"]");
         assert!(e.contains("cannot also be dropped"), "{e}");
         let e = err_with("primary_kee = [\"x\"]");

@@ -237,6 +237,18 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     )
     .map_err(|m| format!("[table.catalog]: {m}"))?;
     let format = format(&t.format, t.csv)?;
+    if let Format::Csv(opts) = &format {
+        // Every CSV value is text: an undeclared sequence column would order "10" before "9".
+        if let Some(c) = t
+            .sequence_by
+            .iter()
+            .find(|c| !opts.columns.iter().any(|s| &s.name == *c))
+        {
+            return Err(format!(
+                "`sequence_by` column `{c}` has no type in csv.columns, so its CSV text would be compared as text (\"10\" before \"9\": the older change wins); declare it, e.g. columns = [{{ name = \"{c}\", type = \"timestamp\" }}] (or \"int64\"; \"string\" only for values that order as text, such as DMS's fixed-width AR_H_CHANGE_SEQ)"
+            ));
+        }
+    }
     let tombstone_days = pick(
         &tuning.tombstone_retention_days,
         &d.tombstone_retention_days,

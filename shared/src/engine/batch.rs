@@ -1,6 +1,8 @@
-//! One batch of admitted change sets of one table → one commit: plan, record tombstones,
-//! MERGE (re-planned and retried on conflicts), re-check tombstones, update manifests
-//! (also after a merge that commits nothing: they may be behind an earlier commit).
+//! One batch of admitted change sets of one table → one commit: plan, record tombstones
+//! (pending), MERGE (re-planned and retried on conflicts), re-check tombstones, confirm the
+//! tombstones (and apply the deletes again if a concurrent writer committed meanwhile),
+//! update manifests (also after a merge that commits nothing: they may be behind an
+//! earlier commit).
 
 use std::time::Instant;
 
@@ -126,29 +128,21 @@ impl Engine {
         let base_plan = plan::plan(table, batch.changes)?;
         let mut report = batch.report(table);
         report.superseded_in_batch = base_plan.superseded;
-        // Deletes are recorded first: a tombstone states a fact of the source, true whether
-        // or not the main table has caught up, and it stops late older upserts.
         #[cfg(test)]
         if let Some(hook) = &self.before_tombstones {
             (hook.0)().await;
         }
+        // Deletes are recorded first, as pending: durable before this MERGE reads the table,
+        // so a concurrent older upsert either is seen by this MERGE or sees them — and holds
+        // its change back. Other writers apply a tombstone (turn their older upserts into
+        // deletes) only once it is confirmed, after the MERGE that applies it: one whose
+        // MERGE never committed (a crash, a contention give-up) is not applied early by a
+        // retry's already-applied groups (#28).
         let t = Instant::now();
         let mut tombstones =
             Tombstones::open(table, &self.options, &base_plan.batch.schema()).await?;
         report.tombstones_recorded = tombstones.record(&base_plan, &files).await?;
         report.phases_ms.tombstones_recorded = ms_since(t);
-        // A delete must read the table after its tombstone is recorded: a late older insert
-        // that commits before that read is then found and deleted, and one that commits
-        // after it finds the tombstone in its re-check. The table the caller loaded was read
-        // before; a MERGE planned on it that finds no row commits nothing, so no conflict
-        // would say that it was stale (a_delete_planned_on_a_table_loaded_before_a_late_insert).
-        if base_plan.deletes > 0 {
-            if let Some(t) = loaded.as_mut() {
-                t.update_incremental(None)
-                    .await
-                    .map_err(|e| crate::error::Error::delta(&table.name, e))?;
-            }
-        }
         let extras = MergeExtras {
             txns: load_txns(table, batch),
             delete_unmatched_below: batch.delete_unmatched_below.clone(),
@@ -161,7 +155,7 @@ impl Engine {
         };
         let mut retry = Retry::new(&table.name, table.max_commit_attempts);
         let mut first_read: Option<Before> = None;
-        let merged = loop {
+        let mut merged = loop {
             let res = self
                 .try_merge(
                     table,
@@ -177,6 +171,18 @@ impl Engine {
                 Err(e) => retry.on_error(e, "merge").await?,
             }
         };
+        #[cfg(test)]
+        if let Some(hook) = &self.between_commits {
+            (hook.0)().await;
+        }
+        if base_plan.deletes > 0 {
+            let t = Instant::now();
+            tombstones.confirm(&base_plan, &files).await?;
+            report.phases_ms.tombstones_recorded += ms_since(t);
+            merged = self
+                .reapply_deletes(table, &base_plan, merged, &files, &mut report)
+                .await?;
+        }
         report.commit_attempts = retry.attempt();
         self.after_merge(table, merged, &mut report).await;
         if let Some(h) = &table.history {
@@ -338,7 +344,8 @@ impl Engine {
         let t = Instant::now();
         let mut plan = a.base_plan.clone();
         let tombs = tombstones.read(&plan).await?;
-        let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?;
+        let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?
+            + plan::hold_back(&mut plan, table, tombstones.pending())?;
         report.phases_ms.tombstones_read = ms_since(t);
         delta::align_to_table(table, &mut plan, &target)?;
         #[cfg(test)]
@@ -367,6 +374,68 @@ impl Engine {
             before: committed.then_some(before),
             after: target,
         })
+    }
+
+    /// After the batch's tombstones are confirmed: a concurrent writer that read the
+    /// tombstones before they were confirmed and committed an older upsert of a deleted key
+    /// after this MERGE read the table has revived the row (its re-check saw no applied
+    /// tombstone). When the table has moved since this batch's read (other than by its own
+    /// commit), apply the deletes again on the newest table. One of the two writers always
+    /// sees the other: the other's re-check reads the tombstones after its commit, this
+    /// read of the table comes after the tombstones are confirmed.
+    async fn reapply_deletes(
+        &self,
+        table: &TableConfig,
+        base_plan: &MergePlan,
+        merged: Committed,
+        files: &[String],
+        report: &mut TableReport,
+    ) -> Result<Committed> {
+        let ours = report.version;
+        let Committed { before, mut after } = merged;
+        after
+            .update_incremental(None)
+            .await
+            .map_err(|e| crate::error::Error::delta(&table.name, e))?;
+        // Nothing committed since this batch's read, or only its own commits (a commit
+        // between its read and its commit in the range of its keys would have conflicted).
+        if after.version() == ours {
+            return Ok(Committed { before, after });
+        }
+        let deletes = crate::tombstones::deletes_only(base_plan)?;
+        let before = match before {
+            Some(b) => b,
+            None => Before::of(table, &after)?,
+        };
+        let mut retry = Retry::new(&table.name, table.max_commit_attempts);
+        loop {
+            let mut fix = deletes.clone();
+            let res = async {
+                delta::align_to_table(table, &mut fix, &after)?;
+                delta::merge(table, after.clone(), &fix, files, &MergeExtras::default()).await
+            }
+            .await;
+            match res {
+                Ok((t, m)) => {
+                    report.deleted += m.num_target_rows_deleted;
+                    report.files_added += m.num_target_files_added;
+                    report.files_removed += m.num_target_files_removed;
+                    report.version = t.version();
+                    let changed = t.version() != before.version;
+                    return Ok(Committed {
+                        before: changed.then_some(before),
+                        after: t,
+                    });
+                }
+                Err(e) => {
+                    retry.on_error(e, "re-apply deletes").await?;
+                    after
+                        .update_incremental(None)
+                        .await
+                        .map_err(|e| crate::error::Error::delta(&table.name, e))?;
+                }
+            }
+        }
     }
 
     pub(super) async fn load_or_create(

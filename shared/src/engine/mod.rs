@@ -44,9 +44,13 @@ pub struct Engine {
     unowned: Option<Arc<str>>,
     #[cfg(test)]
     before_merge: Option<tests::Hook>,
-    /// Runs in `merge_batch` before the deletes are recorded (the table already loaded).
+    /// Runs at the start of `merge_batch`, before the tombstones are opened (the table
+    /// already loaded by the caller).
     #[cfg(test)]
     before_tombstones: Option<tests::Hook>,
+    /// Runs in `merge_batch` after the MERGE, before the deletes are recorded.
+    #[cfg(test)]
+    between_commits: Option<tests::Hook>,
 }
 
 /// Files read for a call.
@@ -89,6 +93,8 @@ impl Engine {
             before_merge: None,
             #[cfg(test)]
             before_tombstones: None,
+            #[cfg(test)]
+            between_commits: None,
         }
     }
 

@@ -3,8 +3,9 @@
 //! A concurrent writer may record a tombstone after this merge read them, and its MERGE may
 //! have found no row to delete (ours was not committed yet): then our upsert revived the
 //! row. After committing upserts, read the tombstones of our keys again and delete what a
-//! newer tombstone supersedes. The tombstone is always durable before the deleting writer's
-//! MERGE starts, so one of the two writers always sees the other.
+//! newer tombstone supersedes. The deleting writer records its tombstones after its MERGE
+//! and then, if the table moved since its read, applies its deletes again
+//! (`Engine::reapply_deletes`): one of the two writers always sees the other.
 
 use deltalake::DeltaTable;
 

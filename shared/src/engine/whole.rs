@@ -199,7 +199,9 @@ impl Engine {
         w: &mut Written,
     ) -> Result<Option<&'static str>> {
         let tombs = tombstones.read(&plan).await?;
-        if plan::apply_tombstones(&mut plan, table, &tombs)? > 0 {
+        if plan::apply_tombstones(&mut plan, table, &tombs)? > 0
+            || plan::hold_back(&mut plan, table, tombstones.pending())? > 0
+        {
             return Ok(Some("a tombstone blocks a row"));
         }
         delta::align_to_table(table, &mut plan, target)?;

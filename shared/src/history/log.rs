@@ -117,7 +117,7 @@ pub(super) async fn append(
             .await
             .map_err(|e| Error::delta(&label, e));
         match res {
-            Ok(t) => return Ok(t),
+            Ok(t) => return delta::settle(t).await,
             Err(e) => retry.on_error(e, "record history changes").await?,
         }
     }

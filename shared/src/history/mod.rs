@@ -923,7 +923,7 @@ async fn merge_versions(
         .map_err(delta_err)?
         .await
         .map_err(delta_err)?;
-    Ok(table)
+    delta::settle(table).await
 }
 
 #[cfg(test)]

@@ -292,6 +292,21 @@ impl Slices {
                 None,
             ),
         };
+        if kind == FileKind::Cdc
+            && cfg.sequence_by.is_empty()
+            && order::dms_file_time(&file_name).is_none()
+        {
+            // Without `sequence_by`, CDC changes are ordered by their files' names: one that
+            // is not DMS's time-stamped name would rank after every DMS file, for good.
+            return Err(Error::bad_input(
+                &name,
+                Location::File,
+                format!(
+                    "`{file_name}` is not a DMS CDC file name (`YYYYMMDD-HHMMSSfff…`), and table `{}` has no `sequence_by`: its changes are ordered by file name, so this file would rank after every DMS file whatever its time. Rename it to the time its changes were made (e.g. 20240101-120000000.parquet), or configure `sequence_by` (DMS's TimestampColumnName) for the table",
+                    cfg.name
+                ),
+            ));
+        }
         let written = match kind {
             FileKind::Cdc => order::dms_file_time(&file_name).or(raw.last_modified),
             FileKind::FullLoad => raw.last_modified,
