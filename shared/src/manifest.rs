@@ -11,7 +11,8 @@
 //! Partitions are carried as [`Partition`] values (the Delta log's values, null included);
 //! the folder name is derived from them by one rule (Hive escaping) and never parsed back.
 //!
-//! **The version marker.** `_symlink_format_manifest/_version` records the table version
+//! **The version marker.** `_tributary_manifests_version` (beside `_delta_log`) records the
+//! table version
 //! the manifests describe: every commit up to it has had its partitions' manifests written
 //! (from that version or a later one). It is written after the manifests, never moved back
 //! (a conditional write), and read by every merge — also one that commits nothing, such as
@@ -19,8 +20,9 @@
 //! finds it behind the table rewrites the partitions the commits in between touched (read
 //! from their commit files), or every manifest when the marker is missing or the gap is
 //! long ([`catch_up`]): one GET per merge in the normal case, one PUT more after a commit.
-//! Readers skip it: its name starts with `_` (Athena, Redshift Spectrum, Hive and Trino
-//! ignore such files in a location) and it is not named `manifest` ([`list_manifests`]).
+//! It is not in `_symlink_format_manifest/`, which manifest-table readers (Athena, Redshift
+//! Spectrum) read as a whole for an unpartitioned table; Delta readers never list the table
+//! folder, and VACUUM skips names starting with `_`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -34,9 +36,9 @@ use crate::storage::{self, Storage, Tagged};
 
 /// Folder of the manifests inside the table.
 pub const MANIFEST_DIR: &str = "_symlink_format_manifest";
-/// The marker, inside [`MANIFEST_DIR`], that records the table version the manifests
-/// describe (see the module documentation).
-pub const VERSION_MARKER: &str = "_version";
+/// The marker, in the table's folder beside [`MANIFEST_DIR`], that records the table
+/// version the manifests describe (see the module documentation).
+pub const VERSION_MARKER: &str = "_tributary_manifests_version";
 /// Commits a catch-up reads from the log; a longer gap regenerates every manifest.
 const MAX_GAP: u64 = 100;
 /// Reads and conditional writes of the marker while other writers keep changing it.
@@ -295,7 +297,7 @@ struct Marker {
 }
 
 fn marker_url(table: &DeltaTable) -> Url {
-    under_table(table, [MANIFEST_DIR, VERSION_MARKER])
+    under_table(table, [VERSION_MARKER])
 }
 
 async fn read_marker(storage: &Storage, table: &DeltaTable) -> Result<Marker> {

@@ -78,7 +78,7 @@ pub struct ManifestStatus {
     /// Partition folders whose manifest is missing, stale or left over.
     pub differing_partitions: Vec<String>,
     /// The table version the manifests record that they describe
-    /// (`_symlink_format_manifest/_version`; `None`: not recorded yet). Behind the table's
+    /// (`_tributary_manifests_version`; `None`: not recorded yet). Behind the table's
     /// version after a crash between a commit and its manifests: the next merge of the
     /// table catches up.
     pub recorded_version: Option<u64>,

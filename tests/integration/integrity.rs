@@ -1177,3 +1177,95 @@ async fn a_cdc_file_without_a_dms_name_fails_where_names_order_the_changes() {
         "{e}"
     );
 }
+
+/// #23 item 7: DMS writes an update of the primary key as one `U` with the new key; merged
+/// by key alone the old row stayed (a ghost, exit 0). With the before-image columns of
+/// `add-before-image-columns` (`BI_id`) and `before_image_prefix`, the update moves the
+/// row: the old key is deleted (and its tombstone stops a late insert), the new one
+/// upserted; the `BI_` columns are not stored. Without the setting such a file fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_of_the_primary_key_moves_the_row_with_before_images() {
+    let fx = Fixture::new(&T_TABLE.replace(
+        "drop_columns",
+        "before_image_prefix = \"BI_\"\ndrop_columns",
+    ));
+    let load = fx.put_batch(
+        "t",
+        "LOAD00000001.parquet",
+        &batch(vec![
+            ("ts", strings(&[&ts(0), &ts(0), &ts(0)])),
+            ("id", ints(&[1, 2, 5])),
+            ("v", ints(&[10, 20, 50])),
+        ]),
+    );
+    fx.merge_ok(&[load]).await;
+    let cdc_bi = |name: &str, t: u32, rows: &[(&str, i64, Option<i64>, i64)]| {
+        fx.put_batch(
+            "t",
+            name,
+            &batch(vec![
+                ("Op", strings(&rows.iter().map(|r| r.0).collect::<Vec<_>>())),
+                ("ts", strings(&vec![ts(t).as_str(); rows.len()])),
+                ("id", ints(&rows.iter().map(|r| r.1).collect::<Vec<_>>())),
+                (
+                    "BI_id",
+                    Arc::new(Int64Array::from(
+                        rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+                    )),
+                ),
+                ("v", ints(&rows.iter().map(|r| r.3).collect::<Vec<_>>())),
+            ]),
+        )
+    };
+    // 1 → 3 (a key change), 2 → 2 (a plain update), 5 with no before-image (plain update)
+    let moves = cdc_bi(
+        "20240101-0000000001.parquet",
+        1,
+        &[
+            ("U", 3, Some(1), 11),
+            ("U", 2, Some(2), 21),
+            ("U", 5, None, 51),
+        ],
+    );
+    let r = fx.merge_ok(&[moves]).await;
+    assert_eq!(r.tables[0].deleted, 1, "{:?}", r.tables[0]);
+    let rows = "SELECT CONCAT(CAST(id AS VARCHAR), '=', CAST(v AS VARCHAR)) FROM t ORDER BY id";
+    assert_eq!(t_rows(&fx, rows).await, vec!["2=21", "3=11", "5=51"]);
+    let columns = fx.query("curated/t", "SELECT * FROM t LIMIT 0").await;
+    assert!(
+        columns
+            .iter()
+            .all(|b| b.schema().field_with_name("BI_id").is_err()),
+        "before-images are not stored"
+    );
+    // The old key's delete is a tombstone: a late, older insert of key 1 stays out.
+    let late = cdc(
+        &fx,
+        "20240101-0000000002.parquet",
+        "I",
+        0,
+        1,
+        vec![("v", ints(&[99]))],
+    );
+    fx.merge_ok(&[late]).await;
+    assert_eq!(t_rows(&fx, rows).await, vec!["2=21", "3=11", "5=51"]);
+
+    // The same file without the setting fails, saying what to set.
+    let fx = Fixture::new(T_TABLE);
+    let f = fx.put_batch(
+        "t",
+        "20240101-0000000001.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("ts", strings(&[&ts(1)])),
+            ("id", ints(&[3])),
+            ("BI_id", ints(&[1])),
+        ]),
+    );
+    let r = fx.engine.process(std::slice::from_ref(&f)).await;
+    let e = Fixture::failure(&r, &f).to_string();
+    assert!(
+        e.contains("before_image_prefix") && e.contains("BI_id"),
+        "{e}"
+    );
+}

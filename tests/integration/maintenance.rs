@@ -191,7 +191,7 @@ fn crashing_engine(fx: &Fixture, extra: &str) -> tributary::Engine {
     tributary::Engine::new(tributary::Config::from_path(&path).unwrap())
 }
 
-/// The version the manifests record (`_symlink_format_manifest/_version`) and the table's.
+/// The version the manifests record (`_tributary_manifests_version`) and the table's.
 async fn recorded_and_table_version(fx: &Fixture) -> (Option<u64>, Option<u64>) {
     let t = delta::open(&fx.url("curated/items"), &Default::default())
         .await
@@ -268,7 +268,7 @@ async fn the_retry_of_a_merge_killed_before_its_manifests_rewrites_them() {
     maintain(&fx, false).await.unwrap();
     assert_manifests_exact(&fx).await;
     assert!(fx
-        .path("curated/items/_symlink_format_manifest/_version")
+        .path("curated/items/_tributary_manifests_version")
         .exists());
     // Caught up, the next re-delivery writes nothing.
     let r = fx.merge_ok(&[f2]).await;

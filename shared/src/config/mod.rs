@@ -109,6 +109,10 @@ pub struct TableConfig {
     /// Source columns not written to the table (DMS metadata). `op_column` is always dropped.
     pub drop_columns: Vec<String>,
     pub op_column: String,
+    /// The prefix of DMS's before-image columns (`add-before-image-columns`, e.g. `BI_`):
+    /// a `U` whose before-image key differs from its key moves the row to the new key.
+    /// Columns with the prefix are not written to the table.
+    pub before_image_prefix: Option<String>,
     /// Column of the curated table that records the applied change's order key.
     pub sequence_column: String,
     pub format: Format,
@@ -284,7 +288,12 @@ impl TableConfig {
 
     /// Whether `column` (a source column) is written to the curated table.
     pub fn keeps_column(&self, column: &str) -> bool {
-        column != self.op_column && !self.drop_columns.iter().any(|c| c == column)
+        column != self.op_column
+            && !self.drop_columns.iter().any(|c| c == column)
+            && !self
+                .before_image_prefix
+                .as_deref()
+                .is_some_and(|p| column.starts_with(p))
     }
 
     /// Whether an object URI belongs to this table's source prefix.

@@ -49,6 +49,7 @@ macro_rules! with_tuning_fields {
             slice_rows: Option<usize>,
             slice_mb: Option<f64>,
             op_column: Option<String>,
+            before_image_prefix: Option<String>,
             sequence_column: Option<String>,
             manifests: Option<bool>,
             change_data_feed: Option<bool>,
@@ -133,6 +134,7 @@ impl RawTable {
             slice_rows: self.slice_rows,
             slice_mb: self.slice_mb,
             op_column: self.op_column.clone(),
+            before_image_prefix: self.before_image_prefix.clone(),
             sequence_column: self.sequence_column.clone(),
             manifests: self.manifests,
             change_data_feed: self.change_data_feed,
@@ -204,6 +206,10 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     let (source, target, tombstones) = locations(&t, base_dir)?;
     let tuning = t.tuning();
     let op_column = pick(&tuning.op_column, &d.op_column).unwrap_or_else(|| "Op".into());
+    let before_image_prefix = pick(&tuning.before_image_prefix, &d.before_image_prefix);
+    if before_image_prefix.as_deref().is_some_and(|p| p.is_empty()) {
+        return Err("`before_image_prefix` is empty; use DMS's column-prefix (default \"BI_\") or remove it".into());
+    }
     let sequence_column = pick(&tuning.sequence_column, &d.sequence_column)
         .unwrap_or_else(|| DEFAULT_SEQUENCE_COLUMN.into());
     check_columns(&t, &op_column, &sequence_column)?;
@@ -281,6 +287,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         sequence_by: t.sequence_by,
         drop_columns: t.drop_columns,
         op_column,
+        before_image_prefix,
         sequence_column,
         format,
         tombstone_retention: Duration::from_secs_f64(

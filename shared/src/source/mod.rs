@@ -418,11 +418,12 @@ fn to_change_set(
     check_keys(f.name, &raw, cfg)?;
     let ordering = order_keys(f, &raw, cfg, first_row)?;
     let data = curated_columns(f.name, &raw, cfg, table_schema)?;
+    let (data, ops, ordering) = key_moves(f.name, &raw, cfg, data, ops, ordering)?;
     let mut counts = FileCounts {
         rows: raw.num_rows(),
         ..Default::default()
     };
-    for op in &ops {
+    for op in ops.iter().take(raw.num_rows()) {
         match op {
             ChangeOp::Insert => counts.inserts += 1,
             ChangeOp::Update => counts.updates += 1,
@@ -443,6 +444,90 @@ fn to_change_set(
         counts,
         partial: false,
     })
+}
+
+/// DMS writes an update that changes the primary key as one `U` row with the new key. With
+/// the table-mapping rule `add-before-image-columns` the row also carries the old key in
+/// `<before_image_prefix><key column>` (`BI_id`): where that differs from the key, the
+/// change is two — the old key deleted, the new one upserted — at the row's place in the
+/// order (the delete gets the update's order key: a later change of the old key still
+/// wins). The deletes are appended after the file's rows. Without a configured prefix, a
+/// file with such columns fails: merged by key alone, the old row would stay as a ghost.
+fn key_moves(
+    file: &str,
+    raw: &RecordBatch,
+    cfg: &TableConfig,
+    data: RecordBatch,
+    mut ops: Vec<ChangeOp>,
+    ordering: Ordering,
+) -> Result<(RecordBatch, Vec<ChangeOp>, Ordering)> {
+    let Some(prefix) = cfg.before_image_prefix.as_deref() else {
+        if let Some(k) = cfg
+            .primary_key
+            .iter()
+            .find(|k| raw.schema().field_with_name(&format!("BI_{k}")).is_ok())
+        {
+            return Err(Error::bad_input(
+                file,
+                Location::Column(format!("BI_{k}")),
+                format!("the file carries DMS before-image columns (`BI_{k}`, from the table-mapping rule add-before-image-columns) but the table has no `before_image_prefix`: set before_image_prefix = \"BI_\" so that an update of the key moves the row (merged by key alone, the old row would stay), or list the columns in drop_columns"),
+            ));
+        }
+        return Ok((data, ops, ordering));
+    };
+    let mut before = Vec::with_capacity(cfg.primary_key.len());
+    for k in &cfg.primary_key {
+        let name = format!("{prefix}{k}");
+        let Some(b) = raw.column_by_name(&name) else {
+            // No before-images in this file (or not for every key column): keys as they are.
+            return Ok((data, ops, ordering));
+        };
+        let key = data.column_by_name(k).ok_or_else(|| {
+            Error::internal(format!("key column `{k}` missing from the curated columns"))
+        })?;
+        let b = convert(file, &name, b, key.data_type())?;
+        before.push((k, b, key.clone()));
+    }
+    let mut moved: Vec<u32> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        if *op != ChangeOp::Update {
+            continue;
+        }
+        // All before-image values present, and one differs from the key.
+        if before.iter().any(|(_, b, _)| b.is_null(i)) {
+            continue;
+        }
+        let differs = before.iter().try_fold(false, |acc, (_, b, key)| {
+            let cmp = arrow::array::make_comparator(
+                b.as_ref(),
+                key.as_ref(),
+                arrow::compute::SortOptions::default(),
+            )
+            .map_err(Error::arrow)?;
+            Ok::<bool, Error>(acc || cmp(i, i) != std::cmp::Ordering::Equal)
+        })?;
+        if differs {
+            moved.push(i as u32);
+        }
+    }
+    if moved.is_empty() {
+        return Ok((data, ops, ordering));
+    }
+    let idx = arrow::array::UInt32Array::from(moved.clone());
+    let mut columns = Vec::with_capacity(data.num_columns());
+    for (f, c) in data.schema().fields().iter().zip(data.columns()) {
+        let col = match before.iter().find(|(k, _, _)| *k == f.name()) {
+            Some((_, b, _)) => arrow::compute::take(b.as_ref(), &idx, None),
+            None => arrow::compute::take(c.as_ref(), &idx, None),
+        }
+        .map_err(Error::arrow)?;
+        columns.push(col);
+    }
+    let deletes = RecordBatch::try_new(data.schema(), columns).map_err(Error::arrow)?;
+    let data =
+        arrow::compute::concat_batches(&data.schema(), [&data, &deletes]).map_err(Error::arrow)?;
+    ops.extend(moved.iter().map(|_| ChangeOp::Delete));
+    Ok((data, ops, ordering.with_repeated(&moved)?))
 }
 
 /// The file's columns decoded: dictionary and run-end encoded columns as their value type,
@@ -692,6 +777,25 @@ struct Ordering {
     keys: arrow::array::StringArray,
     kinds: Vec<Option<SeqKind>>,
     starts: Vec<Option<String>>,
+}
+
+impl Ordering {
+    /// With the rows `rows` repeated at the end (their order keys and starts).
+    fn with_repeated(self, rows: &[u32]) -> Result<Self> {
+        let idx = arrow::array::UInt32Array::from(rows.to_vec());
+        let more = arrow::compute::take(&self.keys, &idx, None).map_err(Error::arrow)?;
+        let keys = arrow::compute::concat(&[&self.keys, more.as_ref()]).map_err(Error::arrow)?;
+        let mut starts = self.starts;
+        if !starts.is_empty() {
+            let extra: Vec<_> = rows.iter().map(|&i| starts[i as usize].clone()).collect();
+            starts.extend(extra);
+        }
+        Ok(Ordering {
+            keys: keys.as_string::<i32>().clone(),
+            kinds: self.kinds,
+            starts,
+        })
+    }
 }
 
 /// The sequence columns (`sequence_by`) of a CDC file, normalised; a missing column or a
