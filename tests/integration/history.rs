@@ -611,3 +611,244 @@ fn walk(dir: &std::path::Path) -> impl Iterator<Item = String> {
     }
     out.into_iter()
 }
+
+/// A `[table.history]` ordered by `seq` (text or timestamps), with a current table.
+const SEQ_HISTORY: &str = r#"
+[[table]]
+name = "s"
+source = "raw/s/"
+target = "curated/s"
+primary_key = ["id"]
+sequence_by = ["seq"]
+drop_columns = ["seq"]
+[table.history]
+target = "curated/s_history"
+current_column = "is_current"
+"#;
+
+/// A file of `s`: (op, seq, id, val); a full-load file (`LOAD*`) has no `Op`, and a `None`
+/// sequence value is a null (DMS's `AR_H_CHANGE_SEQ` during the full load).
+fn put_s(fx: &Fixture, name: &str, rows: &[(char, Option<&str>, i64, i64)]) -> url::Url {
+    let mut cols: Vec<(&str, ArrayRef)> = Vec::new();
+    if !name.starts_with("LOAD") {
+        let ops: Vec<String> = rows.iter().map(|r| r.0.to_string()).collect();
+        cols.push(("Op", Arc::new(StringArray::from(ops))));
+    }
+    cols.extend([
+        (
+            "seq",
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            )) as ArrayRef,
+        ),
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+        ),
+        (
+            "val",
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.3))),
+        ),
+    ]);
+    fx.put_batch("s", name, &batch(cols))
+}
+
+/// (id, val, start as text, end as text, is_current) of `s`'s history, ordered.
+async fn s_versions(fx: &Fixture) -> Vec<(i64, i64, String, Option<String>, bool)> {
+    let b = fx
+        .query(
+            "curated/s_history",
+            r#"SELECT id, val, CAST("__START_AT" AS VARCHAR) AS s, CAST("__END_AT" AS VARCHAR) AS e, is_current FROM t ORDER BY id, s"#,
+        )
+        .await;
+    let mut out = Vec::new();
+    for b in &b {
+        let text = |i: usize| cast(b.column(i), &DataType::Utf8).unwrap();
+        let (s, e) = (text(2), text(3));
+        let (s, e) = (s.as_string::<i32>(), e.as_string::<i32>());
+        let (id, val, cur) = (
+            b.column(0).as_primitive::<Int64Type>(),
+            b.column(1).as_primitive::<Int64Type>(),
+            b.column(4).as_boolean(),
+        );
+        for i in 0..b.num_rows() {
+            let t = |v: &str| v.trim_end_matches('Z').replace('T', " ");
+            out.push((
+                id.value(i),
+                val.value(i),
+                t(s.value(i)),
+                e.is_valid(i).then(|| t(e.value(i))),
+                cur.value(i),
+            ));
+        }
+    }
+    out
+}
+
+/// The Delta type of the history's start column (`string`, `timestamp`).
+async fn s_start_type(fx: &Fixture) -> String {
+    let t = tributary::delta::open(&fx.url("curated/s_history"), &Default::default())
+        .await
+        .unwrap();
+    let schema = t.snapshot().unwrap().schema();
+    schema.field("__START_AT").unwrap().data_type().to_string()
+}
+
+/// DMS leaves `AR_H_CHANGE_SEQ` empty during the full load. Before, the load typed the
+/// history's start column `timestamp` (the default kind) and every CDC file after it failed
+/// parsing its text sequence values as timestamps, while delivered in the other order it
+/// worked; and the load's versions had a null start, so "as of" never returned them. Now
+/// the type follows the sequence kind whatever came first, and a version the load opened
+/// starts at the kind's lower bound (`''` for text, 1970-01-01 for timestamps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_load_without_sequence_values_neither_fixes_the_history_type_nor_leaves_null_starts()
+{
+    for (text, s1, s2, floor) in [
+        (
+            true,
+            "20261130080000000000000000000000001",
+            "20261130090000000000000000000000001",
+            "",
+        ),
+        (
+            false,
+            "2026-11-30 08:00:00.000000",
+            "2026-11-30 09:00:00.000000",
+            "1970-01-01 00:00:00",
+        ),
+    ] {
+        for load_first in [true, false] {
+            let fx = Fixture::new(SEQ_HISTORY);
+            let load = put_s(
+                &fx,
+                "LOAD00000001.parquet",
+                &[('I', None, 1, 10), ('I', None, 2, 20)],
+            );
+            let u1 = put_s(
+                &fx,
+                "20261130-0800000000.parquet",
+                &[('U', Some(s1), 1, 11)],
+            );
+            let u2 = put_s(
+                &fx,
+                "20261130-0900000000.parquet",
+                &[('U', Some(s2), 1, 12)],
+            );
+            let order = if load_first {
+                [&load, &u1, &u2]
+            } else {
+                [&u2, &u1, &load]
+            };
+            for f in order {
+                fx.merge_ok(std::slice::from_ref(f)).await;
+            }
+            let want_type = if text { "string" } else { "timestamp" };
+            assert_eq!(
+                s_start_type(&fx).await,
+                want_type,
+                "text {text}, load first {load_first}"
+            );
+            let t = |s: &str| s.trim_end_matches(".000000").to_string();
+            let want = vec![
+                (1, 10, floor.to_string(), Some(t(s1)), false),
+                (1, 11, t(s1), Some(t(s2)), false),
+                (1, 12, t(s2), None, true),
+                (2, 20, floor.to_string(), None, true),
+            ];
+            let got: Vec<_> = s_versions(&fx)
+                .await
+                .into_iter()
+                .map(|(i, v, s, e, c)| (i, v, t(&s), e.map(|e| t(&e)), c))
+                .collect();
+            assert_eq!(got, want, "text {text}, load first {load_first}");
+            // "As of" a time between the load and the first change: the loaded state.
+            let as_of = if text {
+                "'20261130070000000000000000000000001'"
+            } else {
+                "TIMESTAMP '2026-11-30 07:00:00Z'"
+            };
+            let b = fx
+                .query(
+                    "curated/s_history",
+                    &format!(
+                        r#"SELECT id, val FROM t WHERE "__START_AT" <= {as_of} AND ("__END_AT" > {as_of} OR "__END_AT" IS NULL) ORDER BY id"#
+                    ),
+                )
+                .await;
+            let vals: Vec<i64> = b
+                .iter()
+                .flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec())
+                .collect();
+            assert_eq!(vals, vec![10, 20], "text {text}, load first {load_first}");
+        }
+    }
+}
+
+/// The change log's row count and the history table's version.
+async fn s_history_state(fx: &Fixture) -> (usize, Option<u64>) {
+    let b = fx
+        .query(
+            "curated/s_history/_tributary_changes",
+            "SELECT COUNT(*) FROM t",
+        )
+        .await;
+    let n = b[0].column(0).as_primitive::<Int64Type>().value(0) as usize;
+    let t = tributary::delta::open(&fx.url("curated/s_history"), &Default::default())
+        .await
+        .unwrap();
+    (n, t.version())
+}
+
+/// At-least-once delivery: before, every re-delivery of an applied file rewrote the keys'
+/// versions in a new history commit and appended the file's rows to the change log again,
+/// which grew without bound. A re-delivery now changes nothing and commits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_delivered_file_appends_nothing_to_the_change_log_and_commits_nothing() {
+    let fx = Fixture::new(SEQ_HISTORY);
+    let ts = |s: u32| format!("2024-01-01 00:00:{s:02}.000000");
+    let (t1, t2, t3) = (ts(1), ts(2), ts(3));
+    let load = put_s(
+        &fx,
+        "LOAD00000001.parquet",
+        &[('I', Some(&ts(0)), 1, 10), ('I', Some(&ts(0)), 2, 20)],
+    );
+    let a = put_s(
+        &fx,
+        "20240101-0000000001.parquet",
+        &[('U', Some(&t1), 1, 11), ('I', Some(&t1), 3, 30)],
+    );
+    let b = put_s(
+        &fx,
+        "20240101-0000000002.parquet",
+        &[('D', Some(&t2), 2, 20), ('U', Some(&t3), 1, 12)],
+    );
+    let files = [load, a, b];
+    for f in &files {
+        fx.merge_ok(std::slice::from_ref(f)).await;
+    }
+    let before = s_history_state(&fx).await;
+    let versions = s_versions(&fx).await;
+    assert_eq!(before.0, 6, "every change logged once");
+    for _ in 0..2 {
+        for f in &files {
+            fx.merge_ok(std::slice::from_ref(f)).await;
+        }
+        fx.merge_ok(&files).await;
+    }
+    assert_eq!(
+        s_history_state(&fx).await,
+        before,
+        "nothing logged, nothing committed"
+    );
+    assert_eq!(s_versions(&fx).await, versions);
+    // A late file among re-delivered ones: only its row is logged.
+    let late = put_s(
+        &fx,
+        "20240101-0000000000.parquet",
+        &[('U', Some(&ts(1)), 2, 21)],
+    );
+    fx.merge_ok(&[files[2].clone(), late]).await;
+    let after = s_history_state(&fx).await;
+    assert_eq!(after.0, 7);
+    assert_eq!(after.1, before.1.map(|v| v + 1), "one history commit");
+}

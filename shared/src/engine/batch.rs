@@ -211,7 +211,6 @@ impl Engine {
             .ok_or_else(|| crate::error::Error::internal("no target and no history table"))?;
         let mut report = batch.report(table);
         let record = crate::history::Record {
-            kinds: batch.kinds.clone(),
             txns: load_txns(table, batch),
         };
         self.merge_history(table, h, batch, files, Some(record), &mut report)
@@ -276,14 +275,9 @@ impl Engine {
         report: &mut TableReport,
     ) -> Result<()> {
         let t = Instant::now();
-        let kind = batch
-            .kinds
-            .as_ref()
-            .and_then(|k| k.first().copied())
-            .unwrap_or(SeqKind::Timestamp);
         let changes = crate::history::Changes {
             sets: batch.changes,
-            kind,
+            kinds: batch.kinds.as_deref(),
             files,
             record,
         };

@@ -21,6 +21,30 @@ pub(crate) fn interval_type(kind: SeqKind) -> DataType {
     }
 }
 
+/// The start of a version whose first change has no sequence value (a full-load row
+/// without one, such as DMS's `AR_H_CHANGE_SEQ` during the full load), as a normalised
+/// value: at or below every value of the kind, so that "as of T" returns the loaded row
+/// for every T after the load. Timestamps: 1970-01-01 00:00:00 UTC (not year 1: engines
+/// that rebase ancient Parquet timestamps, such as Spark, read it as it is); integers: the
+/// smallest `bigint`; text: the empty string.
+pub(crate) fn floor(kind: SeqKind) -> String {
+    match kind {
+        SeqKind::Timestamp => "1970-01-01 00:00:00.000000".into(),
+        SeqKind::Integer => format!("{:020}", 0),
+        SeqKind::Text => String::new(),
+    }
+}
+
+/// The sequence kind an interval column of this type was created for.
+pub(crate) fn kind_of_type(t: &DataType) -> Option<SeqKind> {
+    match t {
+        DataType::Timestamp(_, _) => Some(SeqKind::Timestamp),
+        DataType::Int64 => Some(SeqKind::Integer),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Some(SeqKind::Text),
+        _ => None,
+    }
+}
+
 fn bad(value: &str, kind: SeqKind) -> Error {
     Error::internal(format!(
         "sequence value {value:?} is not a normalised {kind}"
@@ -115,5 +139,22 @@ mod tests {
         }
         let typed = to_typed(SeqKind::Integer, &[Some("09223372036854775803".into())]).unwrap();
         assert_eq!(typed.as_primitive::<Int64Type>().value(0), -5);
+    }
+
+    #[test]
+    fn the_floor_of_each_kind_is_its_smallest_value_and_has_a_type() {
+        let typed = to_typed(SeqKind::Integer, &[Some(floor(SeqKind::Integer))]).unwrap();
+        assert_eq!(typed.as_primitive::<Int64Type>().value(0), i64::MIN);
+        let typed = to_typed(SeqKind::Timestamp, &[Some(floor(SeqKind::Timestamp))]).unwrap();
+        assert_eq!(
+            typed
+                .as_primitive::<arrow::datatypes::TimestampMicrosecondType>()
+                .value(0),
+            0
+        );
+        assert_eq!(floor(SeqKind::Text), "");
+        for kind in [SeqKind::Timestamp, SeqKind::Integer, SeqKind::Text] {
+            assert_eq!(kind_of_type(&interval_type(kind)), Some(kind));
+        }
     }
 }

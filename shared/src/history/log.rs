@@ -1,5 +1,6 @@
 //! The change log of a history table (`<history>/_tributary_changes`): every change applied,
-//! appended blindly before the versions are computed. A key's versions are recomputed from
+//! once (a change already logged, same key and order key, is not appended again), appended
+//! blindly before the MERGE that applies it. A key's versions are recomputed from
 //! it when a change arrives late (before the key's newest known change), because versions
 //! keep only what the last change of a run said.
 

@@ -11,11 +11,16 @@
 //! - **in order** (every change newer than the key's newest known change — the usual case):
 //!   the batch's changes are folded onto the key's open version;
 //! - **late** (a change at or before the newest known one: a late file, or a re-delivery):
-//!   the key's versions are recomputed from the change log (`log`), where every change is
-//!   appended before versions are computed, and versions that no longer exist are removed.
+//!   the key's versions are recomputed from the change log (`log`) and the batch, and
+//!   versions that no longer exist are removed.
 //!
-//! Either way one MERGE (on key and the version's first order key) writes the versions: the
-//! result is a function of the set of changes, whatever their order or grouping into calls.
+//! The batch's changes not in the log yet are appended to it before the MERGE (a
+//! re-delivered file's are: it logs nothing). Either way one MERGE (on key and the version's
+//! first order key) writes the versions that changed (none for a re-delivery: no commit):
+//! the result is a function of the set of changes, whatever their order or grouping into
+//! calls. The interval columns are typed by the sequence kind (recorded on the history
+//! table), not by the first file; a version opened without a sequence value (a full-load
+//! row) starts at the kind's floor (`interval::floor`).
 
 mod fold;
 mod interval;
@@ -73,22 +78,22 @@ pub struct HistoryReport {
     pub(crate) catalog: Option<crate::catalog::CatalogReport>,
 }
 
-/// A batch as the history sees it: the admitted change sets, the kind of the first
-/// sequence column (the intervals' type), and the files (for the commit).
+/// A batch as the history sees it: the admitted change sets, the sequence kinds the batch
+/// establishes (the first gives the intervals' type; `None` when no file tells, such as a
+/// full load without sequence values), and the files (for the commit).
 pub(crate) struct Changes<'a> {
     pub(crate) sets: &'a [ChangeSet],
-    pub(crate) kind: SeqKind,
+    pub(crate) kinds: Option<&'a [SeqKind]>,
     pub(crate) files: &'a [String],
     /// For a table that keeps only its history: what its commit records.
     pub(crate) record: Option<Record>,
 }
 
 /// What the history table of a table without a current table records, as the current
-/// table would: the batch's sequence kinds (once, on a table that has none) and its
-/// full-load files (application transactions in the commit that applies them; reload
-/// detection reads them).
+/// table would: its full-load files (application transactions in the commit that applies
+/// them; reload detection reads them). Every history table records the sequence kinds
+/// (`Changes::kinds`, once, on a table that has none).
 pub(crate) struct Record {
-    pub(crate) kinds: Option<Vec<SeqKind>>,
     pub(crate) txns: Vec<deltalake::kernel::Transaction>,
 }
 
@@ -104,8 +109,9 @@ pub(crate) async fn apply(
 ) -> Result<HistoryReport> {
     let columns = data_columns(changes.sets);
     check_names(cfg, h, &columns)?;
-    let rows = log::rows(changes.sets, &columns)?;
-    let mut log_table = log::append(cfg, h, options, rows, changes.files).await?;
+    // Appended by the first attempt, before its MERGE, less the changes already logged.
+    let mut unlogged = Some(log::rows(changes.sets, &columns)?);
+    let mut log_table = delta::open(&h.changes, options).await?;
     let label = format!("{} history", cfg.name);
     let mut retry = Retry::new(&label, cfg.max_commit_attempts);
     loop {
@@ -116,9 +122,8 @@ pub(crate) async fn apply(
             catalog,
             changes,
             columns: &columns,
-            log_table: &log_table,
         };
-        match ctx.run().await {
+        match ctx.run(&mut log_table, &mut unlogged).await {
             Ok((mut r, w)) => {
                 r.commit_attempts = retry.attempt();
                 let for_catalog = cfg.catalog.is_some().then(|| w.after.clone());
@@ -146,10 +151,7 @@ pub(crate) async fn apply(
             }
             Err(e) => {
                 retry.on_error(e, "history merge").await?;
-                log_table
-                    .update_incremental(None)
-                    .await
-                    .map_err(|e| Error::delta(&label, e))?;
+                log_table = delta::open(&h.changes, options).await?;
             }
         }
     }
@@ -168,13 +170,16 @@ fn data_columns(changes: &[ChangeSet]) -> Vec<Field> {
     out
 }
 
-/// The history's own columns, in table order after the data columns.
-fn own_columns(cfg: &TableConfig, h: &HistoryConfig, kind: SeqKind) -> Vec<Field> {
-    let interval = interval::interval_type(kind);
-    let mut f = vec![
-        Field::new(&h.start_column, interval.clone(), true),
-        Field::new(&h.end_column, interval, true),
-    ];
+/// The history's own columns, in table order after the data columns. Without a kind (no
+/// file has told it yet) no interval columns: they are added, typed, by the first commit
+/// that knows the kind.
+fn own_columns(cfg: &TableConfig, h: &HistoryConfig, kind: Option<SeqKind>) -> Vec<Field> {
+    let mut f = Vec::new();
+    if let Some(kind) = kind {
+        let interval = interval::interval_type(kind);
+        f.push(Field::new(&h.start_column, interval.clone(), true));
+        f.push(Field::new(&h.end_column, interval, true));
+    }
     if let Some(c) = &h.current_column {
         f.push(Field::new(c, DataType::Boolean, true));
     }
@@ -192,7 +197,7 @@ fn own_columns(cfg: &TableConfig, h: &HistoryConfig, kind: SeqKind) -> Vec<Field
 }
 
 fn check_names(cfg: &TableConfig, h: &HistoryConfig, columns: &[Field]) -> Result<()> {
-    let own = own_columns(cfg, h, SeqKind::Text);
+    let own = own_columns(cfg, h, Some(SeqKind::Text));
     match columns.iter().find(|c| own.iter().any(|o| o.name() == c.name())) {
         Some(c) => Err(Error::Schema {
             table: cfg.name.clone(),
@@ -241,7 +246,6 @@ struct Attempt<'a> {
     catalog: &'a crate::catalog::Catalog,
     changes: &'a Changes<'a>,
     columns: &'a [Field],
-    log_table: &'a DeltaTable,
 }
 
 /// A history call's table after it and, when it committed, before it.
@@ -275,22 +279,39 @@ fn add_catalog(r: &mut HistoryReport, c: Option<crate::catalog::CatalogReport>) 
 }
 
 impl Attempt<'_> {
-    /// Read the keys' versions, fold, MERGE.
-    async fn run(&self) -> Result<(HistoryReport, Written)> {
-        let (cfg, h, kind) = (self.cfg, self.h, self.changes.kind);
+    /// Read the keys' versions (and, for late keys, their logged changes), log the batch's
+    /// changes not logged yet (`unlogged`, once), fold, MERGE.
+    async fn run(
+        &self,
+        log_table: &mut DeltaTable,
+        unlogged: &mut Option<RecordBatch>,
+    ) -> Result<(HistoryReport, Written)> {
+        let (cfg, h) = (self.cfg, self.h);
         let label = format!("{} history", cfg.name);
+        let batch_kind = if cfg.sequence_by.is_empty() {
+            // No sequence values: the intervals stay empty, in the type they always had.
+            Some(SeqKind::Timestamp)
+        } else {
+            self.changes.kinds.and_then(|k| k.first().copied())
+        };
         let mut schema_fields = self.columns.to_vec();
-        schema_fields.extend(own_columns(cfg, h, kind));
+        schema_fields.extend(own_columns(cfg, h, batch_kind));
         let record = self.changes.record.as_ref();
-        let props = match record {
-            Some(r) => {
-                let kinds: Vec<Option<SeqKind>> = match &r.kinds {
+        // A new history table records the batch's sequence kinds when they are known.
+        let known = self
+            .changes
+            .kinds
+            .filter(|k| !k.is_empty() && k.len() == cfg.sequence_by.len());
+        let props = match (record, known) {
+            (Some(_), _) => {
+                let kinds: Vec<Option<SeqKind>> = match known {
                     Some(k) => k.iter().copied().map(Some).collect(),
                     None => vec![None; cfg.sequence_by.len()],
                 };
                 crate::props::TableProps::for_new_table(&kinds)
             }
-            None => Default::default(),
+            (None, Some(k)) => crate::props::TableProps::for_kinds(k),
+            (None, None) => Default::default(),
         };
         let (table, created) = delta::open_or_create(
             &h.target,
@@ -314,26 +335,42 @@ impl Attempt<'_> {
                 Vec::new()
             },
         };
-        let table = match record {
-            Some(r) => crate::engine::record_kinds(table, r.kinds.as_deref()).await?,
-            None => table,
-        };
+        let kind = history_kind(cfg, h, &table, batch_kind)?;
+        // Starts left null (a full load without sequence values, before the kind was known
+        // or before this rule) get the kind's floor once, when the kinds are recorded.
+        let unsettled = kind.is_some()
+            && !cfg.sequence_by.is_empty()
+            && delta::props(&table).sequence_kinds.is_none();
+        let has_intervals = has_column(&table, &h.start_column);
+        let mut table = table;
+        if unsettled && has_intervals {
+            table = settle_kinds(cfg, h, table, kind, self.changes.kinds).await?;
+        }
         crate::plan::recheck_kinds(
             self.changes.sets,
             delta::props(&table).sequence_kinds.as_deref(),
         )?;
-        let data = history_data_columns(cfg, h, &table, self.columns, kind)?;
+        let data = history_data_columns(cfg, h, &table, self.columns)?;
         let keys = key_batch(cfg, self.changes.sets, &data)?;
         let existing = delta::rows_with_keys(&table, &label, &cfg.primary_key, &keys).await?;
         let mut work = Work::new(cfg, h, kind, &data)?;
         work.add_versions(&existing)?;
         work.add_changes(self.changes.sets)?;
         let late = work.late_keys();
+        let mut logged_seqs = HashSet::new();
         if !late.is_empty() {
             let late_keys = work.keys_batch(&late)?;
             let logged =
-                delta::rows_with_keys(self.log_table, &label, &cfg.primary_key, &late_keys).await?;
-            work.add_log(&logged, &late)?;
+                delta::rows_with_keys(log_table, &label, &cfg.primary_key, &late_keys).await?;
+            logged_seqs = work.add_log(&logged, &late)?;
+        }
+        // Before the MERGE: a committed version's changes are always in the log.
+        if let Some(rows) = unlogged.as_ref() {
+            let fresh = work.not_logged(rows, &logged_seqs)?;
+            if fresh.num_rows() > 0 {
+                *log_table = log::append(cfg, h, self.options, fresh, self.changes.files).await?;
+            }
+            *unlogged = None;
         }
         let out = work.fold()?;
         let mut report = HistoryReport {
@@ -347,16 +384,112 @@ impl Attempt<'_> {
         let txns = record.map(|r| r.txns.as_slice()).unwrap_or_default();
         if out.batch.num_rows() == 0 {
             let read_version = table.version();
-            let table = crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
+            let mut table =
+                crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
+            if !unsettled {
+                table = crate::engine::record_kinds(table, self.changes.kinds).await?;
+            }
             report.version = table.version();
             return Ok((report, Written::new(before, table)));
         }
         let read_version = table.version();
         let table = merge_versions(cfg, table, &out.batch, self.changes.files, txns).await?;
-        let table = crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
+        let mut table = crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
+        if unsettled && !has_intervals {
+            // The MERGE added the interval columns: the versions written before have none.
+            table = settle_kinds(cfg, h, table, kind, self.changes.kinds).await?;
+        } else if !unsettled {
+            table = crate::engine::record_kinds(table, self.changes.kinds).await?;
+        }
         report.version = table.version();
         Ok((report, Written::new(before, table)))
     }
+}
+
+/// The kind of the history's intervals: the one recorded on the history table, else the
+/// batch's, checked against the type an existing start column has (`None`: no file has
+/// told it yet, e.g. a full load without sequence values; the intervals wait for it). A
+/// start column of another type (typed from the first file by tributary before 2026-12, a
+/// full load without sequence values typed it `timestamp`) cannot be retyped in place.
+fn history_kind(
+    cfg: &TableConfig,
+    h: &HistoryConfig,
+    table: &DeltaTable,
+    batch: Option<SeqKind>,
+) -> Result<Option<SeqKind>> {
+    let recorded = delta::props(table)
+        .sequence_kinds
+        .and_then(|k| k.first().copied());
+    let want = if cfg.sequence_by.is_empty() {
+        batch
+    } else {
+        recorded.or(batch)
+    };
+    let typed = delta::arrow_schema(table)
+        .and_then(|s| s.field_with_name(&h.start_column).ok().cloned())
+        .map(|f| (interval::kind_of_type(f.data_type()), f.data_type().clone()));
+    match (typed, want) {
+        (Some((Some(t), _)), Some(w)) if t == w => Ok(Some(t)),
+        (Some((Some(t), _)), None) => Ok(Some(t)),
+        (None, w) => Ok(w),
+        (Some((_, ty)), w) => Err(Error::Schema {
+            table: cfg.name.clone(),
+            message: format!(
+                "the history table's `{}` column is of type {ty}, but the table orders changes by {} values (`sequence_by`); it was typed by a file without sequence values (a full load) before tributary derived it from the sequence kind. Recreate the history table: delete its folder ({}, with its change log) and replay the table's DMS files (`tributary merge` of the source prefix)",
+                h.start_column,
+                w.map(SeqKind::as_str).unwrap_or("unknown"),
+                crate::storage::display(&h.target),
+            ),
+        }),
+    }
+}
+
+fn has_column(table: &DeltaTable, name: &str) -> bool {
+    delta::arrow_schema(table).is_some_and(|s| s.field_with_name(name).is_ok())
+}
+
+/// A history table without recorded sequence kinds, once its kind is known and its interval
+/// columns exist: versions whose start is null (opened by a full load without sequence
+/// values) get the kind's floor (and, when closed with a null end, end there), then the
+/// kinds are recorded. Idempotent: a crash in between redoes it on the next call.
+async fn settle_kinds(
+    cfg: &TableConfig,
+    h: &HistoryConfig,
+    table: DeltaTable,
+    kind: Option<SeqKind>,
+    kinds: Option<&[SeqKind]>,
+) -> Result<DeltaTable> {
+    let Some(kind) = kind else {
+        return Ok(table);
+    };
+    let label = format!("{} history", cfg.name);
+    let floor = interval::to_typed(kind, &[Some(interval::floor(kind))])?;
+    let floor = deltalake::datafusion::scalar::ScalarValue::try_from_array(&floor, 0)
+        .map_err(|e| Error::datafusion(format!("{label}: interval floor"), e))?;
+    let col = |n: &str| Expr::Column(Column::new_unqualified(n));
+    let end = deltalake::datafusion::logical_expr::when(
+        col(&h.end_column)
+            .is_null()
+            .and(col(END_SEQ_COLUMN).is_not_null()),
+        lit(floor.clone()),
+    )
+    .otherwise(col(&h.end_column))
+    .map_err(|e| Error::datafusion(format!("{label}: interval floor"), e))?;
+    let (table, _) = table
+        .update()
+        .with_predicate(col(&h.start_column).is_null())
+        .with_update(h.start_column.as_str(), lit(floor))
+        .with_update(h.end_column.as_str(), end)
+        .with_writer_properties(delta::writer_properties(cfg))
+        .with_commit_properties(delta::tributary_commit(&[]))
+        .await
+        .map_err(|e| Error::delta(&label, e))?;
+    let table = delta::settle(table).await?;
+    let kinds: Vec<SeqKind> = match kinds {
+        Some(k) if k.len() == cfg.sequence_by.len() => k.to_vec(),
+        _ => vec![kind],
+    };
+    crate::engine::record_kinds(table, Some(&kinds)).await
 }
 
 /// The history's data columns: the table's (in its types), then the batch's new ones.
@@ -365,9 +498,8 @@ fn history_data_columns(
     h: &HistoryConfig,
     table: &DeltaTable,
     columns: &[Field],
-    kind: SeqKind,
 ) -> Result<Vec<Field>> {
-    let own: Vec<String> = own_columns(cfg, h, kind)
+    let own: Vec<String> = own_columns(cfg, h, Some(SeqKind::Text))
         .iter()
         .map(|f| f.name().clone())
         .collect();
@@ -442,7 +574,8 @@ struct Meta {
 struct Work<'a> {
     cfg: &'a TableConfig,
     h: &'a HistoryConfig,
-    kind: SeqKind,
+    /// The intervals' kind (`None`: not known yet, no interval columns).
+    kind: Option<SeqKind>,
     schema: SchemaRef,
     parts: Vec<RecordBatch>,
     meta: Vec<Meta>,
@@ -454,7 +587,7 @@ impl<'a> Work<'a> {
     fn new(
         cfg: &'a TableConfig,
         h: &'a HistoryConfig,
-        kind: SeqKind,
+        kind: Option<SeqKind>,
         data: &[Field],
     ) -> Result<Self> {
         let schema = Arc::new(Schema::new(data.to_vec()));
@@ -472,6 +605,42 @@ impl<'a> Work<'a> {
 
     fn offset(&self) -> usize {
         self.meta.len()
+    }
+
+    /// A start as the history writes it: a change without a sequence value (a full-load
+    /// row without one) starts at the kind's floor.
+    fn start(&self, start: Option<String>) -> Option<String> {
+        match (start, self.kind) {
+            (Some(s), _) => Some(s),
+            (None, Some(k)) if !self.cfg.sequence_by.is_empty() => Some(interval::floor(k)),
+            (None, _) => None,
+        }
+    }
+
+    /// The log rows of the batch (`rows`, from `log::rows`) that are not in the log yet:
+    /// neither among the late keys' logged changes (`logged`: key and order key) nor
+    /// earlier in `rows`. A re-delivered file logs nothing.
+    fn not_logged(
+        &self,
+        rows: &RecordBatch,
+        logged: &HashSet<(OwnedRow, String)>,
+    ) -> Result<RecordBatch> {
+        let (p, _) = self.project(rows)?;
+        let keys = self.encoder.encode(&p)?;
+        let seqs = rows
+            .column_by_name(log::SEQ)
+            .and_then(|c| c.as_string_opt::<i32>())
+            .ok_or_else(|| Error::internal("log rows without order keys"))?;
+        let mut seen = HashSet::new();
+        let keep: BooleanArray = keys
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let id = (k, seqs.value(i).to_string());
+                Some(!logged.contains(&id) && seen.insert(id))
+            })
+            .collect();
+        arrow::compute::filter_record_batch(rows, &keep).map_err(Error::arrow)
     }
 
     /// `b` in the data schema (missing columns null), and the data columns it lacks.
@@ -526,11 +695,12 @@ impl<'a> Work<'a> {
                     .map(|v| v.map(str::to_string))
                     .collect())
             };
+            // No interval columns yet (the kind was not known when they were written).
             let typed = |name: &str| -> Result<Vec<Option<String>>> {
-                let c = b
-                    .column_by_name(name)
-                    .ok_or_else(|| Error::internal(format!("history has no column {name}")))?;
-                interval::from_typed(self.kind, c)
+                match (self.kind, b.column_by_name(name)) {
+                    (Some(kind), Some(c)) => interval::from_typed(kind, c),
+                    _ => Ok(vec![None; b.num_rows()]),
+                }
             };
             let (seq, last, end_seq) = (
                 text(&self.cfg.sequence_column)?,
@@ -561,7 +731,7 @@ impl<'a> Work<'a> {
                             .clone()
                             .or_else(|| seq[i].clone())
                             .unwrap_or_default(),
-                        start: start[i].clone(),
+                        start: self.start(start[i].clone()),
                         end: end[i].clone(),
                         end_seq: end_seq[i].clone(),
                         deleted: deleted[i],
@@ -585,7 +755,7 @@ impl<'a> Work<'a> {
                     version: None,
                     step: Some(Step {
                         seq: cs.order.value(i).to_string(),
-                        start: cs.starts[i].clone(),
+                        start: self.start(cs.starts[i].clone()),
                         delete: cs.ops[i] == ChangeOp::Delete,
                         row: base + i,
                         absent: absent.clone(),
@@ -597,7 +767,13 @@ impl<'a> Work<'a> {
         Ok(())
     }
 
-    fn add_log(&mut self, batches: &[RecordBatch], late: &HashSet<OwnedRow>) -> Result<()> {
+    /// Add the late keys' logged changes; returns their keys and order keys.
+    fn add_log(
+        &mut self,
+        batches: &[RecordBatch],
+        late: &HashSet<OwnedRow>,
+    ) -> Result<HashSet<(OwnedRow, String)>> {
+        let mut logged = HashSet::new();
         for b in batches {
             let (p, _) = self.project(b)?;
             let keys = self.encoder.encode(&p)?;
@@ -616,12 +792,15 @@ impl<'a> Work<'a> {
                         .filter(|c| !present.contains(&names[*c]))
                         .collect();
                     let keep = late.contains(&keys[i]);
+                    if keep {
+                        logged.insert((keys[i].clone(), l.seq().unwrap_or_default()));
+                    }
                     Meta {
                         origin: Origin::Log,
                         version: None,
                         step: keep.then(|| Step {
                             seq: l.seq().unwrap_or_default(),
-                            start: l.start(),
+                            start: self.start(l.start()),
                             delete: l.is_delete(),
                             row: base + i,
                             absent,
@@ -631,7 +810,7 @@ impl<'a> Work<'a> {
                 .collect();
             self.push(p, meta)?;
         }
-        Ok(())
+        Ok(logged)
     }
 
     /// Candidate rows by key.
@@ -739,10 +918,15 @@ impl<'a> Work<'a> {
             .iter()
             .filter_map(|r| self.meta[*r].version.as_ref())
             .collect();
-        let wanted = if late { Origin::Log } else { Origin::Change };
+        // A late key: every change, logged (read before this batch's were appended) and in
+        // the batch (the fold drops duplicates).
         let steps: Vec<Step> = cand
             .iter()
-            .filter(|r| self.meta[**r].origin == wanted)
+            .filter(|r| match self.meta[**r].origin {
+                Origin::Change => true,
+                Origin::Log => late,
+                Origin::Version => false,
+            })
             .filter_map(|r| self.meta[*r].step.clone())
             .collect();
         if steps.is_empty() {
@@ -754,7 +938,13 @@ impl<'a> Work<'a> {
             for v in versions.iter().filter(|v| !kept.contains(v.seq.as_str())) {
                 rows.remove((*v).clone());
             }
-            rows.write(out);
+            // Versions the recomputation gives as they are (a re-delivery: all of them)
+            // are not written again.
+            let changed = out
+                .into_iter()
+                .filter(|v| !versions.iter().any(|old| unchanged(fold, v, old)))
+                .collect();
+            rows.write(changed);
         } else {
             let current = self
                 .newest_version(cand)
@@ -763,6 +953,28 @@ impl<'a> Work<'a> {
             rows.write(fold.run(current, &steps));
         }
     }
+}
+
+/// Whether a recomputed version `new` is the existing `old`: same identity, interval,
+/// flags and values.
+fn unchanged(fold: &Fold<'_>, new: &Version, old: &Version) -> bool {
+    new.seq == old.seq
+        && new.last_seq == old.last_seq
+        && new.start == old.start
+        && new.end == old.end
+        && new.end_seq == old.end_seq
+        && new.deleted == old.deleted
+        && new.values.len() == old.values.len()
+        && new
+            .values
+            .iter()
+            .zip(&old.values)
+            .enumerate()
+            .all(|(c, (n, o))| match (n, o) {
+                (n, Some(o)) => (fold.same)(c, *n, *o),
+                (Some(n), None) => (fold.same)(c, None, *n),
+                (None, None) => true,
+            })
 }
 
 /// The MERGE source being built.
@@ -834,10 +1046,11 @@ impl Rows {
         let vs = || self.versions.iter().map(|(v, _)| v);
         let starts: Vec<Option<String>> = vs().map(|v| v.start.clone()).collect();
         let ends: Vec<Option<String>> = vs().map(|v| v.end.clone()).collect();
-        let mut out = vec![
-            interval::to_typed(w.kind, &starts)?,
-            interval::to_typed(w.kind, &ends)?,
-        ];
+        let mut out = Vec::new();
+        if let Some(kind) = w.kind {
+            out.push(interval::to_typed(kind, &starts)?);
+            out.push(interval::to_typed(kind, &ends)?);
+        }
         if w.h.current_column.is_some() {
             out.push(Arc::new(BooleanArray::from(
                 vs().map(|v| Some(v.end_seq.is_none())).collect::<Vec<_>>(),
