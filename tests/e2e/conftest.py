@@ -418,6 +418,34 @@ def read_table(stack, name):
     return dt, {r["trip_id"]: (r["route_id"], r["destination"], r["source_location"]) for r in t}
 
 
+def duckdb_reads(aws, stack, name, expected, tmp):
+    """The curated table as DuckDB's delta extension reads it (readers.py: no code shared
+    with delta-rs), downloaded from the emulator: every row, and every key found by a
+    filter on it (file skipping by the log's statistics). `None` when it agrees, else why."""
+    from readers import connect, rows
+    root = Path(tmp) / name
+    prefix = f"delta/{name}/"
+    for page in aws.s3.get_paginator("list_objects_v2").paginate(Bucket=stack.curated, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix):]
+            if rel.startswith(("_symlink_format_manifest/", "_tributary_")):
+                continue
+            dest = root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            aws.s3.download_file(stack.curated, obj["Key"], str(dest))
+    con = connect()
+    got = {r[0]: tuple(r[1:]) for r in rows(con, root, "trip_id, route_id, destination, source_location")}
+    if got != expected:
+        return f"DuckDB reads {len(got)} rows, the source has {len(expected)}; " \
+               f"missing {len(set(expected) - set(got))}, extra {len(set(got) - set(expected))}"
+    keys = sorted(expected)
+    for k in keys[:: max(1, len(keys) // 25)] + keys[-1:]:
+        found = rows(con, root, "trip_id", f"trip_id = {k}")
+        if found != [(k,)]:
+            return f"DuckDB's filter trip_id = {k} finds {found}"
+    return None
+
+
 def read_history(stack, name):
     """The history table read back by another Delta reader: (trip_id, destination, valid_from,
     valid_to, iscurrent) rows, times as ISO text."""

@@ -9,7 +9,9 @@ from pathlib import Path
 import dms
 import pyarrow
 import pyarrow.parquet
-from conftest import ENDPOINT, ROOT, TABLES, catalog_partitions, manifests_exact, read_history, read_table, record_timing
+import tempfile
+
+from conftest import ENDPOINT, ROOT, TABLES, catalog_partitions, duckdb_reads, manifests_exact, read_history, read_table, record_timing
 
 
 def curated_fs(stack):
@@ -36,6 +38,9 @@ def converge(aws, stack, poller, table, expected, scenario, start, times=1, batc
                f"missing {len(set(expected) - set(got))}, extra {len(set(got) - set(expected))}"
     exact, why = manifests_exact(aws, stack, table)
     assert exact, why
+    with tempfile.TemporaryDirectory() as tmp:
+        why = duckdb_reads(aws, stack, table, expected, tmp)
+        assert why is None, f"{scenario}: {why}"
     record_timing(scenario, elapsed, f"{len(expected)} rows, {poller.invocations} invocations so far")
     return elapsed
 
