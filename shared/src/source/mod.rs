@@ -1106,6 +1106,148 @@ mod tests {
         );
     }
 
+    fn csv_table(csv: &str) -> TableConfig {
+        table(&format!(
+            "sequence_by = [\"ts\"]\nformat = \"csv\"\n[table.csv]\n{csv}columns = [{{ name = \"ts\", type = \"timestamp\" }}, {{ name = \"id\", type = \"int64\" }}, {{ name = \"v\", type = \"string\" }}]\n"
+        ))
+    }
+
+    /// Issue #23: with DMS `UseCsvNoSupValue`, the `CsvNoSupValue` text of a column the
+    /// source did not log was stored as the column's value. It fails the file, naming the
+    /// row, the column and the text: in a key, in a value column (per-row "unchanged" is
+    /// not applied yet), in an insert (which DMS writes whole).
+    #[test]
+    fn a_no_sup_placeholder_fails_the_file_instead_of_being_stored() {
+        let cfg = csv_table("header = false\nno_sup_value = \"__NOSUP__\"\n");
+        let cdc = |body: &'static [u8]| {
+            read(
+                "20240101-0000000001.csv",
+                Bytes::from_static(body),
+                &cfg,
+                None,
+            )
+        };
+        let e = cdc(b"U,2024-01-01 00:00:01,1,a\nU,2024-01-01 00:00:02,2,__NOSUP__\n")
+            .expect_err("the placeholder is not a value")
+            .to_string();
+        assert!(
+            e.contains("20240101-0000000001.csv")
+                && e.contains("row 2, column `v`")
+                && e.contains("\"__NOSUP__\"")
+                && e.contains("per-row unchanged values"),
+            "{e}"
+        );
+        let e = cdc(b"U,2024-01-01 00:00:01,__NOSUP__,a\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("row 1, column `id`") && e.contains("primary key"),
+            "{e}"
+        );
+        let e = cdc(b"I,2024-01-01 00:00:01,1,__NOSUP__\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("row 1, column `v`") && e.contains("insert"),
+            "{e}"
+        );
+        // The text is a value when the table does not say DMS writes it.
+        let plain = csv_table("header = false\n");
+        let cs = read(
+            "20240101-0000000002.csv",
+            Bytes::from_static(b"U,2024-01-01 00:00:01,1,__NOSUP__\n"),
+            &plain,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            cs.data
+                .column_by_name("v")
+                .unwrap()
+                .as_string::<i32>()
+                .value(0),
+            "__NOSUP__"
+        );
+    }
+
+    /// Issue #23: a zero-byte CSV file failed with "no `Op` column"; it is called empty.
+    #[test]
+    fn an_empty_csv_file_fails_as_empty() {
+        use std::io::Write;
+        for (csv, body) in [
+            ("header = true\n", &b""[..]),
+            ("header = false\n", &b" \n\r\n"[..]),
+        ] {
+            let e = read(
+                "20240101-0000000001.csv",
+                Bytes::copy_from_slice(body),
+                &csv_table(csv),
+                None,
+            )
+            .expect_err("an empty file is not a DMS file")
+            .to_string();
+            assert!(e.contains("the file is empty"), "{e}");
+        }
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"").unwrap();
+        let e = read(
+            "20240101-0000000001.csv.gz",
+            Bytes::from(gz.finish().unwrap()),
+            &csv_table("header = true\n"),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("empty") && e.contains("decompressed"), "{e}");
+    }
+
+    /// Issue #23: a header row in a file read without one failed as a type error on row 1
+    /// (or merged, in text columns); a file without a header read with one said "no `Op`
+    /// column". Both say which setting to change.
+    #[test]
+    fn a_header_row_where_none_is_configured_names_the_setting() {
+        let cfg = csv_table("header = false\n");
+        let e = read(
+            "20240101-0000000001.csv",
+            Bytes::from_static(b"Op,ts,id,v\nU,2024-01-01 00:00:01,1,a\n"),
+            &cfg,
+            None,
+        )
+        .expect_err("a header is not a change")
+        .to_string();
+        assert!(
+            e.contains("row 1 looks like a header (`Op,ts,id,v`)")
+                && e.contains("csv.cdc_header = true"),
+            "{e}"
+        );
+        let load = table(
+            "format = \"csv\"\n[table.csv]\nheader = false\ncolumns = [{ name = \"id\", type = \"string\" }, { name = \"v\", type = \"string\" }]\n",
+        );
+        let e = read(
+            "LOAD00000001.csv",
+            Bytes::from_static(b"ID, v\n1,a\n"),
+            &load,
+            None,
+        )
+        .expect_err("even in text columns")
+        .to_string();
+        assert!(e.contains("csv.full_load_header = true"), "{e}");
+
+        let cfg = csv_table("header = true\n");
+        let e = read(
+            "20240101-0000000001.csv",
+            Bytes::from_static(b"U,2024-01-01 00:00:01,1,a\n"),
+            &cfg,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("reads as a change, not a header") && e.contains("csv.cdc_header = false"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn classification_fails_unknown_files_and_ignores_only_folder_markers() {
         let p = Format::Parquet;
@@ -1115,6 +1257,7 @@ mod tests {
             delimiter: b',',
             quote: b'"',
             null_value: "NULL".into(),
+            no_sup_value: None,
             include_op_for_full_load: false,
             columns: vec![],
         });
