@@ -398,7 +398,8 @@ fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<u
 }
 
 /// Concatenate the change sets (columns in first-seen order; a file without a column gets
-/// nulls there and the column is marked sparse).
+/// nulls there and the column is marked sparse, and so is a column some rows do not carry:
+/// [`ChangeSet::absent`]).
 fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
     let mut fields: Vec<Field> = Vec::new();
     for c in changes {
@@ -427,10 +428,18 @@ fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
                 }
                 None => arrow::array::new_null_array(f.data_type(), c.data.num_rows()),
             };
+            let start = has.len();
             has.extend(std::iter::repeat_n(
                 c.data.column_by_name(f.name()).is_some(),
                 c.data.num_rows(),
             ));
+            // Rows whose value the file does not carry (a DMS no-sup placeholder) lack the
+            // column as a file without it would.
+            if let Some((_, rows)) = c.absent.iter().find(|(n, _)| n == f.name()) {
+                for (h, a) in has[start..].iter_mut().zip(rows) {
+                    *h &= !*a;
+                }
+            }
             parts.push(part);
         }
         if has.iter().any(|p| !p) {

@@ -3,10 +3,10 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 
-use super::{at_least_one, Batches, Body};
+use super::{at_least_one, Batches, Body, ABSENT_COLUMN, ABSENT_SEPARATOR, RESERVED_PREFIX};
 use crate::config::{CsvOptions, TableConfig};
 use crate::error::{Error, Location, Result};
 use crate::source::{convert, FileKind};
@@ -151,16 +151,29 @@ pub(super) fn batches(
         .build(text(name, file_name, body)?)
         .map_err(|e| bad(format!("cannot read CSV: {e}")))?;
     let targets = target_types(&names, opts, table_schema);
+    let checks = NoSupChecks::new(opts, &names, table);
+    if checks.value.is_some() && names.iter().any(|n| n == ABSENT_COLUMN) {
+        return Err(Error::bad_input(
+            name,
+            Location::Column(ABSENT_COLUMN.to_string()),
+            format!("column names starting with `{RESERVED_PREFIX}` are reserved for tributary's own columns; rename the column at the source"),
+        ));
+    }
     let typed_schema = Arc::new(Schema::new(
         names
             .iter()
             .zip(&targets)
             .map(|(n, t)| Field::new(n, t.clone(), true))
+            .chain(
+                checks
+                    .value
+                    .is_some()
+                    .then(|| Field::new(ABSENT_COLUMN, DataType::Utf8, true)),
+            )
             .collect::<Vec<_>>(),
     ));
     let empty_schema = typed_schema.clone();
     let header = opts.header(kind);
-    let checks = NoSupChecks::new(opts, &names, table);
     let name = name.to_string();
     let mut offset = 0usize;
     let typed = reader.map(move |b| {
@@ -170,14 +183,15 @@ pub(super) fn batches(
         if offset == 0 && !header {
             header_row(&name, &text, &names, kind)?;
         }
-        check_no_sup(&name, &text, &checks).map_err(|e| e.shift_rows(offset))?;
-        let columns = names
+        let (text, absent) = no_sup(&name, text, &checks).map_err(|e| e.shift_rows(offset))?;
+        let mut columns = names
             .iter()
             .zip(&targets)
             .enumerate()
             .map(|(i, (n, t))| convert(&name, n, text.column(i), t))
             .collect::<Result<Vec<_>>>()
             .map_err(|e| e.shift_rows(offset))?;
+        columns.extend(absent);
         offset += rows;
         RecordBatch::try_new_with_options(
             typed_schema.clone(),
@@ -290,21 +304,24 @@ fn preview(names: &[String]) -> String {
 }
 
 /// What the DMS "not in the supplemental log" placeholder (`csv.no_sup_value`) is looked
-/// for in: the columns that reach the table or order its changes.
+/// for in: every column but the operation.
 struct NoSupChecks {
     value: Option<String>,
-    /// Index of the operation column, when the file has it.
-    op: Option<usize>,
-    /// (index, name, role) of each column checked.
+    /// (index, name, role) of each column looked at.
     columns: Vec<(usize, String, Role)>,
 }
 
-/// What a column is to the table, for the placeholder's message.
+/// What a column is to the table: what its placeholder means.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
+    /// A primary key column: a change without its key cannot be applied.
     Key,
+    /// A `sequence_by` column: a change without it cannot be ordered.
     Sequence,
+    /// A column of the table: the value is not known, the column keeps its value.
     Value,
+    /// A dropped column: the placeholder is only kept from failing its type.
+    Dropped,
 }
 
 impl NoSupChecks {
@@ -312,7 +329,8 @@ impl NoSupChecks {
         let columns = names
             .iter()
             .enumerate()
-            .filter_map(|(i, n)| {
+            .filter(|(_, n)| **n != table.op_column)
+            .map(|(i, n)| {
                 let role = if table.primary_key.contains(n) {
                     Role::Key
                 } else if table.sequence_by.contains(n) {
@@ -320,68 +338,102 @@ impl NoSupChecks {
                 } else if table.keeps_column(n) {
                     Role::Value
                 } else {
-                    return None;
+                    Role::Dropped
                 };
-                Some((i, n.clone(), role))
+                (i, n.clone(), role)
             })
             .collect();
         NoSupChecks {
             value: opts.no_sup_value.clone(),
-            op: names.iter().position(|n| *n == table.op_column),
             columns,
         }
     }
 }
 
 /// The placeholder DMS writes for a column that is not in the supplemental log
-/// (`UseCsvNoSupValue`) is not a value: a file holding it fails (the first row holding it,
-/// its column named), it is never stored. Per-row "unchanged" values are not applied yet.
-fn check_no_sup(name: &str, text: &RecordBatch, checks: &NoSupChecks) -> Result<()> {
+/// (`UseCsvNoSupValue`) is not a value. In a column of the table it becomes null and the
+/// row's entry in [`ABSENT_COLUMN`] names the column (the change leaves it as it was:
+/// [`super::ChangeSet::absent`]); in a key or sequence column it fails the file (the first
+/// row holding it, its column named); in a dropped column it is null.
+fn no_sup(
+    name: &str,
+    text: RecordBatch,
+    checks: &NoSupChecks,
+) -> Result<(RecordBatch, Option<ArrayRef>)> {
     let Some(ns) = checks.value.as_deref() else {
-        return Ok(());
+        return Ok((text, None));
     };
-    let first = checks
-        .columns
-        .iter()
-        .filter_map(|(i, n, role)| {
-            let c = text.column(*i).as_string::<i32>();
-            (0..c.len())
-                .find(|&r| !c.is_null(r) && c.value(r) == ns)
-                .map(|r| (r, n, *role))
-        })
-        .min_by_key(|(r, _, _)| *r);
-    let Some((row, column, role)) = first else {
-        return Ok(());
-    };
-    let op = checks.op.and_then(|i| {
-        let c = text.column(i).as_string::<i32>();
-        (!c.is_null(row)).then(|| c.value(row).trim().to_ascii_uppercase())
-    });
-    let what = format!(
-        "holds csv.no_sup_value {ns:?}: DMS (UseCsvNoSupValue) writes its CsvNoSupValue for a column the source did not log for this change, so the value is not known"
-    );
-    let message = match role {
-        Role::Key => format!(
-            "{what}; a change cannot be applied without its primary key: add the key columns to the source table's supplemental logging, and replay the file"
-        ),
-        Role::Sequence => format!(
-            "{what}; a change cannot be ordered without its `sequence_by` value: log that column at the source (or order by DMS's own column), and replay the file"
-        ),
-        Role::Value => format!(
-            "{what}{}; tributary does not apply per-row unchanged values yet, so the file fails rather than store the placeholder: log every column at the source (full supplemental logging, e.g. Oracle ADD SUPPLEMENTAL LOG DATA (ALL) COLUMNS), then replay the file or reload the table",
-            match op.as_deref() {
-                Some("I") => " (in an insert, which DMS should write whole: the placeholder is expected in updates only)",
-                Some("D") => " (in a delete: its image is what a history table keeps of the deleted row)",
-                _ => "",
+    let rows = text.num_rows();
+    let mut columns = text.columns().to_vec();
+    let mut absent: Vec<Vec<&str>> = Vec::new();
+    let mut failure: Option<(usize, &str, Role)> = None;
+    for (i, n, role) in &checks.columns {
+        let c = text.column(*i).as_string::<i32>();
+        let hits: BooleanArray = (0..rows)
+            .map(|r| Some(!c.is_null(r) && c.value(r) == ns))
+            .collect();
+        let Some(first) = (0..rows).find(|&r| hits.value(r)) else {
+            continue;
+        };
+        match role {
+            Role::Key | Role::Sequence => {
+                if failure.is_none_or(|(r, _, _)| first < r) {
+                    failure = Some((first, n, *role));
+                }
+                continue;
             }
-        ),
-    };
-    Err(Error::bad_input(
-        name,
-        Location::Row {
-            row: row + 1,
-            column: Some(column.clone()),
-        },
-        message,
-    ))
+            Role::Value => {
+                absent.resize_with(rows, Vec::new);
+                for r in (first..rows).filter(|&r| hits.value(r)) {
+                    absent[r].push(n);
+                }
+            }
+            Role::Dropped => {}
+        }
+        columns[*i] = arrow::compute::nullif(&columns[*i], &hits).map_err(|e| {
+            Error::bad_input(
+                name,
+                Location::Column(n.clone()),
+                format!("cannot null csv.no_sup_value: {e}"),
+            )
+        })?;
+    }
+    if let Some((row, column, role)) = failure {
+        let what = format!(
+            "holds csv.no_sup_value {ns:?}: DMS (UseCsvNoSupValue) writes its CsvNoSupValue for a column the source did not log for this change, so the value is not known"
+        );
+        let how = match role {
+            Role::Key => "a change cannot be applied without its primary key: add the key columns to the source table's supplemental logging, and replay the file",
+            _ => "a change cannot be ordered without its `sequence_by` value: log that column at the source (or order by DMS's own column), and replay the file",
+        };
+        return Err(Error::bad_input(
+            name,
+            Location::Row {
+                row: row + 1,
+                column: Some(column.to_string()),
+            },
+            format!("{what}; {how}"),
+        ));
+    }
+    let absent: ArrayRef = Arc::new(if absent.is_empty() {
+        StringArray::new_null(rows)
+    } else {
+        absent
+            .iter()
+            .map(|a| (!a.is_empty()).then(|| a.join(ABSENT_SEPARATOR)))
+            .collect::<StringArray>()
+    });
+    let text = RecordBatch::try_new_with_options(
+        text.schema(),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(rows)),
+    )
+    .map_err(|e| {
+        Error::bad_input(
+            name,
+            Location::File,
+            format!("cannot assemble columns: {e}"),
+        )
+    })?;
+    Ok((text, Some(absent)))
 }

@@ -28,6 +28,13 @@ pub use order::SeqKind;
 /// Prefix reserved for tributary's own columns; source columns may not use it.
 pub(crate) const RESERVED_PREFIX: &str = "_tributary_";
 
+/// The column a reader adds (CSV with `csv.no_sup_value`): per row, the names of the columns
+/// whose value the file does not carry, joined by [`ABSENT_SEPARATOR`] (null: none). Taken
+/// out into [`ChangeSet::absent`] before any rule looks at the file's columns.
+pub(crate) const ABSENT_COLUMN: &str = "_tributary_absent";
+/// Between two names in [`ABSENT_COLUMN`] (the ASCII unit separator).
+pub(crate) const ABSENT_SEPARATOR: &str = "\u{1f}";
+
 /// Whether a file is part of a full load (`LOAD*`) or a CDC file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum FileKind {
@@ -159,6 +166,12 @@ pub(crate) struct ChangeSet {
     /// The object's last-modified time (identifies a full-load file's version).
     pub last_modified: Option<DateTime<Utc>>,
     pub counts: FileCounts,
+    /// Per column, the rows whose value the file does not carry (DMS wrote its
+    /// `CsvNoSupValue`: the source did not log the column for that change): null in `data`,
+    /// and the change leaves the column as it was, as if the row's file lacked the column
+    /// (`plan` makes it a sparse column, the history an absent one). Only columns with such
+    /// rows; updates and deletes only (an insert carries every column).
+    pub absent: Vec<(String, Vec<bool>)>,
     /// A slice of a large file other than its last (see [`Slices`]): the file is not
     /// applied until its last slice is (a full-load file is recorded with that one).
     pub partial: bool,
@@ -411,10 +424,12 @@ fn to_change_set(
     table_schema: Option<&Schema>,
     first_row: usize,
 ) -> Result<ChangeSet> {
+    let (raw, absent) = take_absent(raw, cfg)?;
     // Every rule below judges values, not their layout.
     let raw = plain_columns(f.name, raw)?;
     check_column_names(f.name, &raw.schema(), cfg)?;
     let ops = parse_ops(f, &raw, cfg)?;
+    let absent = absent_rows(f, &absent, &ops)?;
     check_keys(f.name, &raw, cfg)?;
     let ordering = order_keys(f, &raw, cfg, first_row)?;
     let data = curated_columns(f.name, &raw, cfg, table_schema)?;
@@ -441,8 +456,69 @@ fn to_change_set(
         written: None,
         last_modified: None,
         counts,
+        absent,
         partial: false,
     })
+}
+
+/// The reader's [`ABSENT_COLUMN`] taken out of the batch (CSV with `csv.no_sup_value` only:
+/// any other file's column of that name is the file's, and refused as reserved).
+fn take_absent(raw: RecordBatch, cfg: &TableConfig) -> Result<(RecordBatch, Option<ArrayRef>)> {
+    let added = matches!(&cfg.format, Format::Csv(o) if o.no_sup_value.is_some());
+    let Some(i) = added
+        .then(|| raw.schema().index_of(ABSENT_COLUMN).ok())
+        .flatten()
+    else {
+        return Ok((raw, None));
+    };
+    let column = raw.column(i).clone();
+    let mut raw = raw;
+    raw.remove_column(i);
+    Ok((raw, Some(column)))
+}
+
+/// Per column, the rows the reader found no value for; an insert without a value fails the
+/// file (DMS writes the no-sup placeholder in updates only: an insert with it is not a
+/// change tributary can apply as DMS meant it).
+fn absent_rows(
+    f: &FileInfo<'_>,
+    absent: &Option<ArrayRef>,
+    ops: &[ChangeOp],
+) -> Result<Vec<(String, Vec<bool>)>> {
+    let Some(a) = absent else {
+        return Ok(Vec::new());
+    };
+    let a = a.as_string::<i32>();
+    let mut out: Vec<(String, Vec<bool>)> = Vec::new();
+    for r in (0..a.len()).filter(|&r| !a.is_null(r)) {
+        for column in a.value(r).split(ABSENT_SEPARATOR) {
+            if ops[r] == ChangeOp::Insert {
+                return Err(Error::bad_input(
+                    f.name,
+                    Location::Row {
+                        row: r + 1,
+                        column: Some(column.to_string()),
+                    },
+                    format!(
+                        "holds csv.no_sup_value (DMS's CsvNoSupValue: the source did not log the column) in {}: DMS writes it in updates only, an insert carries every column — check the DMS endpoint's UseCsvNoSupValue and the source's supplemental logging, and replay the file",
+                        match f.kind {
+                            FileKind::FullLoad => "a full-load row",
+                            FileKind::Cdc => "an insert",
+                        }
+                    ),
+                ));
+            }
+            let i = match out.iter().position(|(n, _)| n == column) {
+                Some(i) => i,
+                None => {
+                    out.push((column.to_string(), vec![false; a.len()]));
+                    out.len() - 1
+                }
+            };
+            out[i].1[r] = true;
+        }
+    }
+    Ok(out)
 }
 
 /// The file's columns decoded: dictionary and run-end encoded columns as their value type,
@@ -1113,11 +1189,12 @@ mod tests {
     }
 
     /// Issue #23: with DMS `UseCsvNoSupValue`, the `CsvNoSupValue` text of a column the
-    /// source did not log was stored as the column's value. It fails the file, naming the
-    /// row, the column and the text: in a key, in a value column (per-row "unchanged" is
-    /// not applied yet), in an insert (which DMS writes whole).
+    /// source did not log was stored as the column's value. It is no value: in a value
+    /// column of an update or delete it is null and the row is marked as not carrying the
+    /// column; in a key, a sequence column or an insert it fails the file, naming the row,
+    /// the column and the text.
     #[test]
-    fn a_no_sup_placeholder_fails_the_file_instead_of_being_stored() {
+    fn a_no_sup_placeholder_is_no_value() {
         let cfg = csv_table("header = false\nno_sup_value = \"__NOSUP__\"\n");
         let cdc = |body: &'static [u8]| {
             read(
@@ -1127,28 +1204,32 @@ mod tests {
                 None,
             )
         };
-        let e = cdc(b"U,2024-01-01 00:00:01,1,a\nU,2024-01-01 00:00:02,2,__NOSUP__\n")
-            .expect_err("the placeholder is not a value")
-            .to_string();
-        assert!(
-            e.contains("20240101-0000000001.csv")
-                && e.contains("row 2, column `v`")
-                && e.contains("\"__NOSUP__\"")
-                && e.contains("per-row unchanged values"),
-            "{e}"
-        );
+        let cs = cdc(b"U,2024-01-01 00:00:01,1,a\nU,2024-01-01 00:00:02,2,__NOSUP__\nD,2024-01-01 00:00:03,3,__NOSUP__\n").unwrap();
+        let v = cs.data.column_by_name("v").unwrap().as_string::<i32>();
+        assert_eq!(v.iter().collect::<Vec<_>>(), vec![Some("a"), None, None]);
+        assert_eq!(cs.absent, vec![("v".to_string(), vec![false, true, true])]);
+        assert!(cs.data.column_by_name(ABSENT_COLUMN).is_none());
+
         let e = cdc(b"U,2024-01-01 00:00:01,__NOSUP__,a\n")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("row 1, column `id`") && e.contains("primary key"),
+            e.contains("20240101-0000000001.csv")
+                && e.contains("row 1, column `id`")
+                && e.contains("\"__NOSUP__\"")
+                && e.contains("primary key"),
             "{e}"
         );
-        let e = cdc(b"I,2024-01-01 00:00:01,1,__NOSUP__\n")
+        let e = cdc(b"U,__NOSUP__,1,a\n").unwrap_err().to_string();
+        assert!(
+            e.contains("row 1, column `ts`") && e.contains("sequence_by"),
+            "{e}"
+        );
+        let e = cdc(b"U,2024-01-01 00:00:01,1,a\nI,2024-01-01 00:00:01,2,__NOSUP__\n")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("row 1, column `v`") && e.contains("insert"),
+            e.contains("row 2, column `v`") && e.contains("an insert"),
             "{e}"
         );
         // The text is a value when the table does not say DMS writes it.
@@ -1168,6 +1249,7 @@ mod tests {
                 .value(0),
             "__NOSUP__"
         );
+        assert!(cs.absent.is_empty());
     }
 
     /// Issue #23: a zero-byte CSV file failed with "no `Op` column"; it is called empty.
