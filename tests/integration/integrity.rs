@@ -702,6 +702,89 @@ async fn reserved_names_duplicate_columns_and_nan_keys_are_refused() {
     );
 }
 
+/// Issue #23: a column whose name differs from a table column only by case (`Name` where
+/// the table has `name`) failed as a `delta` error with an Arrow message. It fails the file
+/// as bad input naming both spellings, against the table or another file of the batch; so
+/// does `_TRIBUTARY_SEQ` (tributary's own column, whatever its case).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_that_differs_from_another_only_by_case_fails_naming_both() {
+    let fx = Fixture::new(T_TABLE);
+    let base = cdc(
+        &fx,
+        "20240101-0000000001.parquet",
+        "I",
+        1,
+        1,
+        vec![("name", strings(&["a"]))],
+    );
+    fx.merge_ok(&[base]).await;
+    let upper = cdc(
+        &fx,
+        "20240101-0000000002.parquet",
+        "U",
+        2,
+        1,
+        vec![("Name", strings(&["b"]))],
+    );
+    let r = fx.engine.process(std::slice::from_ref(&upper)).await;
+    let e = Fixture::failure(&r, &upper);
+    assert!(
+        e.kind() == "bad_input"
+            && e.to_string()
+                .contains("column `Name` of the file collides with the table's column `name`")
+            && e.to_string().contains("case-insensitive"),
+        "{e}"
+    );
+
+    let lower = cdc(
+        &fx,
+        "20240101-0000000003.parquet",
+        "U",
+        3,
+        1,
+        vec![("extra", strings(&["x"]))],
+    );
+    let mixed = cdc(
+        &fx,
+        "20240101-0000000004.parquet",
+        "U",
+        4,
+        1,
+        vec![("EXTRA", strings(&["y"]))],
+    );
+    let r = fx.engine.process(&[lower.clone(), mixed.clone()]).await;
+    let e = Fixture::failure(&r, &mixed);
+    assert!(
+        e.kind() == "bad_input"
+            && e.to_string().contains("`EXTRA`")
+            && e.to_string().contains("another file of this batch `extra`"),
+        "{e}"
+    );
+    assert!(matches!(
+        r.files.iter().find(|f| f.file == lower).map(|f| &f.status),
+        Some(FileStatus::Merged { .. })
+    ));
+
+    let seq = cdc(
+        &fx,
+        "20240101-0000000005.parquet",
+        "U",
+        5,
+        1,
+        vec![("_TRIBUTARY_SEQ", strings(&["z"]))],
+    );
+    let r = fx.engine.process(std::slice::from_ref(&seq)).await;
+    let e = Fixture::failure(&r, &seq);
+    assert!(
+        e.kind() == "bad_input" && e.to_string().contains("internal sequence column"),
+        "{e}"
+    );
+    assert_eq!(
+        t_rows(&fx, "SELECT CONCAT(name, ':', extra) FROM t").await,
+        vec!["a:x"]
+    );
+}
+
 /// Issue #23: a key written as `dictionary<int32, float64>` holding NaN merged (rows with
 /// NaN keys no change could match again) while a plain float64 NaN key was refused. Every
 /// input rule judges the decoded values, whatever the layout the file chose.

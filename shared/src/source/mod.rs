@@ -574,14 +574,16 @@ fn check_column_names(file: &str, schema: &SchemaRef, cfg: &TableConfig) -> Resu
                 "the file has two columns with this name (names are compared ignoring case); a file must have one column per name",
             ));
         }
-        if *n == cfg.sequence_column {
+        // Ignoring case too: the Delta table could not hold both.
+        let lower = n.to_lowercase();
+        if lower == cfg.sequence_column.to_lowercase() {
             return Err(Error::bad_input(
                 file,
                 Location::Column(n.clone()),
                 "the file has a column with the name of tributary's internal sequence column; set `sequence_column` in the table config to another name",
             ));
         }
-        if n.starts_with(RESERVED_PREFIX) && cfg.keeps_column(n) {
+        if lower.starts_with(RESERVED_PREFIX) && cfg.keeps_column(n) {
             return Err(Error::bad_input(
                 file,
                 Location::Column(n.clone()),
