@@ -1332,6 +1332,97 @@ mod tests {
         );
     }
 
+    /// A Parquet file of `id int64` and `t int96` (as Spark writes timestamps): a null, then
+    /// the INT96 values given as (Julian day, nanoseconds into the day).
+    fn int96_file(values: &[(u32, u64)]) -> Bytes {
+        use ::parquet::data_type::{Int64Type, Int96, Int96Type};
+        use ::parquet::file::writer::SerializedFileWriter;
+        let schema = Arc::new(
+            ::parquet::schema::parser::parse_message_type(
+                "message m { required int64 id; optional int96 t; }",
+            )
+            .unwrap(),
+        );
+        let mut out = Vec::new();
+        let mut w = SerializedFileWriter::new(&mut out, schema, Default::default()).unwrap();
+        let mut rg = w.next_row_group().unwrap();
+        // A null first: the rows of values are counted with their definition levels.
+        let ids: Vec<i64> = (1..=values.len() as i64 + 1).collect();
+        let mut c = rg.next_column().unwrap().unwrap();
+        c.typed::<Int64Type>()
+            .write_batch(&ids, None, None)
+            .unwrap();
+        c.close().unwrap();
+        let ts: Vec<Int96> = values
+            .iter()
+            .map(|&(day, nanos)| {
+                let mut v = Int96::new();
+                v.set_data(nanos as u32, (nanos >> 32) as u32, day);
+                v
+            })
+            .collect();
+        let defs: Vec<i16> = std::iter::once(0).chain(ts.iter().map(|_| 1)).collect();
+        let mut c = rg.next_column().unwrap().unwrap();
+        c.typed::<Int96Type>()
+            .write_batch(&ts, Some(&defs), None)
+            .unwrap();
+        c.close().unwrap();
+        rg.close().unwrap();
+        w.close().unwrap();
+        Bytes::from(out)
+    }
+
+    /// Issue #23: INT96 timestamps (Spark, Hive, Impala) outside 1677..2262 were refused
+    /// with an instant the file does not hold (`9999-12-31 23:59:59` as `1816-03-30…`, a
+    /// wrap in the nanosecond read). They are read as microseconds, exactly; digits below
+    /// the microsecond still fail the file, naming the row, the column and the instant.
+    #[test]
+    fn int96_timestamps_read_exactly_and_sub_microsecond_digits_fail() {
+        use arrow::datatypes::TimestampMicrosecondType;
+        let cfg = table("");
+        // 9999-12-31 23:59:59 and 2024-01-01 00:00:00.000001.
+        let end_of_time = (2_440_588 + 2_932_896, 86_399 * 1_000_000_000);
+        let micro = (2_440_588 + 19_723, 1_000);
+        let cs = read(
+            "LOAD00000001.parquet",
+            int96_file(&[end_of_time, micro]),
+            &cfg,
+            None,
+        )
+        .unwrap();
+        let t = cs.data.column_by_name("t").unwrap();
+        let t = t.as_primitive::<TimestampMicrosecondType>();
+        assert!(t.is_null(0));
+        assert_eq!(t.value(1), 253_402_300_799_000_000);
+        assert_eq!(t.value(2), 1_704_067_200_000_001);
+
+        let nano = (2_440_588 + 19_723, 1);
+        let e = read(
+            "LOAD00000002.parquet",
+            int96_file(&[micro, nano]),
+            &cfg,
+            None,
+        )
+        .expect_err("a nanosecond is not truncated")
+        .to_string();
+        assert!(
+            e.contains("LOAD00000002.parquet")
+                && e.contains("row 3, column `t`")
+                && e.contains("2024-01-01 00:00:00.000000001")
+                && e.contains("below the microsecond"),
+            "{e}"
+        );
+    }
+
+    /// Issue #23: a zero-byte Parquet file says it is empty.
+    #[test]
+    fn an_empty_parquet_file_fails_as_empty() {
+        let e = read("LOAD00000001.parquet", Bytes::new(), &table(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the file is empty (zero bytes)"), "{e}");
+    }
+
     #[test]
     fn classification_fails_unknown_files_and_ignores_only_folder_markers() {
         let p = Format::Parquet;
