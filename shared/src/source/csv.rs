@@ -116,11 +116,20 @@ pub(super) fn batches(
     } = input;
     let gz = file_name.to_ascii_lowercase().ends_with(".gz");
     let bad = |m: String| Error::bad_input(name, Location::File, m);
-    if is_blank(text(name, file_name, body)?) {
+    let raw_blank = is_blank(body.reader(name)?);
+    if raw_blank || (gz && is_blank(text(name, file_name, body)?)) {
         return Err(bad(format!(
-            "the file is empty ({}: zero bytes, or only whitespace); a DMS CSV file has at least one row{} — remove the object from the source, or put back the file DMS wrote",
-            if gz { "its decompressed text" } else { "no data" },
-            if opts.header(kind) { " after its header" } else { "" }
+            "the file is empty ({}); a DMS CSV file has {} — remove the object from the source, or put back the file DMS wrote",
+            if raw_blank {
+                "zero bytes, or only whitespace"
+            } else {
+                "its decompressed text is zero bytes, or only whitespace"
+            },
+            if opts.header(kind) {
+                "a header and at least one row"
+            } else {
+                "at least one row"
+            }
         )));
     }
     let names = column_names(name, text(name, file_name, body)?, opts, kind, table).map_err(

@@ -1283,6 +1283,15 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("empty") && e.contains("decompressed"), "{e}");
+        let e = read(
+            "20240101-0000000001.csv.gz",
+            Bytes::new(),
+            &csv_table("header = true\n"),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("the file is empty (zero bytes"), "{e}");
     }
 
     /// Issue #23: a header row in a file read without one failed as a type error on row 1
