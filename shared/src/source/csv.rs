@@ -327,6 +327,9 @@ enum Role {
     Key,
     /// A `sequence_by` column: a change without it cannot be ordered.
     Sequence,
+    /// A `partition_by` column: a change without it cannot be placed (as a file without
+    /// it cannot).
+    Partition,
     /// A column of the table: the value is not known, the column keeps its value.
     Value,
     /// A dropped column: the placeholder is only kept from failing its type.
@@ -344,6 +347,8 @@ impl NoSupChecks {
                     Role::Key
                 } else if table.sequence_by.contains(n) {
                     Role::Sequence
+                } else if table.partition_by.contains(n) {
+                    Role::Partition
                 } else if table.keeps_column(n) {
                     Role::Value
                 } else {
@@ -362,8 +367,8 @@ impl NoSupChecks {
 /// The placeholder DMS writes for a column that is not in the supplemental log
 /// (`UseCsvNoSupValue`) is not a value. In a column of the table it becomes null and the
 /// row's entry in [`ABSENT_COLUMN`] names the column (the change leaves it as it was:
-/// [`super::ChangeSet::absent`]); in a key or sequence column it fails the file (the first
-/// row holding it, its column named); in a dropped column it is null.
+/// [`super::ChangeSet::absent`]); in a key, sequence or partition column it fails the file
+/// (the first row holding it, its column named); in a dropped column it is null.
 fn no_sup(
     name: &str,
     text: RecordBatch,
@@ -385,7 +390,7 @@ fn no_sup(
             continue;
         };
         match role {
-            Role::Key | Role::Sequence => {
+            Role::Key | Role::Sequence | Role::Partition => {
                 if failure.is_none_or(|(r, _, _)| first < r) {
                     failure = Some((first, n, *role));
                 }
@@ -413,6 +418,7 @@ fn no_sup(
         );
         let how = match role {
             Role::Key => "a change cannot be applied without its primary key: add the key columns to the source table's supplemental logging, and replay the file",
+            Role::Partition => "a change cannot be placed without its partition value: log that column at the source (or partition by another), and replay the file",
             _ => "a change cannot be ordered without its `sequence_by` value: log that column at the source (or order by DMS's own column), and replay the file",
         };
         return Err(Error::bad_input(

@@ -1222,6 +1222,22 @@ mod tests {
                 && e.contains("primary key"),
             "{e}"
         );
+        let parted = TableConfig {
+            partition_by: vec!["v".into()],
+            ..csv_table("header = false\nno_sup_value = \"__NOSUP__\"\n")
+        };
+        let e = read(
+            "20240101-0000000001.csv",
+            Bytes::from_static(b"U,2024-01-01 00:00:01,1,__NOSUP__\n"),
+            &parted,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("row 1, column `v`") && e.contains("partition"),
+            "{e}"
+        );
         let e = cdc(b"U,__NOSUP__,1,a\n").unwrap_err().to_string();
         assert!(
             e.contains("row 1, column `ts`") && e.contains("sequence_by"),
