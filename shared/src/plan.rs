@@ -190,9 +190,12 @@ pub(crate) fn admit(
     let mut types: Vec<Field> = table_schema
         .map(|s| s.fields().iter().map(|f| f.as_ref().clone()).collect())
         .unwrap_or_default();
+    let table_columns = types.len();
     for cs in changes {
         let file = cs.file.clone();
-        match check_kinds(&cs, &mut out.kinds).and_then(|()| unify(cs, key, &mut types)) {
+        match check_kinds(&cs, &mut out.kinds)
+            .and_then(|()| unify(cs, key, &mut types, table_columns))
+        {
             Ok(cs) => out.admitted.push(cs),
             Err(e) => out.rejected.push((file, e)),
         }
@@ -244,14 +247,40 @@ fn check_kinds(cs: &ChangeSet, expected: &mut Option<Vec<SeqKind>>) -> Result<()
 
 /// Convert a change set's columns to the batch's types; new columns take this file's type.
 /// A key column converted here is checked again in its new type (text `NaN` into the float
-/// key another file of the batch set).
-fn unify(cs: ChangeSet, key: &[String], types: &mut Vec<Field>) -> Result<ChangeSet> {
+/// key another file of the batch set). A column whose name differs from a known one only by
+/// case fails the file (the first `table_columns` of `types` are the table's).
+fn unify(
+    cs: ChangeSet,
+    key: &[String],
+    types: &mut Vec<Field>,
+    table_columns: usize,
+) -> Result<ChangeSet> {
     let name = storage::display(&cs.file);
     let schema = cs.data.schema();
     let mut fields = Vec::with_capacity(schema.fields().len());
     let mut columns = Vec::with_capacity(schema.fields().len());
     let mut new = Vec::new();
     for (i, f) in schema.fields().iter().enumerate() {
+        let lower = f.name().to_lowercase();
+        if let Some(at) = types
+            .iter()
+            .position(|t| t.name() != f.name() && t.name().to_lowercase() == lower)
+        {
+            let whose = if at < table_columns {
+                "the table's column"
+            } else {
+                "the column of another file of this batch"
+            };
+            return Err(Error::bad_input(
+                &name,
+                Location::Column(f.name().clone()),
+                format!(
+                    "column `{}` of the file collides with {whose} `{}`: Delta column names are case-insensitive, so they cannot be two columns; rename it at the source (a DMS transformation rule), or list it in `drop_columns`",
+                    f.name(),
+                    types[at].name()
+                ),
+            ));
+        }
         let target = match types.iter().find(|t| t.name() == f.name()) {
             Some(t) => t.data_type().clone(),
             None => {
@@ -398,7 +427,8 @@ fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<u
 }
 
 /// Concatenate the change sets (columns in first-seen order; a file without a column gets
-/// nulls there and the column is marked sparse).
+/// nulls there and the column is marked sparse, and so is a column some rows do not carry:
+/// [`ChangeSet::absent`]).
 fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
     let mut fields: Vec<Field> = Vec::new();
     for c in changes {
@@ -427,10 +457,18 @@ fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
                 }
                 None => arrow::array::new_null_array(f.data_type(), c.data.num_rows()),
             };
+            let start = has.len();
             has.extend(std::iter::repeat_n(
                 c.data.column_by_name(f.name()).is_some(),
                 c.data.num_rows(),
             ));
+            // Rows whose value the file does not carry (a DMS no-sup placeholder) lack the
+            // column as a file without it would.
+            if let Some((_, rows)) = c.absent.iter().find(|(n, _)| n == f.name()) {
+                for (h, a) in has[start..].iter_mut().zip(rows) {
+                    *h &= !*a;
+                }
+            }
             parts.push(part);
         }
         if has.iter().any(|p| !p) {

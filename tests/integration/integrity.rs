@@ -371,6 +371,114 @@ async fn a_missing_column_means_unchanged_however_files_are_batched() {
     assert_eq!(t_rows(&stale, sql).await, vec!["1:2:x"]);
 }
 
+const NO_SUP_TABLE: &str = r#"
+[[table]]
+name = "t"
+source = "raw/t/"
+target = "curated/t"
+primary_key = ["id"]
+sequence_by = ["ts"]
+change_data_feed = true
+format = "csv"
+[table.csv]
+header = false
+no_sup_value = "__NOSUP__"
+columns = [{ name = "ts", type = "timestamp" }, { name = "id", type = "int64" }, { name = "v", type = "string" }, { name = "n", type = "int64" }]
+[table.history]
+target = "curated/t_history"
+"#;
+
+/// Issue #23: with DMS `UseCsvNoSupValue`, a column the source did not log for a change
+/// comes as the endpoint's `CsvNoSupValue` text, and that text was stored as the value (or
+/// failed the file as a type error). With `csv.no_sup_value` the change leaves the column as
+/// it was — in the table, its history and its change feed — however the files are batched;
+/// in an insert it fails the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_sup_placeholder_leaves_the_column_as_it_was() {
+    let load = |fx: &Fixture| {
+        fx.put_raw(
+            "t",
+            "LOAD00000001.csv",
+            b"2024-01-01 00:00:00,1,a,10\n2024-01-01 00:00:00,2,b,20\n",
+        )
+    };
+    let first = |fx: &Fixture| {
+        fx.put_raw(
+            "t",
+            "20240101-0000000001.csv",
+            b"U,2024-01-01 00:00:01,1,__NOSUP__,11\n",
+        )
+    };
+    let second = |fx: &Fixture| {
+        fx.put_raw(
+            "t",
+            "20240101-0000000002.csv",
+            b"U,2024-01-01 00:00:02,1,c,__NOSUP__\nU,2024-01-01 00:00:03,1,__NOSUP__,13\nD,2024-01-01 00:00:04,2,__NOSUP__,__NOSUP__\n",
+        )
+    };
+    let sql = "SELECT CONCAT(CAST(id AS VARCHAR), ':', COALESCE(v, 'NULL'), ':', COALESCE(CAST(n AS VARCHAR), 'NULL')) FROM t ORDER BY id";
+    let history_sql = "SELECT CONCAT(COALESCE(v, 'NULL'), ':', COALESCE(CAST(n AS VARCHAR), 'NULL')) FROM t WHERE id = 1 ORDER BY \"__START_AT\"";
+    let alone = Fixture::new(NO_SUP_TABLE);
+    alone.merge_ok(&[load(&alone)]).await;
+    alone.merge_ok(&[first(&alone)]).await;
+    assert_eq!(t_rows(&alone, sql).await, vec!["1:a:11", "2:b:20"]);
+    alone.merge_ok(&[second(&alone)]).await;
+    let together = Fixture::new(NO_SUP_TABLE);
+    together.merge_ok(&[load(&together)]).await;
+    together
+        .merge_ok(&[first(&together), second(&together)])
+        .await;
+    for fx in [&alone, &together] {
+        assert_eq!(t_rows(fx, sql).await, vec!["1:c:13"]);
+        assert_eq!(
+            column_text(&fx.query("curated/t_history", history_sql).await),
+            vec!["a:10", "a:11", "c:11", "c:13"]
+        );
+        // The change feed's images are the table's rows: never the text, never NULL.
+        let feed = change_feed_values(&fx.url("curated/t")).await;
+        assert!(
+            !feed.is_empty()
+                && feed
+                    .iter()
+                    .all(|r| !r.contains("NULL") && !r.contains("NOSUP")),
+            "{feed:?}"
+        );
+    }
+
+    let insert = alone.put_raw(
+        "t",
+        "20240101-0000000003.csv",
+        b"I,2024-01-01 00:00:05,3,__NOSUP__,30\n",
+    );
+    let r = alone.engine.process(std::slice::from_ref(&insert)).await;
+    let e = Fixture::failure(&r, &insert);
+    assert!(
+        e.kind() == "bad_input"
+            && e.to_string().contains("row 1, column `v`")
+            && e.to_string().contains("an insert"),
+        "{e}"
+    );
+    assert_eq!(t_rows(&alone, sql).await, vec!["1:c:13"]);
+}
+
+/// Every row image of the table's change data feed, `id:v:n`.
+async fn change_feed_values(table: &url::Url) -> Vec<String> {
+    use tributary::deltalake::datafusion::prelude::SessionContext;
+    use tributary::deltalake::delta_datafusion::DeltaCdfTableProvider;
+    let t = delta::open(table, &Default::default()).await.unwrap();
+    let provider = DeltaCdfTableProvider::try_new(t.scan_cdf().with_starting_version(0)).unwrap();
+    let ctx = SessionContext::new();
+    ctx.register_table("cdf", Arc::new(provider)).unwrap();
+    let batches = ctx
+        .sql("SELECT CONCAT(CAST(id AS VARCHAR), ':', COALESCE(v, 'NULL'), ':', COALESCE(CAST(n AS VARCHAR), 'NULL'), ':', _change_type) FROM cdf")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    column_text(&batches)
+}
+
 /// A delete then a re-insert without the column, in one batch: the column starts empty
 /// (as merged one by one), instead of keeping the deleted row's value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -591,6 +699,89 @@ async fn reserved_names_duplicate_columns_and_nan_keys_are_refused() {
         t_rows(&fx, "SELECT CAST(v AS VARCHAR) FROM t").await,
         vec!["2"],
         "0.0 and -0.0 are one key"
+    );
+}
+
+/// Issue #23: a column whose name differs from a table column only by case (`Name` where
+/// the table has `name`) failed as a `delta` error with an Arrow message. It fails the file
+/// as bad input naming both spellings, against the table or another file of the batch; so
+/// does `_TRIBUTARY_SEQ` (tributary's own column, whatever its case).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_that_differs_from_another_only_by_case_fails_naming_both() {
+    let fx = Fixture::new(T_TABLE);
+    let base = cdc(
+        &fx,
+        "20240101-0000000001.parquet",
+        "I",
+        1,
+        1,
+        vec![("name", strings(&["a"]))],
+    );
+    fx.merge_ok(&[base]).await;
+    let upper = cdc(
+        &fx,
+        "20240101-0000000002.parquet",
+        "U",
+        2,
+        1,
+        vec![("Name", strings(&["b"]))],
+    );
+    let r = fx.engine.process(std::slice::from_ref(&upper)).await;
+    let e = Fixture::failure(&r, &upper);
+    assert!(
+        e.kind() == "bad_input"
+            && e.to_string()
+                .contains("column `Name` of the file collides with the table's column `name`")
+            && e.to_string().contains("case-insensitive"),
+        "{e}"
+    );
+
+    let lower = cdc(
+        &fx,
+        "20240101-0000000003.parquet",
+        "U",
+        3,
+        1,
+        vec![("extra", strings(&["x"]))],
+    );
+    let mixed = cdc(
+        &fx,
+        "20240101-0000000004.parquet",
+        "U",
+        4,
+        1,
+        vec![("EXTRA", strings(&["y"]))],
+    );
+    let r = fx.engine.process(&[lower.clone(), mixed.clone()]).await;
+    let e = Fixture::failure(&r, &mixed);
+    assert!(
+        e.kind() == "bad_input"
+            && e.to_string().contains("`EXTRA`")
+            && e.to_string().contains("another file of this batch `extra`"),
+        "{e}"
+    );
+    assert!(matches!(
+        r.files.iter().find(|f| f.file == lower).map(|f| &f.status),
+        Some(FileStatus::Merged { .. })
+    ));
+
+    let seq = cdc(
+        &fx,
+        "20240101-0000000005.parquet",
+        "U",
+        5,
+        1,
+        vec![("_TRIBUTARY_SEQ", strings(&["z"]))],
+    );
+    let r = fx.engine.process(std::slice::from_ref(&seq)).await;
+    let e = Fixture::failure(&r, &seq);
+    assert!(
+        e.kind() == "bad_input" && e.to_string().contains("internal sequence column"),
+        "{e}"
+    );
+    assert_eq!(
+        t_rows(&fx, "SELECT CONCAT(name, ':', extra) FROM t").await,
+        vec!["a:x"]
     );
 }
 

@@ -65,6 +65,10 @@ pub struct CsvOptions {
     pub quote: u8,
     /// Text that stands for NULL (DMS `CsvNullValue`, default `NULL`).
     pub null_value: String,
+    /// Text DMS writes for a column that is not in the supplemental log (`CsvNoSupValue`,
+    /// with `UseCsvNoSupValue=true`): the column's value is not known. A file holding it
+    /// fails (per-row "unchanged" values are not applied yet), it is never stored.
+    pub no_sup_value: Option<String>,
     /// Whether full-load files carry the `Op` column (DMS `IncludeOpForFullLoad`).
     pub include_op_for_full_load: bool,
     /// Columns of the file after the `Op` column, in file order, with their types.
@@ -500,6 +504,15 @@ mod tests {
         );
         assert!(
             e.contains("`sequence_by` column `seq` has no type in csv.columns"),
+            "{e}"
+        );
+        let e = err_with(
+            "format = \"csv\"\n[table.csv]\nheader = true\nnull_value = \"\"\nno_sup_value = \"\"",
+        );
+        assert!(e.contains("csv.no_sup_value is empty"), "{e}");
+        let e = err_with("format = \"csv\"\n[table.csv]\nheader = true\nno_sup_value = \"NULL\"");
+        assert!(
+            e.contains("csv.no_sup_value and csv.null_value are both \"NULL\""),
             "{e}"
         );
         let e = err_with("drop_columns = [\"id\"]");

@@ -160,6 +160,8 @@ struct RawCsv {
     delimiter: Option<String>,
     quote: Option<String>,
     null_value: Option<String>,
+    /// DMS `CsvNoSupValue` (with `UseCsvNoSupValue=true`).
+    no_sup_value: Option<String>,
     #[serde(default)]
     include_op_for_full_load: bool,
     #[serde(default)]
@@ -613,12 +615,22 @@ fn csv_options(raw: Option<RawCsv>) -> Msg<CsvOptions> {
         };
         return Err(format!("{which} needs csv.columns: list the file's columns after `Op`, in order, e.g. columns = [{{ name = \"id\", type = \"int64\" }}]"));
     }
+    let null_value = raw.null_value.unwrap_or_else(|| "NULL".to_string());
+    if let Some(ns) = &raw.no_sup_value {
+        if ns.is_empty() {
+            return Err("csv.no_sup_value is empty; give the text of the DMS endpoint's CsvNoSupValue (e.g. \"__NOSUP__\"), or leave the field out".into());
+        }
+        if *ns == null_value {
+            return Err(format!("csv.no_sup_value and csv.null_value are both {ns:?}: a value could not tell NULL from \"not in the supplemental log\"; give DMS (CsvNoSupValue / CsvNullValue) two different texts"));
+        }
+    }
     Ok(CsvOptions {
         full_load_header,
         cdc_header,
         delimiter,
         quote,
-        null_value: raw.null_value.unwrap_or_else(|| "NULL".to_string()),
+        null_value,
+        no_sup_value: raw.no_sup_value,
         include_op_for_full_load: raw.include_op_for_full_load,
         columns,
     })

@@ -50,6 +50,21 @@ pub(super) fn rows(changes: &[ChangeSet], columns: &[Field]) -> Result<RecordBat
             .filter(|f| cs.data.column_by_name(f.name()).is_some())
             .map(|f| f.name().as_str())
             .collect();
+        // Per row, without the columns the row does not carry (ChangeSet::absent).
+        let per_row: Vec<String> = if cs.absent.is_empty() {
+            Vec::new()
+        } else {
+            (0..n)
+                .map(|r| {
+                    present
+                        .iter()
+                        .filter(|c| !cs.absent.iter().any(|(a, rows)| a == *c && rows[r]))
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .collect()
+        };
         let present = present.join(",");
         let mut cols: Vec<ArrayRef> = columns
             .iter()
@@ -70,9 +85,11 @@ pub(super) fn rows(changes: &[ChangeSet], columns: &[Field]) -> Result<RecordBat
         cols.push(Arc::new(StringArray::from_iter_values(
             cs.ops.iter().map(|o| logged_op(*o == ChangeOp::Delete)),
         )));
-        cols.push(Arc::new(StringArray::from_iter_values(
-            std::iter::repeat_n(present.as_str(), n),
-        )));
+        cols.push(Arc::new(if per_row.is_empty() {
+            StringArray::from_iter_values(std::iter::repeat_n(present.as_str(), n))
+        } else {
+            StringArray::from_iter_values(per_row)
+        }));
         parts.push(RecordBatch::try_new(Arc::new(schema(columns)), cols).map_err(Error::arrow)?);
     }
     arrow::compute::concat_batches(&Arc::new(schema(columns)), &parts).map_err(Error::arrow)

@@ -758,7 +758,7 @@ impl<'a> Work<'a> {
                         start: self.start(cs.starts[i].clone()),
                         delete: cs.ops[i] == ChangeOp::Delete,
                         row: base + i,
-                        absent: absent.clone(),
+                        absent: row_absent(&self.schema, &absent, cs, i),
                     }),
                 })
                 .collect();
@@ -1072,6 +1072,22 @@ impl Rows {
         )));
         Ok(out)
     }
+}
+
+/// The history columns row `row` of `cs` does not carry: those its file lacks (`absent`)
+/// and those the row has no value for ([`ChangeSet::absent`]).
+fn row_absent(schema: &SchemaRef, absent: &[usize], cs: &ChangeSet, row: usize) -> Vec<usize> {
+    let mut out = absent.to_vec();
+    for (column, rows) in &cs.absent {
+        if rows[row] {
+            if let Ok(i) = schema.index_of(column) {
+                if !out.contains(&i) {
+                    out.push(i);
+                }
+            }
+        }
+    }
+    out
 }
 
 fn qcol(alias: &str, name: &str) -> Expr {

@@ -39,6 +39,7 @@ fn cs(name: &str, rows: &[(ChangeOp, &str, i64)], cols: Vec<(&str, ArrayRef)>) -
         written: None,
         last_modified: None,
         counts: FileCounts::default(),
+        absent: Vec::new(),
         partial: false,
     }
 }

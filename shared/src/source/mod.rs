@@ -28,6 +28,13 @@ pub use order::SeqKind;
 /// Prefix reserved for tributary's own columns; source columns may not use it.
 pub(crate) const RESERVED_PREFIX: &str = "_tributary_";
 
+/// The column a reader adds (CSV with `csv.no_sup_value`): per row, the names of the columns
+/// whose value the file does not carry, joined by [`ABSENT_SEPARATOR`] (null: none). Taken
+/// out into [`ChangeSet::absent`] before any rule looks at the file's columns.
+pub(crate) const ABSENT_COLUMN: &str = "_tributary_absent";
+/// Between two names in [`ABSENT_COLUMN`] (the ASCII unit separator).
+pub(crate) const ABSENT_SEPARATOR: &str = "\u{1f}";
+
 /// Whether a file is part of a full load (`LOAD*`) or a CDC file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum FileKind {
@@ -159,6 +166,12 @@ pub(crate) struct ChangeSet {
     /// The object's last-modified time (identifies a full-load file's version).
     pub last_modified: Option<DateTime<Utc>>,
     pub counts: FileCounts,
+    /// Per column, the rows whose value the file does not carry (DMS wrote its
+    /// `CsvNoSupValue`: the source did not log the column for that change): null in `data`,
+    /// and the change leaves the column as it was, as if the row's file lacked the column
+    /// (`plan` makes it a sparse column, the history an absent one). Only columns with such
+    /// rows; updates and deletes only (an insert carries every column).
+    pub absent: Vec<(String, Vec<bool>)>,
     /// A slice of a large file other than its last (see [`Slices`]): the file is not
     /// applied until its last slice is (a full-load file is recorded with that one).
     pub partial: bool,
@@ -411,14 +424,21 @@ fn to_change_set(
     table_schema: Option<&Schema>,
     first_row: usize,
 ) -> Result<ChangeSet> {
+    let (raw, absent) = take_absent(raw, cfg)?;
     // Every rule below judges values, not their layout.
     let raw = plain_columns(f.name, raw)?;
     check_column_names(f.name, &raw.schema(), cfg)?;
     let ops = parse_ops(f, &raw, cfg)?;
+    let absent = absent_rows(f, &absent, &ops)?;
     check_keys(f.name, &raw, cfg)?;
     let ordering = order_keys(f, &raw, cfg, first_row)?;
     let data = curated_columns(f.name, &raw, cfg, table_schema)?;
     let (data, ops, ordering) = key_moves(f.name, &raw, cfg, data, ops, ordering)?;
+    // The deletes of moved keys (appended after the file's rows) lack no column.
+    let mut absent = absent;
+    for (_, rows) in &mut absent {
+        rows.resize(data.num_rows(), false);
+    }
     let mut counts = FileCounts {
         rows: raw.num_rows(),
         ..Default::default()
@@ -442,6 +462,7 @@ fn to_change_set(
         written: None,
         last_modified: None,
         counts,
+        absent,
         partial: false,
     })
 }
@@ -530,6 +551,66 @@ fn key_moves(
     Ok((data, ops, ordering.with_repeated(&moved)?))
 }
 
+/// The reader's [`ABSENT_COLUMN`] taken out of the batch (CSV with `csv.no_sup_value` only:
+/// any other file's column of that name is the file's, and refused as reserved).
+fn take_absent(raw: RecordBatch, cfg: &TableConfig) -> Result<(RecordBatch, Option<ArrayRef>)> {
+    let added = matches!(&cfg.format, Format::Csv(o) if o.no_sup_value.is_some());
+    let Some(i) = added
+        .then(|| raw.schema().index_of(ABSENT_COLUMN).ok())
+        .flatten()
+    else {
+        return Ok((raw, None));
+    };
+    let column = raw.column(i).clone();
+    let mut raw = raw;
+    raw.remove_column(i);
+    Ok((raw, Some(column)))
+}
+
+/// Per column, the rows the reader found no value for; an insert without a value fails the
+/// file (DMS writes the no-sup placeholder in updates only: an insert with it is not a
+/// change tributary can apply as DMS meant it).
+fn absent_rows(
+    f: &FileInfo<'_>,
+    absent: &Option<ArrayRef>,
+    ops: &[ChangeOp],
+) -> Result<Vec<(String, Vec<bool>)>> {
+    let Some(a) = absent else {
+        return Ok(Vec::new());
+    };
+    let a = a.as_string::<i32>();
+    let mut out: Vec<(String, Vec<bool>)> = Vec::new();
+    for r in (0..a.len()).filter(|&r| !a.is_null(r)) {
+        for column in a.value(r).split(ABSENT_SEPARATOR) {
+            if ops[r] == ChangeOp::Insert {
+                return Err(Error::bad_input(
+                    f.name,
+                    Location::Row {
+                        row: r + 1,
+                        column: Some(column.to_string()),
+                    },
+                    format!(
+                        "holds csv.no_sup_value (DMS's CsvNoSupValue: the source did not log the column) in {}: DMS writes it in updates only, an insert carries every column — check the DMS endpoint's UseCsvNoSupValue and the source's supplemental logging, and replay the file",
+                        match f.kind {
+                            FileKind::FullLoad => "a full-load row",
+                            FileKind::Cdc => "an insert",
+                        }
+                    ),
+                ));
+            }
+            let i = match out.iter().position(|(n, _)| n == column) {
+                Some(i) => i,
+                None => {
+                    out.push((column.to_string(), vec![false; a.len()]));
+                    out.len() - 1
+                }
+            };
+            out[i].1[r] = true;
+        }
+    }
+    Ok(out)
+}
+
 /// The file's columns decoded: dictionary and run-end encoded columns as their value type,
 /// view types as their plain types ([`coerce::decode`]). The Parquet reader hands over a
 /// column in the layout the file's Arrow schema asks for; without this, a rule that looks
@@ -583,14 +664,16 @@ fn check_column_names(file: &str, schema: &SchemaRef, cfg: &TableConfig) -> Resu
                 "the file has two columns with this name (names are compared ignoring case); a file must have one column per name",
             ));
         }
-        if *n == cfg.sequence_column {
+        // Ignoring case too: the Delta table could not hold both.
+        let lower = n.to_lowercase();
+        if lower == cfg.sequence_column.to_lowercase() {
             return Err(Error::bad_input(
                 file,
                 Location::Column(n.clone()),
                 "the file has a column with the name of tributary's internal sequence column; set `sequence_column` in the table config to another name",
             ));
         }
-        if n.starts_with(RESERVED_PREFIX) && cfg.keeps_column(n) {
+        if lower.starts_with(RESERVED_PREFIX) && cfg.keeps_column(n) {
             return Err(Error::bad_input(
                 file,
                 Location::Column(n.clone()),
@@ -1210,6 +1293,270 @@ mod tests {
         );
     }
 
+    fn csv_table(csv: &str) -> TableConfig {
+        table(&format!(
+            "sequence_by = [\"ts\"]\nformat = \"csv\"\n[table.csv]\n{csv}columns = [{{ name = \"ts\", type = \"timestamp\" }}, {{ name = \"id\", type = \"int64\" }}, {{ name = \"v\", type = \"string\" }}]\n"
+        ))
+    }
+
+    /// Issue #23: with DMS `UseCsvNoSupValue`, the `CsvNoSupValue` text of a column the
+    /// source did not log was stored as the column's value. It is no value: in a value
+    /// column of an update or delete it is null and the row is marked as not carrying the
+    /// column; in a key, a sequence column or an insert it fails the file, naming the row,
+    /// the column and the text.
+    #[test]
+    fn a_no_sup_placeholder_is_no_value() {
+        let cfg = csv_table("header = false\nno_sup_value = \"__NOSUP__\"\n");
+        let cdc = |body: &'static [u8]| {
+            read(
+                "20240101-0000000001.csv",
+                Bytes::from_static(body),
+                &cfg,
+                None,
+            )
+        };
+        let cs = cdc(b"U,2024-01-01 00:00:01,1,a\nU,2024-01-01 00:00:02,2,__NOSUP__\nD,2024-01-01 00:00:03,3,__NOSUP__\n").unwrap();
+        let v = cs.data.column_by_name("v").unwrap().as_string::<i32>();
+        assert_eq!(v.iter().collect::<Vec<_>>(), vec![Some("a"), None, None]);
+        assert_eq!(cs.absent, vec![("v".to_string(), vec![false, true, true])]);
+        assert!(cs.data.column_by_name(ABSENT_COLUMN).is_none());
+
+        let e = cdc(b"U,2024-01-01 00:00:01,__NOSUP__,a\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("20240101-0000000001.csv")
+                && e.contains("row 1, column `id`")
+                && e.contains("\"__NOSUP__\"")
+                && e.contains("primary key"),
+            "{e}"
+        );
+        let parted = TableConfig {
+            partition_by: vec!["v".into()],
+            ..csv_table("header = false\nno_sup_value = \"__NOSUP__\"\n")
+        };
+        let e = read(
+            "20240101-0000000001.csv",
+            Bytes::from_static(b"U,2024-01-01 00:00:01,1,__NOSUP__\n"),
+            &parted,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("row 1, column `v`") && e.contains("partition"),
+            "{e}"
+        );
+        let e = cdc(b"U,__NOSUP__,1,a\n").unwrap_err().to_string();
+        assert!(
+            e.contains("row 1, column `ts`") && e.contains("sequence_by"),
+            "{e}"
+        );
+        let e = cdc(b"U,2024-01-01 00:00:01,1,a\nI,2024-01-01 00:00:01,2,__NOSUP__\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("row 2, column `v`") && e.contains("an insert"),
+            "{e}"
+        );
+        // The text is a value when the table does not say DMS writes it.
+        let plain = csv_table("header = false\n");
+        let cs = read(
+            "20240101-0000000002.csv",
+            Bytes::from_static(b"U,2024-01-01 00:00:01,1,__NOSUP__\n"),
+            &plain,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            cs.data
+                .column_by_name("v")
+                .unwrap()
+                .as_string::<i32>()
+                .value(0),
+            "__NOSUP__"
+        );
+        assert!(cs.absent.is_empty());
+    }
+
+    /// Issue #23: a zero-byte CSV file failed with "no `Op` column"; it is called empty.
+    #[test]
+    fn an_empty_csv_file_fails_as_empty() {
+        use std::io::Write;
+        for (csv, body) in [
+            ("header = true\n", &b""[..]),
+            ("header = false\n", &b" \n\r\n"[..]),
+        ] {
+            let e = read(
+                "20240101-0000000001.csv",
+                Bytes::copy_from_slice(body),
+                &csv_table(csv),
+                None,
+            )
+            .expect_err("an empty file is not a DMS file")
+            .to_string();
+            assert!(e.contains("the file is empty"), "{e}");
+        }
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"").unwrap();
+        let e = read(
+            "20240101-0000000001.csv.gz",
+            Bytes::from(gz.finish().unwrap()),
+            &csv_table("header = true\n"),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("empty") && e.contains("decompressed"), "{e}");
+        let e = read(
+            "20240101-0000000001.csv.gz",
+            Bytes::new(),
+            &csv_table("header = true\n"),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("the file is empty (zero bytes"), "{e}");
+    }
+
+    /// Issue #23: a header row in a file read without one failed as a type error on row 1
+    /// (or merged, in text columns); a file without a header read with one said "no `Op`
+    /// column". Both say which setting to change.
+    #[test]
+    fn a_header_row_where_none_is_configured_names_the_setting() {
+        let cfg = csv_table("header = false\n");
+        let e = read(
+            "20240101-0000000001.csv",
+            Bytes::from_static(b"Op,ts,id,v\nU,2024-01-01 00:00:01,1,a\n"),
+            &cfg,
+            None,
+        )
+        .expect_err("a header is not a change")
+        .to_string();
+        assert!(
+            e.contains("row 1 looks like a header (`Op,ts,id,v`)")
+                && e.contains("csv.cdc_header = true"),
+            "{e}"
+        );
+        let load = table(
+            "format = \"csv\"\n[table.csv]\nheader = false\ncolumns = [{ name = \"id\", type = \"string\" }, { name = \"v\", type = \"string\" }]\n",
+        );
+        let e = read(
+            "LOAD00000001.csv",
+            Bytes::from_static(b"ID, v\n1,a\n"),
+            &load,
+            None,
+        )
+        .expect_err("even in text columns")
+        .to_string();
+        assert!(e.contains("csv.full_load_header = true"), "{e}");
+
+        let cfg = csv_table("header = true\n");
+        let e = read(
+            "20240101-0000000001.csv",
+            Bytes::from_static(b"U,2024-01-01 00:00:01,1,a\n"),
+            &cfg,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("reads as a change, not a header") && e.contains("csv.cdc_header = false"),
+            "{e}"
+        );
+    }
+
+    /// A Parquet file of `id int64` and `t int96` (as Spark writes timestamps): a null, then
+    /// the INT96 values given as (Julian day, nanoseconds into the day).
+    fn int96_file(values: &[(u32, u64)]) -> Bytes {
+        use ::parquet::data_type::{Int64Type, Int96, Int96Type};
+        use ::parquet::file::writer::SerializedFileWriter;
+        let schema = Arc::new(
+            ::parquet::schema::parser::parse_message_type(
+                "message m { required int64 id; optional int96 t; }",
+            )
+            .unwrap(),
+        );
+        let mut out = Vec::new();
+        let mut w = SerializedFileWriter::new(&mut out, schema, Default::default()).unwrap();
+        let mut rg = w.next_row_group().unwrap();
+        // A null first: the rows of values are counted with their definition levels.
+        let ids: Vec<i64> = (1..=values.len() as i64 + 1).collect();
+        let mut c = rg.next_column().unwrap().unwrap();
+        c.typed::<Int64Type>()
+            .write_batch(&ids, None, None)
+            .unwrap();
+        c.close().unwrap();
+        let ts: Vec<Int96> = values
+            .iter()
+            .map(|&(day, nanos)| {
+                let mut v = Int96::new();
+                v.set_data(nanos as u32, (nanos >> 32) as u32, day);
+                v
+            })
+            .collect();
+        let defs: Vec<i16> = std::iter::once(0).chain(ts.iter().map(|_| 1)).collect();
+        let mut c = rg.next_column().unwrap().unwrap();
+        c.typed::<Int96Type>()
+            .write_batch(&ts, Some(&defs), None)
+            .unwrap();
+        c.close().unwrap();
+        rg.close().unwrap();
+        w.close().unwrap();
+        Bytes::from(out)
+    }
+
+    /// Issue #23: INT96 timestamps (Spark, Hive, Impala) outside 1677..2262 were refused
+    /// with an instant the file does not hold (`9999-12-31 23:59:59` as `1816-03-30…`, a
+    /// wrap in the nanosecond read). They are read as microseconds, exactly; digits below
+    /// the microsecond still fail the file, naming the row, the column and the instant.
+    #[test]
+    fn int96_timestamps_read_exactly_and_sub_microsecond_digits_fail() {
+        use arrow::datatypes::TimestampMicrosecondType;
+        let cfg = table("");
+        // 9999-12-31 23:59:59 and 2024-01-01 00:00:00.000001.
+        let end_of_time = (2_440_588 + 2_932_896, 86_399 * 1_000_000_000);
+        let micro = (2_440_588 + 19_723, 1_000);
+        let cs = read(
+            "LOAD00000001.parquet",
+            int96_file(&[end_of_time, micro]),
+            &cfg,
+            None,
+        )
+        .unwrap();
+        let t = cs.data.column_by_name("t").unwrap();
+        let t = t.as_primitive::<TimestampMicrosecondType>();
+        assert!(t.is_null(0));
+        assert_eq!(t.value(1), 253_402_300_799_000_000);
+        assert_eq!(t.value(2), 1_704_067_200_000_001);
+
+        let nano = (2_440_588 + 19_723, 1);
+        let e = read(
+            "LOAD00000002.parquet",
+            int96_file(&[micro, nano]),
+            &cfg,
+            None,
+        )
+        .expect_err("a nanosecond is not truncated")
+        .to_string();
+        assert!(
+            e.contains("LOAD00000002.parquet")
+                && e.contains("row 3, column `t`")
+                && e.contains("2024-01-01 00:00:00.000000001")
+                && e.contains("below the microsecond"),
+            "{e}"
+        );
+    }
+
+    /// Issue #23: a zero-byte Parquet file says it is empty.
+    #[test]
+    fn an_empty_parquet_file_fails_as_empty() {
+        let e = read("LOAD00000001.parquet", Bytes::new(), &table(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the file is empty (zero bytes)"), "{e}");
+    }
+
     #[test]
     fn classification_fails_unknown_files_and_ignores_only_folder_markers() {
         let p = Format::Parquet;
@@ -1219,6 +1566,7 @@ mod tests {
             delimiter: b',',
             quote: b'"',
             null_value: "NULL".into(),
+            no_sup_value: None,
             include_op_for_full_load: false,
             columns: vec![],
         });

@@ -1,8 +1,23 @@
 //! DMS Parquet files, decoded a batch at a time (row groups are read as they are needed).
+//!
+//! INT96 timestamps (Spark, Hive and Impala write them; DMS does not) are read as
+//! microseconds, the table's unit, so that every instant a microsecond timestamp holds reads
+//! exactly (the reader's default, nanoseconds, wraps outside 1677-09-21..2262-04-11:
+//! `9999-12-31` read as `1816-03-30`). The microsecond read drops the digits below the
+//! microsecond, so the raw values are checked first ([`check_int96`]): such digits fail the
+//! file, as any timestamp they would be truncated from does.
 
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use bytes::Bytes;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::file::reader::ChunkReader;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::basic::Type as PhysicalType;
+use parquet::column::reader::ColumnReader;
+use parquet::data_type::Int96;
+use parquet::file::reader::{ChunkReader, FileReader, SerializedFileReader};
 
 use super::{at_least_one, Batches, Body};
 use crate::error::{Error, Location, Result};
@@ -14,14 +29,40 @@ pub(super) fn batches(
     decode_rows: usize,
     decode_bytes: usize,
 ) -> Result<(Batches, Option<usize>)> {
-    match body {
-        Body::Memory(b) => build(name, Bytes::clone(b), decode_rows, decode_bytes),
+    let open = |path: &std::path::Path| {
+        std::fs::File::open(path).map_err(|e| Error::Io {
+            path: name.to_string(),
+            source: e,
+        })
+    };
+    let empty = match body {
+        Body::Memory(b) => b.is_empty(),
         Body::Disk { path, .. } => {
-            let f = std::fs::File::open(path).map_err(|e| Error::Io {
-                path: name.to_string(),
-                source: e,
-            })?;
-            build(name, f, decode_rows, decode_bytes)
+            open(path)?
+                .metadata()
+                .map_err(|e| Error::Io {
+                    path: name.to_string(),
+                    source: e,
+                })?
+                .len()
+                == 0
+        }
+    };
+    if empty {
+        return Err(Error::bad_input(
+            name,
+            Location::File,
+            "the file is empty (zero bytes), so not a Parquet file (one ends with its footer and `PAR1`) — remove the object from the source, or put back the file DMS wrote",
+        ));
+    }
+    match body {
+        Body::Memory(b) => {
+            check_int96(name, Bytes::clone(b))?;
+            build(name, Bytes::clone(b), decode_rows, decode_bytes)
+        }
+        Body::Disk { path, .. } => {
+            check_int96(name, open(path)?)?;
+            build(name, open(path)?, decode_rows, decode_bytes)
         }
     }
 }
@@ -33,8 +74,19 @@ fn build<T: ChunkReader + 'static>(
     decode_bytes: usize,
 ) -> Result<(Batches, Option<usize>)> {
     let bad = |m: String| Error::bad_input(name, Location::File, m);
-    let builder = ParquetRecordBatchReaderBuilder::try_new(src)
-        .map_err(|e| bad(format!("not a readable Parquet file: {e}")))?;
+    let unreadable =
+        |e: parquet::errors::ParquetError| bad(format!("not a readable Parquet file: {e}"));
+    let metadata =
+        ArrowReaderMetadata::load(&src, ArrowReaderOptions::new()).map_err(unreadable)?;
+    let metadata = match int96_as_micros(&metadata) {
+        Some(schema) => ArrowReaderMetadata::try_new(
+            metadata.metadata().clone(),
+            ArrowReaderOptions::new().with_schema(schema),
+        )
+        .map_err(unreadable)?,
+        None => metadata,
+    };
+    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(src, metadata);
     let schema = builder.schema().clone();
     let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
     // Rows per batch from the uncompressed size the row groups declare (wide rows, fewer).
@@ -55,4 +107,173 @@ fn build<T: ChunkReader + 'static>(
         b.map_err(|e| Error::bad_input(&name, Location::File, format!("corrupt Parquet data: {e}")))
     }));
     Ok((at_least_one(schema, batches), Some(rows)))
+}
+
+/// The file's Arrow schema with its top-level INT96 columns typed as microsecond
+/// timestamps (their time zone kept); `None` when it has none. Nested INT96 values are read
+/// as nanoseconds (their range is checked by [`check_int96`]).
+fn int96_as_micros(metadata: &ArrowReaderMetadata) -> Option<Arc<Schema>> {
+    let descr = metadata.metadata().file_metadata().schema_descr();
+    let top: Vec<&str> = descr
+        .columns()
+        .iter()
+        .filter(|c| c.physical_type() == PhysicalType::INT96 && c.path().parts().len() == 1)
+        .map(|c| c.path().parts()[0].as_str())
+        .collect();
+    if top.is_empty() {
+        return None;
+    }
+    let schema = metadata.schema();
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Timestamp(_, tz) if top.contains(&f.name().as_str()) => f
+                .as_ref()
+                .clone()
+                .with_data_type(DataType::Timestamp(TimeUnit::Microsecond, tz.clone())),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Some(Arc::new(
+        Schema::new(fields).with_metadata(schema.metadata().clone()),
+    ))
+}
+
+/// Julian day of 1970-01-01.
+const JULIAN_DAY_OF_EPOCH: i128 = 2_440_588;
+const NANOS_PER_DAY: i128 = 86_400 * 1_000_000_000;
+
+/// An INT96 value as nanoseconds since the epoch, exactly.
+fn int96_nanos(v: &Int96) -> i128 {
+    let d = v.data();
+    // As the parquet crate reads them: the day (signed) and the nanoseconds into it.
+    let day = i128::from(d[2] as i32);
+    let nanos = i128::from(((u64::from(d[1]) << 32) | u64::from(d[0])) as i64);
+    (day - JULIAN_DAY_OF_EPOCH) * NANOS_PER_DAY + nanos
+}
+
+/// An instant in nanoseconds since the epoch, as text (or as the number when chrono cannot
+/// write it).
+fn instant(nanos: i128) -> String {
+    let secs = nanos.div_euclid(1_000_000_000);
+    let sub = nanos.rem_euclid(1_000_000_000);
+    i64::try_from(secs)
+        .ok()
+        .and_then(|s| chrono::DateTime::from_timestamp(s, u32::try_from(sub).ok()?))
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S%.9f").to_string())
+        .unwrap_or_else(|| format!("{nanos} ns from 1970-01-01"))
+}
+
+/// Why an INT96 value cannot be read exactly, if it cannot: a top-level column is read as
+/// microseconds (digits below the microsecond would be dropped; the range is ±292,000
+/// years), a nested one as nanoseconds (1677-09-21..2262-04-11).
+fn int96_problem(v: &Int96, top_level: bool) -> Option<String> {
+    let nanos = int96_nanos(v);
+    if top_level {
+        if nanos % 1_000 != 0 {
+            return Some(format!(
+                "INT96 timestamp {} has digits below the microsecond; the table stores microseconds and nothing is truncated",
+                instant(nanos)
+            ));
+        }
+        if i64::try_from(nanos / 1_000).is_err() {
+            return Some(format!(
+                "INT96 timestamp {} is outside the range of a microsecond timestamp",
+                instant(nanos)
+            ));
+        }
+    } else if i64::try_from(nanos).is_err() {
+        return Some(format!(
+            "INT96 timestamp {} in a nested column is outside 1677-09-21..2262-04-11, the range of the nanoseconds such values are read as (top-level INT96 columns are read in microseconds)",
+            instant(nanos)
+        ));
+    }
+    None
+}
+
+/// Values read at a time by [`check_int96`].
+const INT96_CHUNK: usize = 64 * 1024;
+
+/// Every INT96 value of the file can be read exactly ([`int96_problem`]); else the file
+/// fails, naming the row (of a top-level column) and the column. Reads only the INT96
+/// columns' raw values, and only in files that have such columns.
+fn check_int96<T: ChunkReader + 'static>(name: &str, src: T) -> Result<()> {
+    let bad = |location: Location, m: String| Error::bad_input(name, location, m);
+    // A file that cannot be read fails in `build`, with its own message.
+    let Ok(reader) = SerializedFileReader::new(src) else {
+        return Ok(());
+    };
+    let descr = reader.metadata().file_metadata().schema_descr_ptr();
+    let columns: Vec<usize> = (0..descr.num_columns())
+        .filter(|&i| descr.column(i).physical_type() == PhysicalType::INT96)
+        .collect();
+    if columns.is_empty() {
+        return Ok(());
+    }
+    let corrupt = |e: parquet::errors::ParquetError| {
+        bad(Location::File, format!("corrupt Parquet data: {e}"))
+    };
+    let mut first_row = 0usize;
+    for g in 0..reader.num_row_groups() {
+        let group = reader.get_row_group(g).map_err(corrupt)?;
+        for &c in &columns {
+            let column = descr.column(c);
+            let top_level = column.path().parts().len() == 1;
+            let column_name = column.path().string();
+            let max_def = column.max_def_level();
+            let ColumnReader::Int96ColumnReader(mut values_reader) =
+                group.get_column_reader(c).map_err(corrupt)?
+            else {
+                return Err(Error::internal("an INT96 column without an INT96 reader"));
+            };
+            let mut row = first_row;
+            let mut defs: Vec<i16> = Vec::with_capacity(INT96_CHUNK);
+            let mut reps: Vec<i16> = Vec::with_capacity(INT96_CHUNK);
+            let mut values: Vec<Int96> = Vec::with_capacity(INT96_CHUNK);
+            loop {
+                defs.clear();
+                reps.clear();
+                values.clear();
+                let (records, _, levels) = values_reader
+                    .read_records(
+                        INT96_CHUNK,
+                        (max_def > 0).then_some(&mut defs),
+                        (column.max_rep_level() > 0).then_some(&mut reps),
+                        &mut values,
+                    )
+                    .map_err(corrupt)?;
+                if records == 0 && levels == 0 {
+                    break;
+                }
+                // Each value's row (top level: one level per row, a value where it is
+                // defined).
+                let rows_of_values: Vec<usize> = if max_def == 0 {
+                    (0..values.len()).map(|i| row + i).collect()
+                } else {
+                    defs.iter()
+                        .enumerate()
+                        .filter(|(_, d)| **d == max_def)
+                        .map(|(i, _)| row + i)
+                        .collect()
+                };
+                for (v, r) in values.iter().zip(rows_of_values) {
+                    if let Some(why) = int96_problem(v, top_level) {
+                        let location = if top_level {
+                            Location::Row {
+                                row: r + 1,
+                                column: Some(column_name.clone()),
+                            }
+                        } else {
+                            Location::Column(column_name.clone())
+                        };
+                        return Err(bad(location, why));
+                    }
+                }
+                row += records;
+            }
+        }
+        first_row += usize::try_from(group.metadata().num_rows()).unwrap_or(0);
+    }
+    Ok(())
 }
