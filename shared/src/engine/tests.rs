@@ -654,3 +654,106 @@ async fn retry_after_a_crash_in_the_third_group(after_the_merge: bool) {
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert_eq!(ids_of(&config).await, (1..=300).collect::<Vec<_>>());
 }
+
+/// #28: a merge that gives up on contention has applied nothing — also not through its
+/// tombstones, recorded (pending) before its MERGE: another writer's older upsert of the
+/// deleted key is held back, not turned into the delete. Before, the tombstone counted at
+/// once: the other writer deleted the row, a state the source had only after the
+/// unfinished file. The retry then applies the delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_that_gives_up_on_contention_applies_none_of_its_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "sequence_by = [\"ts\"]\nmax_commit_attempts = 1";
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", extra);
+    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+    let src = config.tables[0].source.clone();
+    let storage = Storage::new();
+    let put = |name: &str, ts: &str, rows: &[(&str, i64, i64)]| {
+        let (f, body) = (src.join(name).unwrap(), cdc_rows(ts, rows));
+        let storage = &storage;
+        async move {
+            storage.put(&f, body).await.unwrap();
+            f
+        }
+    };
+    let base = put(
+        "20240101-0000000000.parquet",
+        "2024-01-01 00:00:00",
+        &[("I", 1, 0), ("I", 2, 0)],
+    )
+    .await;
+    let delete = put(
+        "20240101-0000000005.parquet",
+        "2024-01-01 00:00:05",
+        &[("D", 1, 0), ("U", 2, 5)],
+    )
+    .await;
+    let other = put(
+        "20240101-0000000003.parquet",
+        "2024-01-01 00:00:03",
+        &[("U", 2, 3)],
+    )
+    .await;
+    let late = put(
+        "20240101-0000000002.parquet",
+        "2024-01-01 00:00:02",
+        &[("U", 1, 2)],
+    )
+    .await;
+    let r = Engine::new(config.clone()).process(&[base]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+
+    // The deleter's MERGE meets a concurrent commit in its key range, once: it gives up.
+    let mut deleter = Engine::new(config.clone());
+    let (cfg, f) = (config.clone(), other.clone());
+    let (hook, fired) = Hook::once(move || {
+        let (cfg, f) = (cfg.clone(), f.clone());
+        async move {
+            let r = Engine::new(cfg).process(&[f]).await;
+            assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+        }
+    });
+    deleter.before_merge = Some(hook);
+    let r = deleter.process(std::slice::from_ref(&delete)).await;
+    assert!(fired.load(Ordering::SeqCst));
+    let failed = r.failures().next().expect("the deleter gave up");
+    assert!(
+        matches!(&failed.status, FileStatus::Failed { error, .. } if error.kind() == "contention"),
+        "{failed:?}"
+    );
+    let url = config.tables[0].target.clone().unwrap();
+    let last = delta::open(&url, &Default::default())
+        .await
+        .unwrap()
+        .version()
+        .unwrap();
+    assert_eq!(
+        rows_at(&url, last).await,
+        vec![(1, 0), (2, 3)],
+        "nothing of the file applied"
+    );
+
+    // An older upsert of the deleted key, by another writer: held back, not a delete.
+    let r = Engine::new(config.clone()).process(&[late]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    let last = delta::open(&url, &Default::default())
+        .await
+        .unwrap()
+        .version()
+        .unwrap();
+    assert_eq!(
+        rows_at(&url, last).await,
+        vec![(1, 0), (2, 3)],
+        "the delete is not applied early"
+    );
+
+    // The retry applies the file.
+    let r = Engine::new(config.clone()).process(&[delete]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    let last = delta::open(&url, &Default::default())
+        .await
+        .unwrap()
+        .version()
+        .unwrap();
+    assert_eq!(rows_at(&url, last).await, vec![(2, 5)]);
+}
