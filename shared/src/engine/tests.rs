@@ -516,6 +516,20 @@ fn cdc_rows(ts: &str, rows: &[(&str, i64, i64)]) -> bytes::Bytes {
     crate::demo::to_parquet(&b).unwrap()
 }
 
+/// The table's newest version.
+async fn latest_version(url: &url::Url) -> u64 {
+    delta::open(url, &Default::default())
+        .await
+        .unwrap()
+        .version()
+        .unwrap()
+}
+
+/// `(id, v)` rows of the table's newest version, in key order.
+async fn latest_rows(url: &url::Url) -> Vec<(i64, i64)> {
+    rows_at(url, latest_version(url).await).await
+}
+
 /// `(id, v)` rows of the table at `version`, in key order.
 async fn rows_at(url: &url::Url, version: u64) -> Vec<(i64, i64)> {
     let mut table = delta::open(url, &Default::default()).await.unwrap();
@@ -621,19 +635,11 @@ async fn retry_after_a_crash_in_the_third_group(after_the_merge: bool) {
     crashed.recv().await.expect("the third group was reached");
     run.abort();
     assert!(run.await.unwrap_err().is_cancelled());
-    let at_crash = delta::open(&url, &Default::default())
-        .await
-        .unwrap()
-        .version()
-        .unwrap();
+    let at_crash = latest_version(&url).await;
 
     let r = Engine::new(config.clone()).process(&files).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-    let last = delta::open(&url, &Default::default())
-        .await
-        .unwrap()
-        .version()
-        .unwrap();
+    let last = latest_version(&url).await;
     assert_eq!(rows_at(&url, last).await, states[6], "the retry ends exact");
     for v in at_crash..=last {
         let rows = rows_at(&url, v).await;
@@ -722,13 +728,8 @@ async fn a_merge_that_gives_up_on_contention_applies_none_of_its_deletes() {
         "{failed:?}"
     );
     let url = config.tables[0].target.clone().unwrap();
-    let last = delta::open(&url, &Default::default())
-        .await
-        .unwrap()
-        .version()
-        .unwrap();
     assert_eq!(
-        rows_at(&url, last).await,
+        latest_rows(&url).await,
         vec![(1, 0), (2, 3)],
         "nothing of the file applied"
     );
@@ -736,13 +737,8 @@ async fn a_merge_that_gives_up_on_contention_applies_none_of_its_deletes() {
     // An older upsert of the deleted key, by another writer: held back, not a delete.
     let r = Engine::new(config.clone()).process(&[late]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-    let last = delta::open(&url, &Default::default())
-        .await
-        .unwrap()
-        .version()
-        .unwrap();
     assert_eq!(
-        rows_at(&url, last).await,
+        latest_rows(&url).await,
         vec![(1, 0), (2, 3)],
         "the delete is not applied early"
     );
@@ -750,10 +746,5 @@ async fn a_merge_that_gives_up_on_contention_applies_none_of_its_deletes() {
     // The retry applies the file.
     let r = Engine::new(config.clone()).process(&[delete]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-    let last = delta::open(&url, &Default::default())
-        .await
-        .unwrap()
-        .version()
-        .unwrap();
-    assert_eq!(rows_at(&url, last).await, vec![(2, 5)]);
+    assert_eq!(latest_rows(&url).await, vec![(2, 5)]);
 }
