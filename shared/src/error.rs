@@ -93,6 +93,13 @@ pub enum Error {
         message: String,
     },
 
+    /// A CDC file the table already applied was overwritten with other contents: its old rows
+    /// took effect, and the new ones would be ordered as them (the same file, the same row
+    /// numbers), so applying it would apply only part of it. Nothing of it is applied. Not
+    /// retryable.
+    #[error("table {table}: {file} was merged before with other contents (the object was overwritten after it was applied): its old rows took effect and the new ones would be ordered as them, so nothing of this version was applied; write corrections as a new CDC file (a later name), or reload the table (`tributary reload`)")]
+    Reuploaded { table: String, file: String },
+
     /// The file was written before the tombstone horizon: deletes recorded up to then may
     /// have been forgotten, so applying it could revive a deleted row. Not retryable.
     #[error("table {table}: {file} was written at {written}, before the tombstone horizon {horizon} (tombstones recorded before it have expired, so applying this file could revive deleted rows): if it is a re-delivery of a file already merged, nothing needs doing; otherwise reload the table (`tributary reload`) and raise `tombstone_retention_days`")]
@@ -162,6 +169,7 @@ impl Error {
             | Error::Schema { .. }
             | Error::Reload { .. }
             | Error::TooLate { .. }
+            | Error::Reuploaded { .. }
             | Error::Io { .. }
             | Error::Compaction { .. }
             | Error::Arrow { .. }
@@ -191,6 +199,7 @@ impl Error {
             Error::Reload { .. } => "reload",
             Error::Reloaded { .. } => "reloaded",
             Error::TooLate { .. } => "too_late",
+            Error::Reuploaded { .. } => "reuploaded",
             Error::Io { .. } => "io",
             Error::Compaction { .. } => "compaction",
             Error::DataFile { .. } => "data_file",

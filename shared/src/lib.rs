@@ -28,6 +28,7 @@
 //! Beside the flow: `props` (what tributary records in a table's properties), `retry` (the
 //! one commit-conflict retry policy), `error` ([`Error`]), [`demo`] (the seed scenario).
 
+mod applied;
 pub mod catalog;
 mod coerce;
 pub mod config;

@@ -35,15 +35,6 @@ fn load_app_id(cfg: &TableConfig, file: &Url) -> String {
     format!("tributary.load/{}", key.strip_prefix(&base).unwrap_or(&key))
 }
 
-/// The transaction that records a full-load change set as applied.
-pub(crate) fn load_txn(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
-    // A large file is recorded with its last slice.
-    if cs.partial {
-        return None;
-    }
-    file_txn(cfg, cs)
-}
-
 /// The transaction identifying a full-load file's version (whichever slice `cs` is).
 pub(crate) fn file_txn(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
     if cs.kind != FileKind::FullLoad {

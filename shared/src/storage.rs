@@ -244,6 +244,7 @@ impl Storage {
             return Ok(RawFile {
                 body: Body::Memory(bytes),
                 last_modified,
+                digest: None,
             });
         }
         let body = match res.payload {
@@ -276,6 +277,7 @@ impl Storage {
         Ok(RawFile {
             body,
             last_modified,
+            digest: None,
         })
     }
 

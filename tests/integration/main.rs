@@ -8,6 +8,7 @@
 //! - `history`: history (SCD type 2) tables against a model;
 //! - `large`: files larger than a slice, merged in slices;
 //! - `reload`: DMS table reloads;
+//! - `reupload`: CDC files overwritten after they were merged;
 //! - `maintenance`: compaction, vacuum, tombstones, manifests, maintenance racing merges.
 
 mod convergence;
@@ -17,4 +18,5 @@ mod large;
 mod maintenance;
 mod merge;
 mod reload;
+mod reupload;
 mod types;

@@ -91,6 +91,8 @@ impl Before {
 pub(crate) struct Committed {
     before: Option<Before>,
     after: DeltaTable,
+    /// The version the MERGE read (`None`: not a MERGE).
+    read: Option<u64>,
 }
 
 impl Committed {
@@ -98,6 +100,7 @@ impl Committed {
         Committed {
             before: Some(before),
             after,
+            read: None,
         }
     }
 }
@@ -144,7 +147,7 @@ impl Engine {
         report.tombstones_recorded = tombstones.record(&base_plan, &files).await?;
         report.phases_ms.tombstones_recorded = ms_since(t);
         let extras = MergeExtras {
-            txns: load_txns(table, batch),
+            txns: file_records(table, batch),
             delete_unmatched_below: batch.delete_unmatched_below.clone(),
         };
         let attempt = Attempt {
@@ -211,7 +214,7 @@ impl Engine {
             .ok_or_else(|| crate::error::Error::internal("no target and no history table"))?;
         let mut report = batch.report(table);
         let record = crate::history::Record {
-            txns: load_txns(table, batch),
+            txns: file_records(table, batch),
         };
         self.merge_history(table, h, batch, files, Some(record), &mut report)
             .await?;
@@ -309,6 +312,8 @@ impl Engine {
     ) -> Result<Committed> {
         let batch = a.batch;
         let t = Instant::now();
+        // The caller's table is the one the files were screened on.
+        let retried = loaded.is_none();
         let target = match loaded {
             Some(t) => t,
             None => {
@@ -334,6 +339,9 @@ impl Engine {
         let screened: Vec<super::Screened> =
             batch.changes.iter().map(super::Screened::of).collect();
         super::rescreen(table, &delta::props(&target), &screened)?;
+        if retried {
+            super::rescreen_contents(table, &target, &screened).await?;
+        }
         report.phases_ms.load_table = ms_since(t);
         let t = Instant::now();
         let mut plan = a.base_plan.clone();
@@ -367,6 +375,7 @@ impl Engine {
         Ok(Committed {
             before: committed.then_some(before),
             after: target,
+            read: read_version,
         })
     }
 
@@ -386,15 +395,30 @@ impl Engine {
         report: &mut TableReport,
     ) -> Result<Committed> {
         let ours = report.version;
-        let Committed { before, mut after } = merged;
+        let Committed {
+            before,
+            mut after,
+            read,
+        } = merged;
         after
             .update_incremental(None)
             .await
             .map_err(|e| crate::error::Error::delta(&table.name, e))?;
-        // Nothing committed since this batch's read, or only its own commits (a commit
-        // between its read and its commit in the range of its keys would have conflicted).
-        if after.version() == ours {
-            return Ok(Committed { before, after });
+        // Nothing committed since this batch's read, or only its own commit right after it
+        // (a commit between its read and its MERGE commit in the range of its keys would
+        // have conflicted). A commit of only the files' records (the MERGE changed nothing)
+        // conflicts with nothing: one that is not right after the read may follow another
+        // writer's rows.
+        let only_ours = match (ours, read) {
+            (Some(o), Some(r)) => o <= r + 1,
+            _ => true,
+        };
+        if after.version() == ours && only_ours {
+            return Ok(Committed {
+                before,
+                after,
+                read,
+            });
         }
         let deletes = crate::tombstones::deletes_only(base_plan)?;
         let before = match before {
@@ -419,6 +443,7 @@ impl Engine {
                     return Ok(Committed {
                         before: changed.then_some(before),
                         after: t,
+                        read,
                     });
                 }
                 Err(e) => {
@@ -443,6 +468,7 @@ impl Engine {
             None => vec![None; table.sequence_by.len()],
         };
         let mut props = TableProps::for_new_table(&kinds);
+        props.extend(crate::applied::new_table_properties(table));
         if table.change_data_feed {
             props.extend(TableProps::for_change_data_feed());
         }
@@ -559,12 +585,17 @@ fn record(report: &mut TableReport, how: Written, c: &Applied) {
     report.files_removed = c.files_removed;
 }
 
-/// The Delta application transactions that record the batch's full-load files.
-fn load_txns(table: &TableConfig, batch: &Batch<'_>) -> Vec<Transaction> {
+/// The Delta application transactions that record the batch's files as applied: full
+/// loads (`reload`) and CDC files (`applied`). A large file's slices other than its last
+/// record nothing (the file is applied with its last).
+fn file_records(table: &TableConfig, batch: &Batch<'_>) -> Vec<Transaction> {
     batch
         .changes
         .iter()
-        .filter_map(|c| crate::reload::load_txn(table, c))
+        .filter(|c| !c.partial)
+        .filter_map(|c| {
+            crate::reload::file_txn(table, c).or_else(|| crate::applied::record(table, c))
+        })
         .collect()
 }
 

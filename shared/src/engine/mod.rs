@@ -512,7 +512,12 @@ impl Engine {
             true => (table.slice_rows, table.slice_bytes),
             false => (usize::MAX, usize::MAX),
         };
-        let raw = self.storage.get_file(f).await?;
+        let raw = self
+            .storage
+            .get_file(f)
+            .await?
+            .with_digest(&storage::display(f))
+            .await?;
         let read =
             source::Slices::open(f, &raw, table, schema, props, rows, bytes)?.whole_or_large()?;
         Ok((read, raw))
@@ -572,7 +577,13 @@ impl Engine {
             }
             let verdict =
                 match crate::tombstones::check_horizon(table, &view.props, &cs.file, cs.written) {
-                    Ok(()) => crate::reload::check_load_file(table, view, &cs).await,
+                    Ok(()) => match crate::reload::check_load_file(table, view, &cs).await {
+                        Ok(()) => {
+                            let id = crate::applied::Identity::of(&cs);
+                            crate::applied::check(table, &view.table, &id).await
+                        }
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 };
             match verdict {
@@ -640,7 +651,7 @@ impl Engine {
 /// What screening decided a file on ([`Engine::screen`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Screened {
-    file: Url,
+    id: crate::applied::Identity,
     written: Option<chrono::DateTime<chrono::Utc>>,
     generation: u32,
 }
@@ -648,7 +659,7 @@ pub(crate) struct Screened {
 impl Screened {
     pub(crate) fn of(cs: &ChangeSet) -> Self {
         Screened {
-            file: cs.file.clone(),
+            id: crate::applied::Identity::of(cs),
             written: cs.written,
             generation: cs.generation,
         }
@@ -665,13 +676,26 @@ pub(crate) fn rescreen<'a>(
     files: impl IntoIterator<Item = &'a Screened>,
 ) -> Result<()> {
     for f in files {
-        crate::tombstones::check_horizon(table, props, &f.file, f.written)?;
+        crate::tombstones::check_horizon(table, props, &f.id.file, f.written)?;
         if f.generation < props.generation() {
             return Err(Error::Reloaded {
                 table: table.name.clone(),
-                file: storage::display(&f.file),
+                file: storage::display(&f.id.file),
             });
         }
+    }
+    Ok(())
+}
+
+/// [`rescreen`]'s check that needs the log: no other version of a file was applied since
+/// it was screened (a concurrent writer; see `applied`).
+pub(crate) async fn rescreen_contents(
+    table: &TableConfig,
+    target: &DeltaTable,
+    files: &[Screened],
+) -> Result<()> {
+    for f in files {
+        crate::applied::check(table, target, &f.id).await?;
     }
     Ok(())
 }

@@ -177,7 +177,8 @@ impl Engine {
                 rows: 0,
                 slices: 0,
                 superseded: 0,
-                txn: crate::reload::file_txn(table, first),
+                txn: crate::reload::file_txn(table, first)
+                    .or_else(|| crate::applied::record(table, first)),
                 pending: None,
                 write_wait_ms: 0,
                 kinds: kinds.clone(),
@@ -481,6 +482,14 @@ async fn still_an_append(
     if delta::arrow_schema(target) != *schema
         || !same_kinds(target, &w.kinds)
         || super::rescreen(table, &props, std::iter::once(&w.screened)).is_err()
+    {
+        return Ok(false);
+    }
+    // Another version of the file applied since (merged slice by slice, it is refused).
+    if retried
+        && super::rescreen_contents(table, target, std::slice::from_ref(&w.screened))
+            .await
+            .is_err()
     {
         return Ok(false);
     }

@@ -308,7 +308,10 @@ impl Attempt<'_> {
                     Some(k) => k.iter().copied().map(Some).collect(),
                     None => vec![None; cfg.sequence_by.len()],
                 };
-                crate::props::TableProps::for_new_table(&kinds)
+                let mut p = crate::props::TableProps::for_new_table(&kinds);
+                // The state table: it records the CDC files applied (`applied`).
+                p.extend(crate::applied::new_table_properties(cfg));
+                p
             }
             (None, Some(k)) => crate::props::TableProps::for_kinds(k),
             (None, None) => Default::default(),

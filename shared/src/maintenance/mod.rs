@@ -233,7 +233,7 @@ impl Tidy<'_> {
             version_before: table.version(),
             ..Default::default()
         };
-        ensure_checkpoint_interval(&mut table, label, self.cfg).await?;
+        ensure_table_properties(&mut table, label, self.cfg).await?;
         let before = manifest::live_files(&table)?;
         report.files_before = before.len();
         report.bytes_before = before.iter().map(|f| f.size).sum();
@@ -268,28 +268,38 @@ impl Tidy<'_> {
     }
 }
 
-/// Give a table created before tributary set `delta.checkpointInterval` its interval (one
-/// metadata commit, once); a table that has one, the user's or tributary's, is left as it is.
-async fn ensure_checkpoint_interval(
+/// Give a table created before tributary set them the properties it sets on new tables
+/// (one metadata commit, once): `delta.checkpointInterval`, and the retention of its
+/// records of applied files (`delta.setTransactionRetentionDuration`, see `applied`). A
+/// property a table has, the user's or tributary's, is left as it is.
+async fn ensure_table_properties(
     table: &mut DeltaTable,
     label: &str,
     cfg: &TableConfig,
 ) -> Result<()> {
     let mut retry = Retry::new(label, cfg.max_commit_attempts);
-    while !delta::has_checkpoint_interval(table) {
-        let props = HashMap::from([(
-            delta::CHECKPOINT_INTERVAL.to_string(),
-            delta::CHECKPOINT_EVERY.to_string(),
-        )]);
+    loop {
+        let mut props = HashMap::new();
+        if !delta::has_checkpoint_interval(table) {
+            props.insert(
+                delta::CHECKPOINT_INTERVAL.to_string(),
+                delta::CHECKPOINT_EVERY.to_string(),
+            );
+        }
+        if !crate::applied::has_retention(table) {
+            props.extend(crate::applied::new_table_properties(cfg));
+        }
+        if props.is_empty() {
+            return Ok(());
+        }
         match delta::set_properties(table.clone(), props).await {
             Ok(t) => *table = t,
             Err(e) => {
-                retry.on_error(e, "checkpoint interval").await?;
+                retry.on_error(e, "table properties").await?;
                 update(table, label).await?;
             }
         }
     }
-    Ok(())
 }
 
 /// Bring a loaded table to its newest version (delta-rs reads the commits since the last
@@ -468,7 +478,7 @@ async fn expire_tombstones(
     if !delta::exists(&t) {
         return Ok(0);
     }
-    ensure_checkpoint_interval(&mut t, &label, table_cfg).await?;
+    ensure_table_properties(&mut t, &label, table_cfg).await?;
     let mut expired = 0;
     if let Some(newest) = newest_expiring(&t, cutoff).await? {
         move_horizon(table_cfg, target, options, newest).await?;
@@ -839,18 +849,22 @@ mod tests {
         assert_eq!(b_files, 1, "partition b compacted");
     }
 
-    /// A table created without `delta.checkpointInterval` (before tributary set it) gets it
-    /// from its next maintenance run; a user's own interval is kept.
+    /// A table created without `delta.checkpointInterval` or
+    /// `delta.setTransactionRetentionDuration` (before tributary set them) gets them from
+    /// its next maintenance run; a user's own values are kept, without a commit.
     #[tokio::test]
-    async fn maintenance_gives_an_older_table_the_checkpoint_interval() {
+    async fn maintenance_gives_an_older_table_the_properties_of_a_new_one() {
         let dir = tempfile::tempdir().unwrap();
         let text = crate::config::test_table("t", "raw/t/", "curated/t", "");
         let config = crate::Config::from_toml(&text, "test", Some(dir.path())).unwrap();
         let cfg = &config.tables[0];
         let url = cfg.target.clone().unwrap();
-        let create = |interval: Option<&str>| {
+        let create = |own: &[(&str, &str)]| {
             let url = url.clone();
-            let interval = interval.map(str::to_string);
+            let own: Vec<(String, String)> = own
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
             async move {
                 let t = delta::open(&url, &Default::default()).await.unwrap();
                 t.create()
@@ -859,35 +873,49 @@ mod tests {
                         deltalake::kernel::DataType::LONG,
                         true,
                     )])
-                    .with_configuration(
-                        [(delta::CHECKPOINT_INTERVAL, interval)]
-                            .into_iter()
-                            .filter(|(_, v)| v.is_some()),
-                    )
+                    .with_configuration(own.into_iter().map(|(k, v)| (k, Some(v))))
                     .await
                     .unwrap()
             }
         };
-        let mut t = create(None).await;
+        let mut t = create(&[]).await;
         assert!(!delta::has_checkpoint_interval(&t));
-        ensure_checkpoint_interval(&mut t, "t", cfg).await.unwrap();
+        assert!(!crate::applied::has_retention(&t));
+        ensure_table_properties(&mut t, "t", cfg).await.unwrap();
         let t = delta::open(&url, &Default::default()).await.unwrap();
-        let interval = |t: &DeltaTable| {
+        let prop = |t: &DeltaTable, k: &str| {
             t.snapshot()
                 .unwrap()
                 .metadata()
                 .configuration()
-                .get(delta::CHECKPOINT_INTERVAL)
+                .get(k)
                 .cloned()
         };
-        assert_eq!(interval(&t).as_deref(), Some("10"));
-        std::fs::remove_dir_all(url.to_file_path().unwrap()).unwrap();
-        let mut t = create(Some("50")).await;
-        let version = t.version();
-        ensure_checkpoint_interval(&mut t, "t", cfg).await.unwrap();
+        let retention = crate::applied::TXN_RETENTION;
+        assert_eq!(prop(&t, delta::CHECKPOINT_INTERVAL).as_deref(), Some("10"));
         assert_eq!(
-            (interval(&t).as_deref(), t.version()),
-            (Some("50"), version)
+            prop(&t, retention),
+            Some(format!(
+                "interval {} seconds",
+                cfg.tombstone_retention.as_secs() * 2
+            )),
+            "twice the tombstone retention"
+        );
+        std::fs::remove_dir_all(url.to_file_path().unwrap()).unwrap();
+        let mut t = create(&[
+            (delta::CHECKPOINT_INTERVAL, "50"),
+            (retention, "interval 30 days"),
+        ])
+        .await;
+        let version = t.version();
+        ensure_table_properties(&mut t, "t", cfg).await.unwrap();
+        assert_eq!(
+            (
+                prop(&t, delta::CHECKPOINT_INTERVAL).as_deref(),
+                prop(&t, retention).as_deref(),
+                t.version()
+            ),
+            (Some("50"), Some("interval 30 days"), version)
         );
     }
 

@@ -38,6 +38,7 @@ fn cs(name: &str, rows: &[(ChangeOp, &str, i64)], cols: Vec<(&str, ArrayRef)>) -
         generation: 1,
         written: None,
         last_modified: None,
+        digest: None,
         counts: FileCounts::default(),
         absent: Vec::new(),
         partial: false,

@@ -114,6 +114,48 @@ impl FileCounts {
 pub(crate) struct RawFile {
     pub body: Body,
     pub last_modified: Option<DateTime<Utc>>,
+    /// SHA-256 of the body, once computed ([`RawFile::with_digest`]): identifies the
+    /// contents a file name was applied with (see `applied`).
+    pub digest: Option<Digest>,
+}
+
+/// SHA-256 of a file's bytes.
+pub(crate) type Digest = [u8; 32];
+
+impl RawFile {
+    /// The file with the SHA-256 of its body (read again from disk for a spilled body; on a
+    /// blocking thread).
+    pub(crate) async fn with_digest(mut self, name: &str) -> Result<RawFile> {
+        let body = self.body.clone();
+        let label = name.to_string();
+        let digest = tokio::task::spawn_blocking(move || -> Result<Digest> {
+            use sha2::Digest as _;
+            use std::io::Read as _;
+            let mut h = sha2::Sha256::new();
+            match &body {
+                Body::Memory(b) => h.update(b),
+                Body::Disk { .. } => {
+                    let mut r = body.reader(&label)?;
+                    let mut buf = vec![0u8; 1 << 20];
+                    loop {
+                        let n = r.read(&mut buf).map_err(|e| Error::Io {
+                            path: label.clone(),
+                            source: e,
+                        })?;
+                        if n == 0 {
+                            break;
+                        }
+                        h.update(&buf[..n]);
+                    }
+                }
+            }
+            Ok(h.finalize().into())
+        })
+        .await
+        .map_err(|e| Error::internal(format!("digest of {name}: {e}")))??;
+        self.digest = Some(digest);
+        Ok(self)
+    }
 }
 
 /// Rows decoded at a time (at most; fewer with a smaller slice); slices are made of whole
@@ -165,6 +207,8 @@ pub(crate) struct ChangeSet {
     pub written: Option<DateTime<Utc>>,
     /// The object's last-modified time (identifies a full-load file's version).
     pub last_modified: Option<DateTime<Utc>>,
+    /// SHA-256 of the object (identifies the contents a CDC file was applied with).
+    pub digest: Option<Digest>,
     pub counts: FileCounts,
     /// Per column, the rows whose value the file does not carry (DMS wrote its
     /// `CsvNoSupValue`: the source did not log the column for that change): null in `data`,
@@ -257,6 +301,7 @@ pub(crate) struct Slices {
     generation: u32,
     written: Option<DateTime<Utc>>,
     last_modified: Option<DateTime<Utc>>,
+    digest: Option<Digest>,
     cfg: TableConfig,
     table_schema: Option<Schema>,
     slice_rows: usize,
@@ -332,6 +377,7 @@ impl Slices {
             kind,
             written,
             last_modified: raw.last_modified,
+            digest: raw.digest,
             cfg: cfg.clone(),
             table_schema: table_schema.cloned(),
             slice_rows: slice_rows.max(1),
@@ -399,6 +445,7 @@ impl Slices {
         .map_err(|e| e.shift_rows(first_row))?;
         cs.written = self.written;
         cs.last_modified = self.last_modified;
+        cs.digest = self.digest;
         cs.partial = self.batches.peek().is_some();
         Ok(Some(cs))
     }
@@ -461,6 +508,7 @@ fn to_change_set(
         generation: f.generation,
         written: None,
         last_modified: None,
+        digest: None,
         counts,
         absent,
         partial: false,
@@ -1110,6 +1158,7 @@ mod tests {
         let raw = RawFile {
             body: Body::Memory(body),
             last_modified: None,
+            digest: None,
         };
         let file = url(&format!("s3://r/t/{name}"));
         let mut slices = Slices::open(

@@ -1,0 +1,151 @@
+//! Which contents a table applied under each CDC file name.
+//!
+//! DMS never rewrites a CDC file, but a user fixing one may overwrite it in place. Its rows'
+//! order keys come from the file (its name, or its sequence values, and row numbers), so the
+//! new object's rows would be ordered as the old ones: rows the old version had are skipped
+//! as already applied, rows it lacked are added — a half-applied correction (#23, item 5).
+//!
+//! So every CDC file a commit applies is recorded in that commit, as a Delta application
+//! transaction `tributary.file/<path under the source>` whose version is the first 63 bits
+//! of the object's SHA-256 and whose `lastUpdated` is the commit time. Before a file is
+//! merged, and again before each retried commit, its digest is compared with the recorded
+//! one: the same contents are a re-delivery (merging again changes nothing), other contents
+//! are refused by name ([`Error::Reuploaded`]) and nothing of them is applied. The contents,
+//! not the ETag or the modification time, identify the version: copying an object onto
+//! itself (to send its event again) keeps it.
+//!
+//! The records expire with the table's `delta.setTransactionRetentionDuration`, twice the
+//! tombstone retention: by then the tombstone horizon refuses a DMS-named file that old
+//! anyway ([`Error::TooLate`]), as long as maintenance runs at least once per tombstone
+//! retention. Full-load files are recorded apart, by modification time, without expiry
+//! (`reload`: a rewritten LOAD file is a DMS table reload).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use deltalake::kernel::Transaction;
+use deltalake::DeltaTable;
+use url::Url;
+
+use crate::config::TableConfig;
+use crate::delta;
+use crate::error::{Error, Result};
+use crate::source::{ChangeSet, Digest, FileKind};
+use crate::storage;
+
+/// Delta's table property that lets application transactions expire.
+pub(crate) const TXN_RETENTION: &str = "delta.setTransactionRetentionDuration";
+
+/// Application-transaction id that records a CDC file.
+fn app_id(cfg: &TableConfig, file: &Url) -> String {
+    let key = storage::display(file);
+    let base = storage::display(&cfg.source);
+    format!("tributary.file/{}", key.strip_prefix(&base).unwrap_or(&key))
+}
+
+/// The transaction version that stands for `digest` (non-negative).
+fn version(digest: &Digest) -> i64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(b) & i64::MAX
+}
+
+/// The record of the CDC file `cs` is read from, for the commit that applies the file
+/// (whichever of its slices `cs` is): `None` for a full-load file or contents without a
+/// digest.
+pub(crate) fn record(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
+    if cs.kind != FileKind::Cdc {
+        return None;
+    }
+    let d = cs.digest.as_ref()?;
+    Some(Transaction::new_with_last_update(
+        app_id(cfg, &cs.file),
+        version(d),
+        Some(chrono::Utc::now().timestamp_millis()),
+    ))
+}
+
+/// What identifies a file's version: its name, its kind, its digest.
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub(crate) file: Url,
+    pub(crate) kind: FileKind,
+    pub(crate) digest: Option<Digest>,
+}
+
+impl Identity {
+    pub(crate) fn of(cs: &ChangeSet) -> Self {
+        Identity {
+            file: cs.file.clone(),
+            kind: cs.kind,
+            digest: cs.digest,
+        }
+    }
+}
+
+/// Refuse a CDC file whose name the table applied with other contents.
+pub(crate) async fn check(cfg: &TableConfig, table: &DeltaTable, f: &Identity) -> Result<()> {
+    if f.kind != FileKind::Cdc || !delta::exists(table) {
+        return Ok(());
+    }
+    let Some(d) = f.digest.as_ref() else {
+        return Ok(());
+    };
+    match delta::txn_version(table, &app_id(cfg, &f.file)).await? {
+        Some(v) if v != version(d) => Err(Error::Reuploaded {
+            table: cfg.name.clone(),
+            file: storage::display(&f.file),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The retention of the records: twice the tombstone retention, as a Delta interval.
+pub(crate) fn retention(cfg: &TableConfig) -> String {
+    interval(cfg.tombstone_retention * 2)
+}
+
+fn interval(d: Duration) -> String {
+    format!("interval {} seconds", d.as_secs().max(1))
+}
+
+/// The property that makes the records of a new table expire ([`retention`]).
+pub(crate) fn new_table_properties(cfg: &TableConfig) -> HashMap<String, String> {
+    HashMap::from([(TXN_RETENTION.to_string(), retention(cfg))])
+}
+
+/// Whether the loaded table lets its application transactions expire.
+pub(crate) fn has_retention(table: &DeltaTable) -> bool {
+    table
+        .snapshot()
+        .is_ok_and(|s| s.metadata().configuration().contains_key(TXN_RETENTION))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_digest_stands_as_a_non_negative_version_of_its_first_63_bits() {
+        let mut d = [0u8; 32];
+        d[0] = 0xff;
+        d[7] = 0x01;
+        assert_eq!(version(&d), 0x7f00_0000_0000_0001);
+        d[31] = 0xff;
+        assert_eq!(
+            version(&d),
+            0x7f00_0000_0000_0001,
+            "only the first 8 bytes count"
+        );
+        assert_eq!(version(&[0u8; 32]), 0);
+    }
+
+    #[test]
+    fn the_retention_is_a_delta_interval_of_twice_the_tombstone_retention() {
+        assert_eq!(
+            interval(Duration::from_secs(7 * 86_400) * 2),
+            "interval 1209600 seconds"
+        );
+        assert_eq!(interval(Duration::from_millis(10)), "interval 1 seconds");
+    }
+}
