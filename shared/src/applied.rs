@@ -1,4 +1,14 @@
-//! Which contents a table applied under each CDC file name.
+//! Which files a table applied, recorded in the commits that apply them (Delta application
+//! transactions): full-load files by modification time (a rewritten one is a DMS table
+//! reload, see `reload`), CDC files by the contents they were applied with.
+//!
+//! ## Full-load files
+//!
+//! Every full-load file applied is recorded as `tributary.load/<file>` whose version is the
+//! object's last-modified time (ms), without expiry. The merge path refuses a full-load
+//! file of a newer load ([`check_load_file`]): a reload is applied as a whole.
+//!
+//! ## CDC files
 //!
 //! DMS never rewrites a CDC file, but a user fixing one may overwrite it in place. Its rows'
 //! order keys come from the file (its name, or its sequence values, and row numbers), so the
@@ -27,11 +37,99 @@ use deltalake::kernel::Transaction;
 use deltalake::DeltaTable;
 use url::Url;
 
+use chrono::{DateTime, Utc};
+
 use crate::config::TableConfig;
 use crate::delta;
 use crate::error::{Error, Result};
+use crate::props::TableProps;
 use crate::source::{ChangeSet, Digest, FileKind};
 use crate::storage;
+
+/// Application-transaction id that records a full-load file.
+pub(crate) fn load_app_id(cfg: &TableConfig, file: &Url) -> String {
+    let key = storage::display(file);
+    let base = storage::display(&cfg.source);
+    format!("tributary.load/{}", key.strip_prefix(&base).unwrap_or(&key))
+}
+
+/// The transaction identifying a full-load file's version (whichever slice `cs` is).
+pub(crate) fn file_txn(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
+    if cs.kind != FileKind::FullLoad {
+        return None;
+    }
+    let t = cs.last_modified?;
+    Some(Transaction::new(
+        load_app_id(cfg, &cs.file),
+        t.timestamp_millis(),
+    ))
+}
+
+fn reload_error(cfg: &TableConfig, file: &Url, message: String) -> Error {
+    Error::Reload {
+        table: cfg.name.clone(),
+        file: storage::display(file),
+        message,
+    }
+}
+
+fn how_to_apply(cfg: &TableConfig) -> String {
+    if cfg.history.is_some() {
+        return "tributary cannot apply a reload to a table with a history table yet (the history would not close the versions of the rows the reload deletes): nothing of it was applied; the file stays in the dead-letter queue (docs/design.md, \"Full loads and DMS table reloads\")".to_string();
+    }
+    format!(
+        "once DMS reports the table's reload complete, apply it as a whole with `tributary reload --config <config> {}` (or the maintenance function with {{\"reload\": \"{}\"}}), then redrive the dead-letter queue",
+        cfg.name, cfg.name
+    )
+}
+
+/// Refuse a full-load file that belongs to a full load newer than the one applied.
+pub(crate) async fn check_load_file(
+    cfg: &TableConfig,
+    table: &DeltaTable,
+    props: &TableProps,
+    cs: &ChangeSet,
+) -> Result<()> {
+    if cs.kind != FileKind::FullLoad || !delta::exists(table) {
+        return Ok(());
+    }
+    if !props.load_tracking {
+        return Err(reload_error(
+            cfg,
+            &cs.file,
+            format!(
+                "the table does not record the full-load files it applied (it was created by an older tributary or another writer), so a reload cannot be told from a re-delivery; {}",
+                how_to_apply(cfg)
+            ),
+        ));
+    }
+    let Some(txn) = file_txn(cfg, cs) else {
+        return Err(reload_error(
+            cfg,
+            &cs.file,
+            "the object has no modification time to identify it by".into(),
+        ));
+    };
+    match delta::txn_version(table, &txn.app_id).await? {
+        Some(v) if v != txn.version => Err(reload_error(
+            cfg,
+            &cs.file,
+            format!(
+                "the table applied a version of this file written at {}, and this one was written at {}: DMS wrote a new full load; {}",
+                millis(v),
+                millis(txn.version),
+                how_to_apply(cfg)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn millis(ms: i64) -> String {
+    DateTime::<Utc>::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339())
+        .unwrap_or_else(|| ms.to_string())
+}
 
 /// Delta's table property that lets application transactions expire.
 pub(crate) const TXN_RETENTION: &str = "delta.setTransactionRetentionDuration";
@@ -98,6 +196,30 @@ pub(crate) async fn check(cfg: &TableConfig, table: &DeltaTable, f: &Identity) -
         }),
         _ => Ok(()),
     }
+}
+
+/// Files whose rows changed nothing produce no MERGE commit; their records are still
+/// written (reload and re-upload detection need them), in a commit of their own. Such a
+/// commit conflicts with no concurrent write: a caller that relies on its commit
+/// conflicting with a concurrent one must not take it for one (`reapply_deletes`).
+pub(crate) async fn record_unrecorded(
+    target: DeltaTable,
+    txns: &[Transaction],
+    read_version: Option<u64>,
+) -> Result<DeltaTable> {
+    if txns.is_empty() || target.version() != read_version {
+        return Ok(target);
+    }
+    let mut missing = Vec::new();
+    for t in txns {
+        if delta::txn_version(&target, &t.app_id).await? != Some(t.version) {
+            missing.push(t.clone());
+        }
+    }
+    if missing.is_empty() {
+        return Ok(target);
+    }
+    delta::commit_txns(target, missing).await
 }
 
 /// The retention of the records: twice the tombstone retention, as a Delta interval.

@@ -214,6 +214,21 @@ pub(crate) fn has_checkpoint_interval(table: &DeltaTable) -> bool {
     })
 }
 
+/// A table without recorded sequence kinds (created before they were recorded, or by
+/// another writer) gets the batch's, once, so that later files are checked against them.
+pub(crate) async fn record_kinds(
+    target: DeltaTable,
+    kinds: Option<&[crate::model::SeqKind]>,
+) -> Result<DeltaTable> {
+    let Some(kinds) = kinds else {
+        return Ok(target);
+    };
+    if kinds.is_empty() || props(&target).sequence_kinds.is_some() {
+        return Ok(target);
+    }
+    set_properties(target, TableProps::for_kinds(kinds)).await
+}
+
 /// Set table properties (a metadata commit: concurrent writers retry once).
 pub(crate) async fn set_properties(
     table: DeltaTable,
@@ -329,10 +344,7 @@ pub fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
         b = b.set_column_dictionary_enabled(ColumnPath::from(key.as_str()), false);
     }
     if table_cfg.delta_order_keys {
-        let history = [
-            crate::history::LAST_SEQ_COLUMN,
-            crate::history::END_SEQ_COLUMN,
-        ];
+        let history = [crate::model::LAST_SEQ_COLUMN, crate::model::END_SEQ_COLUMN];
         for c in std::iter::once(table_cfg.sequence_column.as_str()).chain(history) {
             b = b
                 .set_column_dictionary_enabled(ColumnPath::from(c), false)

@@ -42,6 +42,7 @@ pub mod lambda;
 pub mod logcache;
 pub mod maintenance;
 pub mod manifest;
+mod model;
 mod plan;
 mod props;
 pub mod reload;

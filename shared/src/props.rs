@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 
-use crate::source::SeqKind;
+use crate::model::SeqKind;
 
 pub(crate) const SEQUENCE_KINDS: &str = "tributary.sequenceKinds";
 pub(crate) const LOAD_TRACKING: &str = "tributary.loadTracking";

@@ -15,7 +15,6 @@
 //! already reflected in the reload and change nothing.
 
 use chrono::{DateTime, Utc};
-use deltalake::kernel::Transaction;
 use serde::Serialize;
 use url::Url;
 
@@ -25,92 +24,8 @@ use crate::engine::{Batch, Engine, TableReport, TableView};
 use crate::error::{Error, Result};
 use crate::plan;
 use crate::props::TableProps;
-use crate::source::{self, order, ChangeSet, FileClass, FileKind};
+use crate::source::{self, order, FileClass, FileKind};
 use crate::storage::{self, Listed};
-
-/// Application-transaction id that records a full-load file.
-fn load_app_id(cfg: &TableConfig, file: &Url) -> String {
-    let key = storage::display(file);
-    let base = storage::display(&cfg.source);
-    format!("tributary.load/{}", key.strip_prefix(&base).unwrap_or(&key))
-}
-
-/// The transaction identifying a full-load file's version (whichever slice `cs` is).
-pub(crate) fn file_txn(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
-    if cs.kind != FileKind::FullLoad {
-        return None;
-    }
-    let t = cs.last_modified?;
-    Some(Transaction::new(
-        load_app_id(cfg, &cs.file),
-        t.timestamp_millis(),
-    ))
-}
-
-fn reload_error(cfg: &TableConfig, file: &Url, message: String) -> Error {
-    Error::Reload {
-        table: cfg.name.clone(),
-        file: storage::display(file),
-        message,
-    }
-}
-
-fn how_to_apply(cfg: &TableConfig) -> String {
-    if cfg.history.is_some() {
-        return "tributary cannot apply a reload to a table with a history table yet (the history would not close the versions of the rows the reload deletes): nothing of it was applied; the file stays in the dead-letter queue (docs/design.md, \"Full loads and DMS table reloads\")".to_string();
-    }
-    format!(
-        "once DMS reports the table's reload complete, apply it as a whole with `tributary reload --config <config> {}` (or the maintenance function with {{\"reload\": \"{}\"}}), then redrive the dead-letter queue",
-        cfg.name, cfg.name
-    )
-}
-
-/// Refuse a full-load file that belongs to a full load newer than the one applied.
-pub(crate) async fn check_load_file(
-    cfg: &TableConfig,
-    view: &TableView,
-    cs: &ChangeSet,
-) -> Result<()> {
-    if cs.kind != FileKind::FullLoad || !delta::exists(&view.table) {
-        return Ok(());
-    }
-    if !view.props.load_tracking {
-        return Err(reload_error(
-            cfg,
-            &cs.file,
-            format!(
-                "the table does not record the full-load files it applied (it was created by an older tributary or another writer), so a reload cannot be told from a re-delivery; {}",
-                how_to_apply(cfg)
-            ),
-        ));
-    }
-    let Some(txn) = file_txn(cfg, cs) else {
-        return Err(reload_error(
-            cfg,
-            &cs.file,
-            "the object has no modification time to identify it by".into(),
-        ));
-    };
-    match delta::txn_version(&view.table, &txn.app_id).await? {
-        Some(v) if v != txn.version => Err(reload_error(
-            cfg,
-            &cs.file,
-            format!(
-                "the table applied a version of this file written at {}, and this one was written at {}: DMS wrote a new full load; {}",
-                millis(v),
-                millis(txn.version),
-                how_to_apply(cfg)
-            ),
-        )),
-        _ => Ok(()),
-    }
-}
-
-fn millis(ms: i64) -> String {
-    DateTime::<Utc>::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339())
-        .unwrap_or_else(|| ms.to_string())
-}
 
 /// What a reload did.
 #[derive(Debug, Clone, Serialize)]
@@ -235,7 +150,7 @@ async fn new_load<'a>(
         .iter()
         .filter(|l| FileKind::of(&storage::file_name(&l.url)) == FileKind::FullLoad)
     {
-        let id = load_app_id(cfg, &l.url);
+        let id = crate::applied::load_app_id(cfg, &l.url);
         match delta::txn_version(&view.table, &id).await? {
             Some(v) if v == l.last_modified.timestamp_millis() => same.push(l),
             Some(_) => changed.push(l),
@@ -277,10 +192,4 @@ async fn register(view: &TableView, started: DateTime<Utc>) -> Result<u32> {
     props.insert(crate::props::LOAD_TRACKING.into(), "true".into());
     delta::set_properties(view.table.clone(), props).await?;
     Ok(g)
-}
-
-/// Whether a change set belongs to a generation older than the table's (a reload already
-/// reflects it).
-pub(crate) fn superseded(view: &TableView, cs: &ChangeSet) -> bool {
-    cs.generation < view.props.generation()
 }

@@ -22,7 +22,6 @@ use tokio::io::AsyncWriteExt;
 use url::Url;
 
 use crate::error::{Error, Result};
-use crate::source::{Body, RawFile};
 
 /// Objects larger than this are not held in memory: they are streamed to a temporary file
 /// and read from there in slices.
@@ -393,6 +392,85 @@ impl Storage {
             .collect();
         out.sort_by(|a, b| a.url.path().cmp(b.url.path()));
         Ok(out)
+    }
+}
+
+/// Where a fetched object's bytes are.
+#[derive(Debug, Clone)]
+pub(crate) enum Body {
+    Memory(Bytes),
+    /// On local disk: the object itself (`file://`), or a temporary copy of a large object
+    /// (deleted when the last clone of the body goes).
+    Disk {
+        path: std::path::PathBuf,
+        _spilled: Option<Arc<tempfile::TempPath>>,
+    },
+}
+
+impl Body {
+    /// A reader over the whole body.
+    pub(crate) fn reader(&self, name: &str) -> Result<Box<dyn std::io::Read + Send>> {
+        match self {
+            Body::Memory(b) => Ok(Box::new(std::io::Cursor::new(b.clone()))),
+            Body::Disk { path, .. } => std::fs::File::open(path)
+                .map(|f| {
+                    Box::new(std::io::BufReader::with_capacity(1 << 20, f))
+                        as Box<dyn std::io::Read + Send>
+                })
+                .map_err(|e| Error::Io {
+                    path: name.to_string(),
+                    source: e,
+                }),
+        }
+    }
+}
+
+/// A raw object as fetched: its body and when it was last written.
+#[derive(Debug, Clone)]
+pub(crate) struct RawFile {
+    pub body: Body,
+    pub last_modified: Option<chrono::DateTime<chrono::Utc>>,
+    /// SHA-256 of the body, once computed ([`RawFile::with_digest`]): identifies the
+    /// contents a file name was applied with (see `applied`).
+    pub digest: Option<Digest>,
+}
+
+/// SHA-256 of a file's bytes.
+pub(crate) type Digest = [u8; 32];
+
+impl RawFile {
+    /// The file with the SHA-256 of its body (read again from disk for a spilled body; on a
+    /// blocking thread).
+    pub(crate) async fn with_digest(mut self, name: &str) -> Result<RawFile> {
+        let body = self.body.clone();
+        let label = name.to_string();
+        let digest = tokio::task::spawn_blocking(move || -> Result<Digest> {
+            use sha2::Digest as _;
+            use std::io::Read as _;
+            let mut h = sha2::Sha256::new();
+            match &body {
+                Body::Memory(b) => h.update(b),
+                Body::Disk { .. } => {
+                    let mut r = body.reader(&label)?;
+                    let mut buf = vec![0u8; 1 << 20];
+                    loop {
+                        let n = r.read(&mut buf).map_err(|e| Error::Io {
+                            path: label.clone(),
+                            source: e,
+                        })?;
+                        if n == 0 {
+                            break;
+                        }
+                        h.update(&buf[..n]);
+                    }
+                }
+            }
+            Ok(h.finalize().into())
+        })
+        .await
+        .map_err(|e| Error::internal(format!("digest of {name}: {e}")))??;
+        self.digest = Some(digest);
+        Ok(self)
     }
 }
 

@@ -38,8 +38,7 @@ use crate::plan::{KeyEncoder, MergePlan, PlanOp};
 use crate::props::TableProps;
 use crate::retry::Retry;
 
-/// Column of the tombstone table holding the wall-clock time a delete was recorded.
-pub(crate) const DELETED_AT_COLUMN: &str = "deleted_at";
+pub(crate) use crate::model::DELETED_AT_COLUMN;
 
 /// Column of the tombstone table saying whether the delete is in the main table: `false`
 /// when recorded before its MERGE (pending), `true` when confirmed after it; null in rows

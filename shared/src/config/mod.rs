@@ -79,10 +79,10 @@ pub struct CsvOptions {
 
 impl CsvOptions {
     /// Whether files of this kind start with a header row.
-    pub(crate) fn header(&self, kind: crate::source::FileKind) -> bool {
+    pub(crate) fn header(&self, kind: crate::model::FileKind) -> bool {
         match kind {
-            crate::source::FileKind::FullLoad => self.full_load_header,
-            crate::source::FileKind::Cdc => self.cdc_header,
+            crate::model::FileKind::FullLoad => self.full_load_header,
+            crate::model::FileKind::Cdc => self.cdc_header,
         }
     }
 }

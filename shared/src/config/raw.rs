@@ -14,13 +14,13 @@ use super::{
     MaintenanceConfig, ParquetCompression, TableConfig, Track, CHANGES_DIR,
     DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
 };
-use crate::source::RESERVED_PREFIX;
+use crate::model::RESERVED_PREFIX;
 
 /// Rows of a large file merged per commit (see `TableConfig::slice_rows`).
 const DEFAULT_SLICE_ROWS: usize = 500_000;
 /// Decoded megabytes of a large file merged per commit (see `TableConfig::slice_bytes`).
 const DEFAULT_SLICE_MB: f64 = 64.0;
-use crate::tombstones::DELETED_AT_COLUMN;
+use crate::model::DELETED_AT_COLUMN;
 
 type Msg<T> = std::result::Result<T, String>;
 

@@ -330,7 +330,7 @@ impl Engine {
         if first_read.is_none() {
             *first_read = Some(Before::of(table, &target)?);
         }
-        let target = record_kinds(target, batch.kinds.as_deref()).await?;
+        let target = delta::record_kinds(target, batch.kinds.as_deref()).await?;
         plan::recheck_kinds(
             batch.changes,
             delta::props(&target).sequence_kinds.as_deref(),
@@ -363,7 +363,8 @@ impl Engine {
         let target =
             recheck_tombstones(table, target, &mut plan, tombstones, a.files, report).await?;
         report.phases_ms.recheck = ms_since(t);
-        let target = record_unrecorded_loads(target, &a.extras.txns, read_version).await?;
+        let target =
+            crate::applied::record_unrecorded(target, &a.extras.txns, read_version).await?;
         let applied = report.inserted + report.updated + report.deleted;
         report.skipped_stale = plan.batch.num_rows().saturating_sub(applied);
         report.version = target.version();
@@ -594,7 +595,7 @@ fn file_records(table: &TableConfig, batch: &Batch<'_>) -> Vec<Transaction> {
         .iter()
         .filter(|c| !c.partial)
         .filter_map(|c| {
-            crate::reload::file_txn(table, c).or_else(|| crate::applied::record(table, c))
+            crate::applied::file_txn(table, c).or_else(|| crate::applied::record(table, c))
         })
         .collect()
 }
@@ -609,21 +610,6 @@ pub(super) fn absorb(report: &mut TableReport, r: Option<crate::catalog::Catalog
     }
 }
 
-/// A table without recorded sequence kinds (created before they were recorded, or by
-/// another writer) gets the batch's, once, so that later files are checked against them.
-pub(crate) async fn record_kinds(
-    target: DeltaTable,
-    kinds: Option<&[SeqKind]>,
-) -> Result<DeltaTable> {
-    let Some(kinds) = kinds else {
-        return Ok(target);
-    };
-    if kinds.is_empty() || delta::props(&target).sequence_kinds.is_some() {
-        return Ok(target);
-    }
-    delta::set_properties(target, TableProps::for_kinds(kinds)).await
-}
-
 /// `change_data_feed = true` on a table that does not have the feed on yet: turned on (a
 /// metadata commit) before this merge, so that the merge's changes are in the feed. Never
 /// turned off by tributary (a table property other tools may rely on).
@@ -636,26 +622,4 @@ pub(super) async fn enable_change_data_feed(
     }
     tracing::info!(table = %table.name, "turning on the change data feed (delta.enableChangeDataFeed)");
     delta::set_properties(target, TableProps::for_change_data_feed()).await
-}
-
-/// Full-load files whose rows changed nothing produce no MERGE commit; their versions are
-/// still recorded (reload detection needs them), in a commit of their own.
-pub(crate) async fn record_unrecorded_loads(
-    target: DeltaTable,
-    txns: &[Transaction],
-    read_version: Option<u64>,
-) -> Result<DeltaTable> {
-    if txns.is_empty() || target.version() != read_version {
-        return Ok(target);
-    }
-    let mut missing = Vec::new();
-    for t in txns {
-        if delta::txn_version(&target, &t.app_id).await? != Some(t.version) {
-            missing.push(t.clone());
-        }
-    }
-    if missing.is_empty() {
-        return Ok(target);
-    }
-    delta::commit_txns(target, missing).await
 }

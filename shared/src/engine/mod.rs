@@ -28,7 +28,7 @@ use crate::props::TableProps;
 use crate::source::{self, ChangeSet, FileClass};
 use crate::storage::{self, Storage};
 
-pub(crate) use batch::{record_kinds, record_unrecorded_loads, Batch};
+pub(crate) use batch::Batch;
 pub use report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport};
 
 /// The merge engine: configuration, storage and delta-rs options, built once.
@@ -570,20 +570,25 @@ impl Engine {
     ) -> Vec<ChangeSet> {
         let mut kept = Vec::with_capacity(sets.len());
         for cs in sets {
-            if crate::reload::superseded(view, &cs) {
+            // A file of a generation older than the table's: a reload already reflects it.
+            if cs.generation < view.props.generation() {
                 tracing::info!(table = %table.name, file = %storage::display(&cs.file), generation = cs.generation, current = view.props.generation(), "older than the table's full load (a reload reflects it); nothing to change");
                 outcomes.extend(merged(table, std::slice::from_ref(&cs)));
                 continue;
             }
             let verdict =
                 match crate::tombstones::check_horizon(table, &view.props, &cs.file, cs.written) {
-                    Ok(()) => match crate::reload::check_load_file(table, view, &cs).await {
-                        Ok(()) => {
-                            let id = crate::applied::Identity::of(&cs);
-                            crate::applied::check(table, &view.table, &id).await
+                    Ok(()) => {
+                        match crate::applied::check_load_file(table, &view.table, &view.props, &cs)
+                            .await
+                        {
+                            Ok(()) => {
+                                let id = crate::applied::Identity::of(&cs);
+                                crate::applied::check(table, &view.table, &id).await
+                            }
+                            Err(e) => Err(e),
                         }
-                        Err(e) => Err(e),
-                    },
+                    }
                     Err(e) => Err(e),
                 };
             match verdict {

@@ -162,7 +162,7 @@ impl Engine {
         };
         // Before the metadata commits below, as a merge's (`Engine::try_merge`).
         let before = super::batch::Before::of(table, &target)?;
-        let target = super::batch::record_kinds(target, kinds.as_deref()).await?;
+        let target = crate::delta::record_kinds(target, kinds.as_deref()).await?;
         let target = super::batch::enable_change_data_feed(table, target).await?;
         Ok(Commit {
             before,
@@ -177,7 +177,7 @@ impl Engine {
                 rows: 0,
                 slices: 0,
                 superseded: 0,
-                txn: crate::reload::file_txn(table, first)
+                txn: crate::applied::file_txn(table, first)
                     .or_else(|| crate::applied::record(table, first)),
                 pending: None,
                 write_wait_ms: 0,

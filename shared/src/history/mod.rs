@@ -50,10 +50,7 @@ use crate::source::{ChangeOp, ChangeSet, SeqKind};
 use crate::storage::Storage;
 use fold::{Fold, Step, Version};
 
-/// Order key of the last change a version absorbed.
-pub const LAST_SEQ_COLUMN: &str = "_tributary_last_seq";
-/// Order key of the change that closed a version.
-pub const END_SEQ_COLUMN: &str = "_tributary_end_seq";
+pub use crate::model::{END_SEQ_COLUMN, LAST_SEQ_COLUMN};
 /// What the MERGE does with a version row (`U`: write it, `D`: remove it).
 const OP: &str = "_tributary_op";
 
@@ -387,22 +384,21 @@ impl Attempt<'_> {
         let txns = record.map(|r| r.txns.as_slice()).unwrap_or_default();
         if out.batch.num_rows() == 0 {
             let read_version = table.version();
-            let mut table =
-                crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
+            let mut table = crate::applied::record_unrecorded(table, txns, read_version).await?;
             if !unsettled {
-                table = crate::engine::record_kinds(table, self.changes.kinds).await?;
+                table = crate::delta::record_kinds(table, self.changes.kinds).await?;
             }
             report.version = table.version();
             return Ok((report, Written::new(before, table)));
         }
         let read_version = table.version();
         let table = merge_versions(cfg, table, &out.batch, self.changes.files, txns).await?;
-        let mut table = crate::engine::record_unrecorded_loads(table, txns, read_version).await?;
+        let mut table = crate::applied::record_unrecorded(table, txns, read_version).await?;
         if unsettled && !has_intervals {
             // The MERGE added the interval columns: the versions written before have none.
             table = settle_kinds(cfg, h, table, kind, self.changes.kinds).await?;
         } else if !unsettled {
-            table = crate::engine::record_kinds(table, self.changes.kinds).await?;
+            table = crate::delta::record_kinds(table, self.changes.kinds).await?;
         }
         report.version = table.version();
         Ok((report, Written::new(before, table)))
@@ -492,7 +488,7 @@ async fn settle_kinds(
         Some(k) if k.len() == cfg.sequence_by.len() => k.to_vec(),
         _ => vec![kind],
     };
-    crate::engine::record_kinds(table, Some(&kinds)).await
+    crate::delta::record_kinds(table, Some(&kinds)).await
 }
 
 /// The history's data columns: the table's (in its types), then the batch's new ones.

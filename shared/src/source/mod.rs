@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Float32Array, Float64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use url::Url;
 
@@ -25,8 +24,8 @@ use crate::storage;
 
 pub use order::SeqKind;
 
-/// Prefix reserved for tributary's own columns; source columns may not use it.
-pub(crate) const RESERVED_PREFIX: &str = "_tributary_";
+pub(crate) use crate::model::{FileKind, RESERVED_PREFIX};
+pub(crate) use crate::storage::{Body, Digest, RawFile};
 
 /// The column a reader adds (CSV with `csv.no_sup_value`): per row, the names of the columns
 /// whose value the file does not carry, joined by [`ABSENT_SEPARATOR`] (null: none). Taken
@@ -34,24 +33,6 @@ pub(crate) const RESERVED_PREFIX: &str = "_tributary_";
 pub(crate) const ABSENT_COLUMN: &str = "_tributary_absent";
 /// Between two names in [`ABSENT_COLUMN`] (the ASCII unit separator).
 pub(crate) const ABSENT_SEPARATOR: &str = "\u{1f}";
-
-/// Whether a file is part of a full load (`LOAD*`) or a CDC file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum FileKind {
-    FullLoad,
-    Cdc,
-}
-
-impl FileKind {
-    /// DMS names full-load files `LOAD00000001.*`; everything else is CDC.
-    pub(crate) fn of(file_name: &str) -> FileKind {
-        if file_name.starts_with("LOAD") {
-            FileKind::FullLoad
-        } else {
-            FileKind::Cdc
-        }
-    }
-}
 
 /// What a row does to its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,91 +51,12 @@ pub struct FileCounts {
     pub deletes: usize,
 }
 
-/// Where a fetched object's bytes are.
-#[derive(Debug, Clone)]
-pub(crate) enum Body {
-    Memory(Bytes),
-    /// On local disk: the object itself (`file://`), or a temporary copy of a large object
-    /// (deleted when the last clone of the body goes).
-    Disk {
-        path: std::path::PathBuf,
-        _spilled: Option<Arc<tempfile::TempPath>>,
-    },
-}
-
-impl Body {
-    /// A reader over the whole body.
-    pub(crate) fn reader(&self, name: &str) -> Result<Box<dyn std::io::Read + Send>> {
-        match self {
-            Body::Memory(b) => Ok(Box::new(std::io::Cursor::new(b.clone()))),
-            Body::Disk { path, .. } => std::fs::File::open(path)
-                .map(|f| {
-                    Box::new(std::io::BufReader::with_capacity(1 << 20, f))
-                        as Box<dyn std::io::Read + Send>
-                })
-                .map_err(|e| Error::Io {
-                    path: name.to_string(),
-                    source: e,
-                }),
-        }
-    }
-}
-
 impl FileCounts {
     pub(crate) fn add(&mut self, o: &FileCounts) {
         self.rows += o.rows;
         self.inserts += o.inserts;
         self.updates += o.updates;
         self.deletes += o.deletes;
-    }
-}
-
-/// A raw object as fetched: its body and when it was last written.
-#[derive(Debug, Clone)]
-pub(crate) struct RawFile {
-    pub body: Body,
-    pub last_modified: Option<DateTime<Utc>>,
-    /// SHA-256 of the body, once computed ([`RawFile::with_digest`]): identifies the
-    /// contents a file name was applied with (see `applied`).
-    pub digest: Option<Digest>,
-}
-
-/// SHA-256 of a file's bytes.
-pub(crate) type Digest = [u8; 32];
-
-impl RawFile {
-    /// The file with the SHA-256 of its body (read again from disk for a spilled body; on a
-    /// blocking thread).
-    pub(crate) async fn with_digest(mut self, name: &str) -> Result<RawFile> {
-        let body = self.body.clone();
-        let label = name.to_string();
-        let digest = tokio::task::spawn_blocking(move || -> Result<Digest> {
-            use sha2::Digest as _;
-            use std::io::Read as _;
-            let mut h = sha2::Sha256::new();
-            match &body {
-                Body::Memory(b) => h.update(b),
-                Body::Disk { .. } => {
-                    let mut r = body.reader(&label)?;
-                    let mut buf = vec![0u8; 1 << 20];
-                    loop {
-                        let n = r.read(&mut buf).map_err(|e| Error::Io {
-                            path: label.clone(),
-                            source: e,
-                        })?;
-                        if n == 0 {
-                            break;
-                        }
-                        h.update(&buf[..n]);
-                    }
-                }
-            }
-            Ok(h.finalize().into())
-        })
-        .await
-        .map_err(|e| Error::internal(format!("digest of {name}: {e}")))??;
-        self.digest = Some(digest);
-        Ok(self)
     }
 }
 
@@ -1120,6 +1022,7 @@ mod tests {
         DictionaryArray, Int32Array, Int64Array, RunArray, StringArray, StringViewArray,
     };
     use arrow::datatypes::{Float64Type, Int32Type};
+    use bytes::Bytes;
 
     use super::*;
     use crate::config::{Config, CsvOptions};

@@ -20,49 +20,13 @@
 //! [`SeqKind`] of each column is recorded in the table so that files whose values would not
 //! compare (an integer sequence in one file, free text in another) are refused.
 
-use std::fmt;
-
 use arrow::array::{Array, ArrayRef, AsArray, StringArray, StringBuilder};
 use arrow::datatypes::{DataType, Date32Type, Date64Type, Int64Type, TimeUnit, UInt64Type};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 
-use crate::source::FileKind;
+use crate::model::FileKind;
 
-/// How the values of a sequence column are compared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SeqKind {
-    /// Instants (timestamps, dates, timestamp-like text), as UTC.
-    Timestamp,
-    /// Integers (any width, signed or not).
-    Integer,
-    /// Text compared as it is (e.g. DMS `AR_H_CHANGE_SEQ`).
-    Text,
-}
-
-impl SeqKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SeqKind::Timestamp => "timestamp",
-            SeqKind::Integer => "integer",
-            SeqKind::Text => "text",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<SeqKind> {
-        match s.trim() {
-            "timestamp" => Some(SeqKind::Timestamp),
-            "integer" => Some(SeqKind::Integer),
-            "text" => Some(SeqKind::Text),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for SeqKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::model::SeqKind;
 
 /// Why a sequence column cannot be ordered; the row is 0-based.
 #[derive(Debug, Clone, PartialEq, Eq)]
