@@ -31,6 +31,7 @@
 mod applied;
 pub mod catalog;
 mod coerce;
+mod commit;
 pub mod config;
 mod datafile;
 pub mod delta;
@@ -56,9 +57,9 @@ pub mod storage;
 mod testing;
 mod tombstones;
 
-pub use config::{Config, TableConfig};
+pub use config::{Config, Managed, TableConfig};
 pub use deltalake;
-pub use engine::{Engine, FileOutcome, FileStatus, Phases, ProcessReport, TableReport};
+pub use engine::{Engine, FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath};
 pub use error::{Error, Location, Result};
 pub use props::TableProps;
 pub use source::{FileCounts, SeqKind};

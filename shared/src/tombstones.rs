@@ -68,7 +68,7 @@ impl<'a> Tombstones<'a> {
         plan_schema: &Schema,
     ) -> Result<Self> {
         let schema = schema(cfg, plan_schema)?;
-        let name = format!("{}_tombstones", cfg.name);
+        let name = cfg.label(crate::config::Managed::Tombstones);
         let url = cfg
             .tombstones
             .as_ref()

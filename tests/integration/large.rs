@@ -62,7 +62,7 @@ async fn a_file_larger_than_a_slice_merges_in_slices_with_the_same_result() {
     }
     // The full load into a new table: appended whole, one commit; the CDC file (updates
     // and deletes): one commit per slice.
-    let commits: Vec<(usize, bool)> = r.tables.iter().map(|t| (t.slices, t.appended)).collect();
+    let commits: Vec<(usize, bool)> = r.tables.iter().map(|t| (t.slices, t.appended())).collect();
     assert_eq!(commits[0], (1, true), "{commits:?}");
     assert!(
         commits[1].0 >= 4,
@@ -179,13 +179,13 @@ async fn new_keys_are_appended_and_anything_else_is_merged() {
     let l = fx.put_items("LOAD00000001.parquet", &load(1..=1000, 1));
     let r = fx.merge_ok(std::slice::from_ref(&l)).await;
     assert!(
-        r.tables[0].appended,
+        r.tables[0].appended(),
         "a full load into a new table is appended"
     );
     assert_eq!(r.tables[0].inserted, 1000);
     // Re-delivered: its keys are there now, so it is merged (and changes nothing).
     let r = fx.merge_ok(std::slice::from_ref(&l)).await;
-    assert!(!r.tables[0].appended);
+    assert!(!r.tables[0].appended());
     assert_eq!(r.tables[0].inserted + r.tables[0].updated, 0);
     // CDC inserts of keys above every key: appended; with an update among them: merged.
     let new = fx.put_items(
@@ -195,7 +195,7 @@ async fn new_keys_are_appended_and_anything_else_is_merged() {
             c('I', "2024-01-01 10:00:00.000001", 1002, "b", 2),
         ],
     );
-    assert!(fx.merge_ok(&[new]).await.tables[0].appended);
+    assert!(fx.merge_ok(&[new]).await.tables[0].appended());
     let mixed = fx.put_items(
         "20240101-1100000000.parquet",
         &[
@@ -203,7 +203,7 @@ async fn new_keys_are_appended_and_anything_else_is_merged() {
             c('U', "2024-01-01 11:00:00.000001", 5, "b", 3),
         ],
     );
-    assert!(!fx.merge_ok(&[mixed]).await.tables[0].appended);
+    assert!(!fx.merge_ok(&[mixed]).await.tables[0].appended());
     // A key deleted earlier (a tombstone) and inserted again by an older change: merged,
     // and the delete stands.
     let del = fx.put_items(
@@ -216,7 +216,7 @@ async fn new_keys_are_appended_and_anything_else_is_merged() {
         &[c('I', "2024-01-01 11:50:00.000000", 2000, "a", 9)],
     );
     let r = fx.merge_ok(&[late]).await;
-    assert!(!r.tables[0].appended);
+    assert!(!r.tables[0].appended());
     assert!(!fx.items_rows().await.iter().any(|r| r.0 == 2000));
     assert_eq!(counts(&fx).await, (1003, 1003));
 }
@@ -369,7 +369,11 @@ async fn a_large_full_load_is_appended_whole_in_one_commit() {
         .version();
     let r = fx.merge_ok(std::slice::from_ref(&good)).await;
     let t = &r.tables[0];
-    assert_eq!((t.slices, t.appended, t.inserted), (1, true, 5000), "{t:?}");
+    assert_eq!(
+        (t.slices, t.appended(), t.inserted),
+        (1, true, 5000),
+        "{t:?}"
+    );
     // The same without `sequence_by` (no sequence kinds to record).
     let plain = Fixture::new(&format!(
         "{}slice_rows = 1024\n",
@@ -381,7 +385,11 @@ async fn a_large_full_load_is_appended_whole_in_one_commit() {
         .merge_ok(&[plain.put_items("LOAD00000001.parquet", &rows)])
         .await;
     let p = &r.tables[0];
-    assert_eq!((p.slices, p.appended, p.inserted), (1, true, 5000), "{p:?}");
+    assert_eq!(
+        (p.slices, p.appended(), p.inserted),
+        (1, true, 5000),
+        "{p:?}"
+    );
     assert_eq!(
         t.version,
         before.map(|v| v + 1),
@@ -441,7 +449,7 @@ async fn concurrent_whole_file_appends_never_duplicate_a_key() {
         let shapes: Vec<(usize, bool, u32)> = reports
             .iter()
             .flat_map(|r| &r.tables)
-            .map(|t| (t.slices, t.appended, t.commit_attempts))
+            .map(|t| (t.slices, t.appended(), t.commit_attempts))
             .collect();
         assert!(
             shapes[2].0 == 1 && shapes[2].1 && shapes[3].0 == 1 && shapes[3].1,

@@ -293,7 +293,7 @@ async fn the_retry_of_a_whole_file_append_killed_before_its_manifests_writes_the
     let crashed = crashing_engine(&fx, "slice_rows = 1024\n");
     let r = crashed.process(std::slice::from_ref(&load)).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-    assert!(r.tables[0].appended, "{:?}", r.tables[0]);
+    assert!(r.tables[0].appended(), "{:?}", r.tables[0]);
     assert!(!fx.path("curated/items/_symlink_format_manifest").exists());
     let r = fx.merge_ok(&[load]).await;
     for t in &r.tables {

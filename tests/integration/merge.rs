@@ -1184,7 +1184,7 @@ async fn parquet_compression_applies_to_every_file_written() {
         &[c('U', "2024-01-01 11:00:00.000000", 1, "a", 1000)],
     );
     let r = fx.merge_ok(&[update]).await;
-    assert_eq!((r.tables[0].updated, r.tables[0].appended), (1, false));
+    assert_eq!((r.tables[0].updated, r.tables[0].appended()), (1, false));
     let table = fx.path("curated/items");
     assert_eq!(
         codecs(&table),
@@ -1350,7 +1350,10 @@ async fn the_rewrite_and_the_delta_rs_merge_give_the_same_table_and_counts() {
             let mut in_order = all.clone();
             in_order.sort_by(|x, y| x.ts.cmp(&y.ts));
             assert_eq!(rewrite.items_rows().await, model(&in_order), "{name}");
-            assert!(a.tables[0].rewritten && !b.tables[0].rewritten, "{name}");
+            assert!(
+                a.tables[0].rewritten() && !b.tables[0].rewritten(),
+                "{name}"
+            );
         }
         if n == 1 {
             // Rows moved to another partition are written with the inserts: one new file
@@ -1402,7 +1405,7 @@ async fn a_file_the_rewrite_does_not_change_is_left_as_it_is() {
         .merge_ok(&[fx.put_items("2024/01/01/20240101-0000000001.parquet", &cdc)])
         .await;
     let t = &r.tables[0];
-    assert!(t.rewritten, "{t:?}");
+    assert!(t.rewritten(), "{t:?}");
     assert_eq!((t.inserted, t.updated, t.files_removed), (1, 1, 1), "{t:?}");
     let after = parquet_files(&fx.path("curated/items"));
     assert_eq!(
@@ -1445,7 +1448,7 @@ async fn a_file_changed_after_the_rows_held_back_is_read_again_and_written_whole
         .await;
     assert!(r.failures().next().is_none(), "{:?}", r.files);
     let t = &r.tables[0];
-    assert!(t.rewritten, "{t:?}");
+    assert!(t.rewritten(), "{t:?}");
     assert_eq!((t.inserted, t.updated, t.files_removed), (1, 1, 1), "{t:?}");
     let after = parquet_files(&fx.path("curated/items"));
     assert_eq!(after.len(), before.len() + t.files_added);
@@ -1521,7 +1524,7 @@ async fn a_composite_string_key_rewrites_as_the_delta_rs_merge_does() {
             "{name}"
         );
         if !name.starts_with("LOAD") {
-            assert!(ta.rewritten && !tm.rewritten, "{name}");
+            assert!(ta.rewritten() && !tm.rewritten(), "{name}");
         }
         let got = column_text(&rewrite.query("curated/multi", sql).await);
         assert_eq!(

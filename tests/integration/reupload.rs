@@ -117,7 +117,7 @@ async fn a_large_file_overwritten_with_other_contents_is_refused_on_either_path(
     let inserts = fx.put_items("LOAD00000001.parquet", &load);
     let r = fx.merge_ok(std::slice::from_ref(&inserts)).await;
     assert!(
-        r.tables[0].appended,
+        r.tables[0].appended(),
         "a full load into a new table is appended"
     );
     // New keys: appended whole.
@@ -128,7 +128,7 @@ async fn a_large_file_overwritten_with_other_contents_is_refused_on_either_path(
     };
     let file = fx.put_items("20240101-0100000000.parquet", &new_keys(1));
     let r = fx.merge_ok(std::slice::from_ref(&file)).await;
-    assert!(r.tables[0].appended, "{:?}", r.tables);
+    assert!(r.tables[0].appended(), "{:?}", r.tables);
     let rows = fx.items_rows().await;
     fx.put_items("20240101-0100000000.parquet", &new_keys(2));
     let r = fx.engine.process(std::slice::from_ref(&file)).await;

@@ -94,6 +94,42 @@ pub struct ColumnSpec {
     pub data_type: DataType,
 }
 
+/// One of the Delta tables tributary keeps for a configured table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Managed {
+    /// The current table (`target`).
+    Current,
+    /// The delete tombstones (`tombstones`).
+    Tombstones,
+    /// The history (SCD type 2) table (`[table.history] target`).
+    History,
+    /// The history's change log (`[table.history] changes`).
+    ChangeLog,
+}
+
+impl Managed {
+    /// What the configuration calls it (in messages).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Managed::Current => "target",
+            Managed::Tombstones => "tombstones",
+            Managed::History => "history target",
+            Managed::ChangeLog => "history change log",
+        }
+    }
+
+    /// Its one label — logs, reports, the Delta table's metadata name: `<table>`,
+    /// `<table>_tombstones`, `<table>_history`, `<table>_history_changes`.
+    pub fn label(self, table: &str) -> String {
+        match self {
+            Managed::Current => table.to_string(),
+            Managed::Tombstones => format!("{table}_tombstones"),
+            Managed::History => format!("{table}_history"),
+            Managed::ChangeLog => format!("{table}_history_changes"),
+        }
+    }
+}
+
 /// One source table and its curated Delta table.
 #[derive(Debug, Clone)]
 pub struct TableConfig {
@@ -290,6 +326,23 @@ impl TableConfig {
         }
     }
 
+    /// The managed Delta tables this table has, with their locations, in the order above.
+    pub fn managed(&self) -> Vec<(Managed, &Url)> {
+        let mut out = Vec::new();
+        out.extend(self.target.as_ref().map(|u| (Managed::Current, u)));
+        out.extend(self.tombstones.as_ref().map(|u| (Managed::Tombstones, u)));
+        if let Some(h) = &self.history {
+            out.push((Managed::History, &h.target));
+            out.push((Managed::ChangeLog, &h.changes));
+        }
+        out
+    }
+
+    /// The label of one of its managed tables ([`Managed::label`]).
+    pub fn label(&self, m: Managed) -> String {
+        m.label(&self.name)
+    }
+
     /// Whether `column` (a source column) is written to the curated table.
     pub fn keeps_column(&self, column: &str) -> bool {
         column != self.op_column
@@ -351,14 +404,8 @@ impl Config {
                 && format!("{}/", u.path().trim_end_matches('/')).starts_with(root.path())
         };
         for t in &self.tables {
-            let mut places = Vec::new();
-            places.extend(t.target.as_ref().map(|u| ("target", u)));
-            places.extend(t.tombstones.as_ref().map(|u| ("tombstones", u)));
-            if let Some(h) = &t.history {
-                places.push(("history target", &h.target));
-                places.push(("history change log", &h.changes));
-            }
-            if let Some((what, url)) = places.into_iter().find(|(_, u)| !inside(u)) {
+            if let Some((m, url)) = t.managed().into_iter().find(|(_, u)| !inside(u)) {
+                let what = m.describe();
                 return Err(Error::config(
                     &self.origin,
                     format!(

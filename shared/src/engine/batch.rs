@@ -10,11 +10,10 @@ use deltalake::kernel::Transaction;
 use deltalake::DeltaTable;
 
 use super::recheck::recheck_tombstones;
-use super::{Engine, TableReport};
+use super::{Engine, TableReport, WritePath};
 use crate::config::TableConfig;
 use crate::delta::{self, MergeExtras};
 use crate::error::Result;
-use crate::manifest;
 use crate::plan::{self, MergePlan};
 use crate::props::TableProps;
 use crate::retry::Retry;
@@ -58,52 +57,7 @@ fn ms_since(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
 }
 
-/// The table as the batch's first attempt read it: what the post-commit steps (manifests,
-/// catalog) compare the final table with. The first attempt's, not the last's: an attempt
-/// that committed (a MERGE) and then failed (its tombstone re-check conflicted) leaves its
-/// commit in the table, and the retry's own "before" already contains it.
-#[derive(Clone)]
-pub(super) struct Before {
-    version: Option<u64>,
-    schema: Option<arrow::datatypes::SchemaRef>,
-    /// Live files (only when manifests are on: nothing else needs them).
-    files: Vec<manifest::LiveFile>,
-}
-
-impl Before {
-    /// The table as it is now (live files only when manifests are on).
-    pub(super) fn of(table: &TableConfig, target: &DeltaTable) -> Result<Self> {
-        Ok(Before {
-            version: target.version(),
-            schema: delta::arrow_schema(target),
-            files: if table.manifests {
-                manifest::live_files(target)?
-            } else {
-                Vec::new()
-            },
-        })
-    }
-}
-
-/// A merge as the post-commit steps see it: the table after it and, when it committed,
-/// the table before (`None`: nothing committed — a re-delivery, or the retry of a merge
-/// that crashed after its commit).
-pub(crate) struct Committed {
-    before: Option<Before>,
-    after: DeltaTable,
-    /// The version the MERGE read (`None`: not a MERGE).
-    read: Option<u64>,
-}
-
-impl Committed {
-    pub(super) fn new(before: Before, after: DeltaTable) -> Self {
-        Committed {
-            before: Some(before),
-            after,
-            read: None,
-        }
-    }
-}
+pub(crate) use crate::commit::{Before, Committed};
 
 /// The state a commit attempt starts from.
 struct Attempt<'a> {
@@ -225,46 +179,29 @@ impl Engine {
         Ok(report)
     }
 
-    /// After a merge: the manifests of the partitions its commit touched — and of those
-    /// earlier commits touched when the manifests are behind them (a crash between a commit
-    /// and its manifests: the retry commits nothing) — then the catalog entries, for the
-    /// commit and for what the manifests were behind. Neither fails the merge: it is
-    /// committed.
+    /// After a merge: the post-commit observers ([`crate::commit::publish`]), into the
+    /// report. Neither fails the merge: it is committed.
     pub(super) async fn after_merge(
         &self,
         table: &TableConfig,
         m: Committed,
         report: &mut TableReport,
     ) {
-        let t = Instant::now();
-        let for_catalog = table.catalog.is_some().then(|| m.after.clone());
-        let (mut behind, mut pending) = (manifest::Behind::No, None);
-        if table.manifests {
-            (behind, pending) = self
-                .update_manifests(table, m.before.as_ref(), m.after, report)
-                .await;
-        }
-        report.phases_ms.manifests = ms_since(t);
-        if let Some(after) = for_catalog {
-            let t = Instant::now();
-            if let Some(before) = &m.before {
-                let r = self
-                    .catalog
-                    .after_commit(table, false, before.schema.as_ref(), &before.files, &after)
-                    .await;
-                absorb(report, r);
-            }
-            let r = self.catalog.catch_up(table, false, &behind, &after).await;
-            absorb(report, r);
-            report.phases_ms.catalog = ms_since(t);
-        }
-        // Last: until it is written, the next merge redoes the manifests and the catalog.
-        if let Some(p) = pending {
-            if let Err(e) = p.record(&self.storage).await {
-                tracing::error!(table = %table.name, error = %e, "manifest version marker not written; the next merge of the table rewrites the manifests of this commit");
-                report.manifest_error = Some(e.to_string());
-            }
-        }
+        let p = crate::commit::publish(
+            &self.storage,
+            &self.catalog,
+            table,
+            crate::commit::Output::Current,
+            &m,
+        )
+        .await;
+        report.manifests_written = p.manifests_written;
+        report.manifests_deleted = p.manifests_deleted;
+        report.manifests_caught_up = p.caught_up;
+        report.manifest_error = p.manifest_error;
+        report.phases_ms.manifests = p.manifests_ms;
+        report.phases_ms.catalog = p.catalog_ms;
+        crate::commit::absorb(&mut report.catalog, p.catalog);
     }
 
     /// The batch's versions into the history table.
@@ -372,11 +309,9 @@ impl Engine {
             .clone()
             .ok_or_else(|| crate::error::Error::internal("no first read"))?;
         // Any commit since the first read (this attempt's or an earlier one's).
-        let committed = target.version() != before.version;
         Ok(Committed {
-            before: committed.then_some(before),
-            after: target,
             read: read_version,
+            ..Committed::since(before, target)
         })
     }
 
@@ -483,38 +418,6 @@ impl Engine {
         )
         .await
     }
-
-    /// Bring the manifests to the table after the merge ([`manifest::catch_up`]): the
-    /// partitions its commit touched (`before`: the table it first read; `None` when it
-    /// committed nothing), and those of earlier commits the manifests are behind. A failure
-    /// does not fail the merge (it is committed); it is logged and reported, and the version
-    /// marker, not moved, makes the next merge of the table catch up. Returns what the
-    /// manifests were behind (the catalog follows it) and the marker write still owed.
-    async fn update_manifests(
-        &self,
-        table: &TableConfig,
-        before: Option<&Before>,
-        after: DeltaTable,
-        report: &mut TableReport,
-    ) -> (manifest::Behind, Option<manifest::Pending>) {
-        let since = before.map(|b| manifest::Since {
-            version: b.version,
-            files: &b.files,
-        });
-        match manifest::catch_up(&self.storage, after, since).await {
-            Ok((m, behind, pending)) => {
-                report.manifests_written = m.written;
-                report.manifests_deleted = m.deleted;
-                report.manifests_caught_up = behind != manifest::Behind::No;
-                (behind, pending)
-            }
-            Err(e) => {
-                tracing::error!(table = %table.name, error = %e, "manifests not updated; the next merge of the table or the maintenance run rewrites them");
-                report.manifest_error = Some(e.to_string());
-                (manifest::Behind::No, None)
-            }
-        }
-    }
 }
 
 /// Commit the plan: appended when no row of the table can match (what MERGE would insert,
@@ -534,7 +437,7 @@ async fn write(
         if let Some(rw) = crate::rewrite::Rewrite::eligible(table, &target, plan, a.extras)? {
             match rw.run(table, target.clone(), a.files, a.extras).await {
                 Ok((target, r)) => {
-                    record(report, Written::Rewritten, &r);
+                    record(report, WritePath::Rewrite, &r);
                     return Ok(target);
                 }
                 // A data file tributary cannot read itself (a type it does not convert, a
@@ -553,7 +456,7 @@ async fn write(
             files_added: m.num_target_files_added,
             files_removed: m.num_target_files_removed,
         };
-        record(report, Written::Merged, &counts);
+        record(report, WritePath::Merge, &counts);
         return Ok(target);
     };
     let rows = plan.batch.num_rows();
@@ -564,21 +467,13 @@ async fn write(
         files_added: written,
         ..Default::default()
     };
-    record(report, Written::Appended, &counts);
+    record(report, WritePath::Append, &counts);
     Ok(target)
 }
 
-/// How a commit wrote the plan.
-enum Written {
-    Appended,
-    Rewritten,
-    Merged,
-}
-
 /// The commit's counts in the report.
-fn record(report: &mut TableReport, how: Written, c: &Applied) {
-    report.appended = matches!(how, Written::Appended);
-    report.rewritten = matches!(how, Written::Rewritten);
+fn record(report: &mut TableReport, how: WritePath, c: &Applied) {
+    report.write_path = Some(how);
     report.inserted = c.inserted;
     report.updated = c.updated;
     report.deleted = c.deleted;
@@ -602,12 +497,7 @@ fn file_records(table: &TableConfig, batch: &Batch<'_>) -> Vec<Transaction> {
 
 /// Add a catalog sync's report to the table's.
 pub(super) fn absorb(report: &mut TableReport, r: Option<crate::catalog::CatalogReport>) {
-    if let Some(r) = r {
-        report
-            .catalog
-            .get_or_insert_with(Default::default)
-            .absorb(&r);
-    }
+    crate::commit::absorb(&mut report.catalog, r);
 }
 
 /// `change_data_feed = true` on a table that does not have the feed on yet: turned on (a

@@ -29,7 +29,7 @@ use crate::source::{self, ChangeSet, FileClass};
 use crate::storage::{self, Storage};
 
 pub(crate) use batch::Batch;
-pub use report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport};
+pub use report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath};
 
 /// The merge engine: configuration, storage and delta-rs options, built once.
 #[derive(Debug, Clone)]

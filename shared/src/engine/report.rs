@@ -89,13 +89,34 @@ pub struct TableReport {
     pub catalog: Option<crate::catalog::CatalogReport>,
     /// Commits a large file was merged in (0: the files fit one commit).
     pub slices: usize,
-    /// The (last) commit appended the rows instead of merging them: no row of the table had
-    /// a key in the batch's key range (a full load into a new table, new keys).
-    pub appended: bool,
-    /// The (last) commit rewrote the files holding the batch's keys with tributary's
-    /// copy-on-write rewrite; false when it was appended or MERGEd by delta-rs (sparse or
-    /// new columns, reloads, change data feed, tables tributary cannot read directly).
-    pub rewritten: bool,
+    /// How the (last) commit wrote the batch (`None`: nothing was written).
+    pub write_path: Option<WritePath>,
+}
+
+/// How a commit wrote a batch: chosen once per commit, from the plan and the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WritePath {
+    /// The rows appended as new data files: no row of the table had a key in the batch's
+    /// key range (a full load into a new table, new keys).
+    Append,
+    /// The files holding the batch's keys rewritten by tributary's copy-on-write rewrite.
+    Rewrite,
+    /// delta-rs's MERGE (sparse or new columns, reloads, the change data feed, data files
+    /// tributary cannot read itself).
+    Merge,
+}
+
+impl TableReport {
+    /// The (last) commit appended the rows.
+    pub fn appended(&self) -> bool {
+        self.write_path == Some(WritePath::Append)
+    }
+
+    /// The (last) commit rewrote files with tributary's copy-on-write rewrite.
+    pub fn rewritten(&self) -> bool {
+        self.write_path == Some(WritePath::Rewrite)
+    }
 }
 
 /// Milliseconds per phase of a table merge.
@@ -128,8 +149,7 @@ impl TableReport {
     /// Add the next commit's report (the slices of a large file: one report for the file).
     pub(crate) fn absorb(&mut self, o: &TableReport) {
         self.version = o.version.or(self.version);
-        self.appended = o.appended;
-        self.rewritten = o.rewritten;
+        self.write_path = o.write_path;
         self.source_rows += o.source_rows;
         self.inserted += o.inserted;
         self.updated += o.updated;

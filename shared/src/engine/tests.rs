@@ -295,7 +295,11 @@ async fn a_delete_racing_a_whole_file_append_still_deletes_its_row() {
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
     let t = &r.tables[0];
-    assert_eq!((t.slices, t.appended, t.inserted), (1, true, 3000), "{t:?}");
+    assert_eq!(
+        (t.slices, t.appended(), t.inserted),
+        (1, true, 3000),
+        "{t:?}"
+    );
     assert_eq!(t.deleted, 1, "the re-check removed it again");
     let ids = ids_of(&config).await;
     assert_eq!(ids.len(), 2999);

@@ -60,7 +60,7 @@ impl Written {
             inserted: self.rows,
             files_added: self.adds.len(),
             slices: 1,
-            appended: true,
+            write_path: Some(super::WritePath::Append),
             ..Default::default()
         }
     }
@@ -270,7 +270,7 @@ impl Engine {
         tracing::info!(table = %table.name, file = %name, slices = w.slices, rows = w.rows, files_added = written, write_wait_ms = w.write_wait_ms, total_ms = start.elapsed().as_millis() as u64, "appended the whole file in one commit");
         self.after_merge(
             table,
-            super::batch::Committed::new(before, after),
+            crate::commit::Committed::since(before, after),
             &mut report,
         )
         .await;

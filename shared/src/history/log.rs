@@ -114,13 +114,13 @@ pub(super) async fn append(
     rows: RecordBatch,
     files: &[String],
 ) -> Result<DeltaTable> {
-    let label = format!("{} history changes", cfg.name);
+    let label = cfg.label(crate::config::Managed::ChangeLog);
     let mut retry = Retry::new(&label, cfg.max_commit_attempts);
     loop {
         let table = delta::open_or_create(
             &h.changes,
             options,
-            &format!("{}_changes", cfg.name),
+            &label,
             &rows.schema(),
             &[],
             Default::default(),

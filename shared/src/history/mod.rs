@@ -41,6 +41,7 @@ use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::DeltaTable;
 use serde::Serialize;
 
+use crate::commit::{Before, Committed};
 use crate::config::{HistoryConfig, HistoryDeletes, TableConfig};
 use crate::delta;
 use crate::error::{Error, Result};
@@ -109,7 +110,7 @@ pub(crate) async fn apply(
     // Appended by the first attempt, before its MERGE, less the changes already logged.
     let mut unlogged = Some(log::rows(changes.sets, &columns)?);
     let mut log_table = delta::open(&h.changes, options).await?;
-    let label = format!("{} history", cfg.name);
+    let label = cfg.label(crate::config::Managed::History);
     let mut retry = Retry::new(&label, cfg.max_commit_attempts);
     loop {
         let ctx = Attempt {
@@ -123,27 +124,17 @@ pub(crate) async fn apply(
         match ctx.run(&mut log_table, &mut unlogged).await {
             Ok((mut r, w)) => {
                 r.commit_attempts = retry.attempt();
-                let for_catalog = cfg.catalog.is_some().then(|| w.after.clone());
-                let (mut behind, mut pending) = (crate::manifest::Behind::No, None);
-                if cfg.manifests {
-                    (behind, pending) = manifests(cfg, storage, &w, &mut r).await;
-                }
-                if let Some(after) = for_catalog {
-                    if let Some(b) = &w.before {
-                        let c = catalog
-                            .after_commit(cfg, true, b.schema.as_ref(), &b.files, &after)
-                            .await;
-                        add_catalog(&mut r, c);
-                    }
-                    add_catalog(&mut r, catalog.catch_up(cfg, true, &behind, &after).await);
-                }
-                // Last: until it is written, the next call redoes manifests and catalog.
-                if let Some(p) = pending {
-                    if let Err(e) = p.record(storage).await {
-                        tracing::error!(table = %cfg.name, error = %e, "history manifest version marker not written; the next call rewrites the manifests of this commit");
-                        r.manifest_error = Some(e.to_string());
-                    }
-                }
+                let p = crate::commit::publish(
+                    storage,
+                    catalog,
+                    cfg,
+                    crate::commit::Output::History,
+                    &w,
+                )
+                .await;
+                r.manifests_caught_up = p.caught_up;
+                r.manifest_error = p.manifest_error;
+                crate::commit::absorb(&mut r.catalog, p.catalog);
                 return Ok(r);
             }
             Err(e) => {
@@ -207,34 +198,6 @@ fn check_names(cfg: &TableConfig, h: &HistoryConfig, columns: &[Field]) -> Resul
     }
 }
 
-/// Bring the history's manifests to the table after the call ([`crate::manifest::catch_up`]):
-/// the partitions its commit touched, and those of earlier commits the manifests are
-/// behind (a crash after a history commit: the retry commits nothing). A failure is logged
-/// and reported; the next call or the maintenance run catches up. Returns what the
-/// manifests were behind (the catalog follows it) and the marker write still owed.
-async fn manifests(
-    cfg: &TableConfig,
-    storage: &Storage,
-    w: &Written,
-    r: &mut HistoryReport,
-) -> (crate::manifest::Behind, Option<crate::manifest::Pending>) {
-    let since = w.before.as_ref().map(|b| crate::manifest::Since {
-        version: b.version,
-        files: &b.files,
-    });
-    match crate::manifest::catch_up(storage, w.after.clone(), since).await {
-        Ok((_, behind, pending)) => {
-            r.manifests_caught_up = behind != crate::manifest::Behind::No;
-            (behind, pending)
-        }
-        Err(e) => {
-            tracing::error!(table = %cfg.name, error = %e, "history manifests not updated; the next call or the maintenance run rewrites them");
-            r.manifest_error = Some(e.to_string());
-            (crate::manifest::Behind::No, None)
-        }
-    }
-}
-
 /// What one attempt works with.
 struct Attempt<'a> {
     cfg: &'a TableConfig,
@@ -245,36 +208,6 @@ struct Attempt<'a> {
     columns: &'a [Field],
 }
 
-/// A history call's table after it and, when it committed, before it.
-struct Written {
-    before: Option<Before>,
-    after: DeltaTable,
-}
-
-/// The history table as a call first read it (live files only when manifests are on).
-struct Before {
-    version: Option<u64>,
-    schema: Option<arrow::datatypes::SchemaRef>,
-    files: Vec<crate::manifest::LiveFile>,
-}
-
-impl Written {
-    /// `after`, with `before` kept when a commit happened since.
-    fn new(before: Before, after: DeltaTable) -> Self {
-        let committed = after.version() != before.version;
-        Written {
-            before: committed.then_some(before),
-            after,
-        }
-    }
-}
-
-fn add_catalog(r: &mut HistoryReport, c: Option<crate::catalog::CatalogReport>) {
-    if let Some(c) = c {
-        r.catalog.get_or_insert_with(Default::default).absorb(&c);
-    }
-}
-
 impl Attempt<'_> {
     /// Read the keys' versions (and, for late keys, their logged changes), log the batch's
     /// changes not logged yet (`unlogged`, once), fold, MERGE.
@@ -282,9 +215,9 @@ impl Attempt<'_> {
         &self,
         log_table: &mut DeltaTable,
         unlogged: &mut Option<RecordBatch>,
-    ) -> Result<(HistoryReport, Written)> {
+    ) -> Result<(HistoryReport, Committed)> {
         let (cfg, h) = (self.cfg, self.h);
-        let label = format!("{} history", cfg.name);
+        let label = cfg.label(crate::config::Managed::History);
         let batch_kind = if cfg.sequence_by.is_empty() {
             // No sequence values: the intervals stay empty, in the type they always had.
             Some(SeqKind::Timestamp)
@@ -316,7 +249,7 @@ impl Attempt<'_> {
         let (table, created) = delta::open_or_create(
             &h.target,
             self.options,
-            &format!("{}_history", cfg.name),
+            &cfg.label(crate::config::Managed::History),
             &Schema::new(schema_fields),
             &h.partition_by,
             props,
@@ -326,15 +259,7 @@ impl Attempt<'_> {
         if created {
             created_report = self.catalog.created(cfg, true, &table).await;
         }
-        let before = Before {
-            version: table.version(),
-            schema: delta::arrow_schema(&table),
-            files: if cfg.manifests {
-                crate::manifest::live_files(&table)?
-            } else {
-                Vec::new()
-            },
-        };
+        let before = Before::of(cfg, &table)?;
         let kind = history_kind(cfg, h, &table, batch_kind)?;
         // Starts left null (a full load without sequence values, before the kind was known
         // or before this rule) get the kind's floor once, when the kinds are recorded.
@@ -380,7 +305,7 @@ impl Attempt<'_> {
             late_keys: late.len(),
             ..Default::default()
         };
-        add_catalog(&mut report, created_report);
+        crate::commit::absorb(&mut report.catalog, created_report);
         let txns = record.map(|r| r.txns.as_slice()).unwrap_or_default();
         if out.batch.num_rows() == 0 {
             let read_version = table.version();
@@ -389,7 +314,7 @@ impl Attempt<'_> {
                 table = crate::delta::record_kinds(table, self.changes.kinds).await?;
             }
             report.version = table.version();
-            return Ok((report, Written::new(before, table)));
+            return Ok((report, Committed::since(before, table)));
         }
         let read_version = table.version();
         let table = merge_versions(cfg, table, &out.batch, self.changes.files, txns).await?;
@@ -401,7 +326,7 @@ impl Attempt<'_> {
             table = crate::delta::record_kinds(table, self.changes.kinds).await?;
         }
         report.version = table.version();
-        Ok((report, Written::new(before, table)))
+        Ok((report, Committed::since(before, table)))
     }
 }
 
@@ -461,7 +386,7 @@ async fn settle_kinds(
     let Some(kind) = kind else {
         return Ok(table);
     };
-    let label = format!("{} history", cfg.name);
+    let label = cfg.label(crate::config::Managed::History);
     let floor = interval::to_typed(kind, &[Some(interval::floor(kind))])?;
     let floor = deltalake::datafusion::scalar::ScalarValue::try_from_array(&floor, 0)
         .map_err(|e| Error::datafusion(format!("{label}: interval floor"), e))?;
@@ -1101,7 +1026,7 @@ async fn merge_versions(
     files: &[String],
     txns: &[deltalake::kernel::Transaction],
 ) -> Result<DeltaTable> {
-    let label = format!("{} history", cfg.name);
+    let label = cfg.label(crate::config::Managed::History);
     let delta_err = |e| Error::delta(&label, e);
     let seq = cfg.sequence_column.as_str();
     let on = conjunction(

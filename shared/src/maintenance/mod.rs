@@ -186,7 +186,7 @@ async fn history_upkeep(
     storage: &Storage,
     options: &std::collections::HashMap<String, String>,
 ) -> Result<Option<MaintenanceReport>> {
-    let label = format!("{}_history", table_cfg.name);
+    let label = table_cfg.label(crate::config::Managed::History);
     let history = Tidy {
         url: &h.target,
         label: &label,
@@ -194,7 +194,7 @@ async fn history_upkeep(
         manifests: table_cfg.manifests,
     };
     let report = history.run(storage, options).await?;
-    let log_label = format!("{}_history_changes", table_cfg.name);
+    let log_label = table_cfg.label(crate::config::Managed::ChangeLog);
     let log = Tidy {
         url: &h.changes,
         label: &log_label,
@@ -472,7 +472,7 @@ async fn expire_tombstones(
     let (Some(target), Some(tombstones)) = (&table_cfg.target, &table_cfg.tombstones) else {
         return Ok(0);
     };
-    let label = format!("{} tombstones", table_cfg.name);
+    let label = table_cfg.label(crate::config::Managed::Tombstones);
     let cutoff = expiry_cutoff(Utc::now(), table_cfg.tombstone_retention);
     let mut t = delta::open(tombstones, options).await?;
     if !delta::exists(&t) {
@@ -536,7 +536,7 @@ async fn delete_tombstones_up_to(
     options: &std::collections::HashMap<String, String>,
     horizon: DateTime<Utc>,
 ) -> Result<usize> {
-    let label = format!("{} tombstones", table_cfg.name);
+    let label = table_cfg.label(crate::config::Managed::Tombstones);
     let mut retry = Retry::new(&label, 5);
     loop {
         let t = delta::open(tombstones, options).await?;
