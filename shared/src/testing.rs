@@ -98,3 +98,140 @@ impl ObjectStore for Counting {
         self.inner.rename_opts(from, to, options).await
     }
 }
+
+/// The places in production code where a test can run code of its own, to force an
+/// interleaving of concurrent writers or a crash (the one test-hook mechanism; compiled
+/// only for tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Point {
+    /// `merge_batch`, before the tombstones are opened (the table already loaded).
+    BeforeTombstones,
+    /// Between planning and the MERGE (or a whole-file append's commit).
+    BeforeMerge,
+    /// After the MERGE, before its deletes are confirmed.
+    BetweenCommits,
+    /// Before each compaction commit attempt (its partitions' folders as the argument).
+    BeforeCompactionCommit,
+}
+
+type HookFn = dyn Fn(Vec<String>) -> futures::future::BoxFuture<'static, ()> + Send + Sync;
+
+/// Code a test runs where production code reaches a [`Point`].
+#[derive(Clone)]
+pub(crate) struct Hook(Arc<HookFn>);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
+}
+
+impl Hook {
+    /// A hook given the point's argument each time it is reached.
+    pub(crate) fn each<F, Fut>(f: F) -> Hook
+    where
+        F: Fn(Vec<String>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let f = Arc::new(f);
+        Hook(Arc::new(move |arg| {
+            let f = f.clone();
+            Box::pin(async move { f(arg).await })
+        }))
+    }
+
+    /// A hook that runs `f` the first time it is reached only, and a flag saying it did
+    /// (set before `f` runs: `f` may reach the point again).
+    pub(crate) fn once<F, Fut>(f: F) -> (Hook, Arc<std::sync::atomic::AtomicBool>)
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, f) = (fired.clone(), Arc::new(f));
+        let hook = Hook::each(move |_| {
+            let (flag, f) = (flag.clone(), f.clone());
+            async move {
+                if !flag.swap(true, Ordering::SeqCst) {
+                    f().await;
+                }
+            }
+        });
+        (hook, fired)
+    }
+
+    /// A hook that runs `f` the `n`-th time it is reached (1-based) only.
+    pub(crate) fn nth<F, Fut>(n: usize, f: F) -> Hook
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let f = Arc::new(f);
+        Hook::each(move |_| {
+            let (calls, f) = (calls.clone(), f.clone());
+            async move {
+                if calls.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                    f().await;
+                }
+            }
+        })
+    }
+}
+
+/// The hooks of one holder: an engine's (a clone gets a copy of those set so far, as a
+/// field would), or the process-wide ones of free functions ([`global`], by key).
+#[derive(Default)]
+pub(crate) struct Hooks(std::sync::Mutex<Vec<(Point, String, Hook)>>);
+
+impl Clone for Hooks {
+    fn clone(&self) -> Self {
+        Hooks(std::sync::Mutex::new(self.all()))
+    }
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hooks")
+    }
+}
+
+impl Hooks {
+    fn all(&self) -> Vec<(Point, String, Hook)> {
+        self.0.lock().map(|h| h.clone()).unwrap_or_default()
+    }
+
+    /// Run `hook` whenever `point` is reached (for `key`: `""` for an engine's own).
+    pub(crate) fn set(&self, point: Point, key: &str, hook: Hook) {
+        if let Ok(mut h) = self.0.lock() {
+            h.push((point, key.to_string(), hook));
+        }
+    }
+
+    /// Forget the hooks set for `key`.
+    pub(crate) fn clear(&self, key: &str) {
+        if let Ok(mut h) = self.0.lock() {
+            h.retain(|(_, k, _)| k != key);
+        }
+    }
+
+    /// Production code reached `point` (for `key`), with `arg`: run the hooks set for it.
+    pub(crate) async fn reach(&self, point: Point, key: &str, arg: Vec<String>) {
+        let hooks: Vec<Hook> = self
+            .all()
+            .into_iter()
+            .filter(|(p, k, _)| *p == point && k == key)
+            .map(|(_, _, h)| h)
+            .collect();
+        for h in hooks {
+            (h.0)(arg.clone()).await;
+        }
+    }
+}
+
+/// The process-wide hooks, for code without an instance to hold them (maintenance); tests
+/// run in parallel, so each uses a key of its own (a table label).
+pub(crate) fn global() -> &'static Hooks {
+    static GLOBAL: std::sync::OnceLock<Hooks> = std::sync::OnceLock::new();
+    GLOBAL.get_or_init(Hooks::default)
+}

@@ -86,9 +86,9 @@ impl Engine {
         let mut report = batch.report(table);
         report.superseded_in_batch = base_plan.superseded;
         #[cfg(test)]
-        if let Some(hook) = &self.before_tombstones {
-            (hook.0)().await;
-        }
+        self.hooks
+            .reach(crate::testing::Point::BeforeTombstones, "", vec![])
+            .await;
         // Deletes are recorded first, as pending: durable before this MERGE reads the table,
         // so a concurrent older upsert either is seen by this MERGE or sees them — and holds
         // its change back. Other writers apply a tombstone (turn their older upserts into
@@ -129,9 +129,9 @@ impl Engine {
             }
         };
         #[cfg(test)]
-        if let Some(hook) = &self.between_commits {
-            (hook.0)().await;
-        }
+        self.hooks
+            .reach(crate::testing::Point::BetweenCommits, "", vec![])
+            .await;
         if base_plan.deletes > 0 {
             let t = Instant::now();
             tombstones.confirm(&base_plan, &files).await?;
@@ -288,9 +288,9 @@ impl Engine {
         report.phases_ms.tombstones_read = ms_since(t);
         delta::align_to_table(table, &mut plan, &target)?;
         #[cfg(test)]
-        if let Some(hook) = &self.before_merge {
-            (hook.0)().await;
-        }
+        self.hooks
+            .reach(crate::testing::Point::BeforeMerge, "", vec![])
+            .await;
         let read_version = target.version();
         let t = Instant::now();
         let target = write(table, target, &plan, a, report).await?;

@@ -42,15 +42,9 @@ pub struct Engine {
     /// Why files no table owns fail instead of being ignored (a newer configuration is
     /// refused: they may belong to a table it adds).
     unowned: Option<Arc<str>>,
+    /// Test code run at [`crate::testing::Point`]s of this engine's merges.
     #[cfg(test)]
-    before_merge: Option<tests::Hook>,
-    /// Runs at the start of `merge_batch`, before the tombstones are opened (the table
-    /// already loaded by the caller).
-    #[cfg(test)]
-    before_tombstones: Option<tests::Hook>,
-    /// Runs in `merge_batch` after the MERGE, before the deletes are recorded.
-    #[cfg(test)]
-    between_commits: Option<tests::Hook>,
+    pub(crate) hooks: crate::testing::Hooks,
 }
 
 /// Files read for a call.
@@ -90,11 +84,7 @@ impl Engine {
             local_s3_root: None,
             unowned: None,
             #[cfg(test)]
-            before_merge: None,
-            #[cfg(test)]
-            before_tombstones: None,
-            #[cfg(test)]
-            between_commits: None,
+            hooks: Default::default(),
         }
     }
 

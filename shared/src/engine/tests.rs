@@ -1,46 +1,13 @@
 //! Engine tests that need its internals: forced interleavings of concurrent writers.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use arrow::array::{Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 
 use super::*;
 
-type HookFn = dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
-
-/// Runs inside `try_merge` between planning and the MERGE, to force interleavings.
-#[derive(Clone)]
-pub(crate) struct Hook(pub Arc<HookFn>);
-
-impl std::fmt::Debug for Hook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Hook")
-    }
-}
-
-impl Hook {
-    /// A hook that runs `f` the first time it is reached only, and a flag saying it did.
-    fn once<F, Fut>(f: F) -> (Hook, Arc<AtomicBool>)
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let fired = Arc::new(AtomicBool::new(false));
-        let (flag, f) = (fired.clone(), Arc::new(f));
-        let hook = Hook(Arc::new(move || {
-            let (flag, f) = (flag.clone(), f.clone());
-            Box::pin(async move {
-                if !flag.swap(true, Ordering::SeqCst) {
-                    f().await;
-                }
-            })
-        }));
-        (hook, fired)
-    }
-}
+use crate::testing::{Hook, Point};
 
 /// The ids in the table, in order.
 async fn ids_of(config: &Config) -> Vec<i64> {
@@ -115,7 +82,7 @@ async fn late_insert_racing_a_delete_does_not_revive_the_row() {
     let r = deleter.process(&[other]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
 
-    let mut inserter = Engine::new(config.clone());
+    let inserter = Engine::new(config.clone());
     let (d, del) = (deleter.clone(), delete.clone());
     let (hook, fired) = Hook::once(move || {
         let (d, del) = (d.clone(), del.clone());
@@ -125,7 +92,7 @@ async fn late_insert_racing_a_delete_does_not_revive_the_row() {
             assert_eq!(r.tables[0].deleted, 0, "the row is not there yet");
         }
     });
-    inserter.before_merge = Some(hook);
+    inserter.hooks.set(Point::BeforeMerge, "", hook);
     let r = inserter.process(&[insert]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
@@ -168,7 +135,7 @@ async fn a_compaction_racing_a_merge_never_revives_a_deleted_row() {
         .put(&delete, cdc("D", "2024-01-01 00:00:09", 1))
         .await
         .unwrap();
-    let mut deleter = Engine::new(config.clone());
+    let deleter = Engine::new(config.clone());
     let cfg = config.tables[0].clone();
     let (hook, fired) = Hook::once(move || {
         let cfg = cfg.clone();
@@ -184,7 +151,7 @@ async fn a_compaction_racing_a_merge_never_revives_a_deleted_row() {
             assert_eq!(m.partitions_compacted, 1, "the three files were compacted");
         }
     });
-    deleter.before_merge = Some(hook);
+    deleter.hooks.set(Point::BeforeMerge, "", hook);
     let r = deleter.process(&[delete]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
@@ -223,7 +190,7 @@ async fn a_delete_planned_on_a_table_loaded_before_a_late_insert_still_deletes_i
     }
     let r = inserter.process(std::slice::from_ref(&other)).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-    let mut deleter = Engine::new(config.clone());
+    let deleter = Engine::new(config.clone());
     let (ins, file) = (inserter.clone(), insert.clone());
     let (hook, fired) = Hook::once(move || {
         let (ins, file) = (ins.clone(), file.clone());
@@ -233,7 +200,7 @@ async fn a_delete_planned_on_a_table_loaded_before_a_late_insert_still_deletes_i
             assert_eq!(r.tables[0].inserted, 1, "no tombstone yet: inserted");
         }
     });
-    deleter.before_tombstones = Some(hook);
+    deleter.hooks.set(Point::BeforeTombstones, "", hook);
     let r = deleter.process(&[delete]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
@@ -280,7 +247,7 @@ async fn a_delete_racing_a_whole_file_append_still_deletes_its_row() {
         .await
         .unwrap();
     let deleter = Engine::new(config.clone());
-    let mut loader = Engine::new(config.clone());
+    let loader = Engine::new(config.clone());
     let (d, del) = (deleter.clone(), delete.clone());
     let (hook, fired) = Hook::once(move || {
         let (d, del) = (d.clone(), del.clone());
@@ -290,7 +257,7 @@ async fn a_delete_racing_a_whole_file_append_still_deletes_its_row() {
             assert_eq!(r.tables[0].deleted, 0, "the row is not there yet");
         }
     });
-    loader.before_merge = Some(hook);
+    loader.hooks.set(Point::BeforeMerge, "", hook);
     let r = loader.process(&[load]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
@@ -345,7 +312,7 @@ async fn a_merge_racing_a_reload_is_screened_again() {
         .put(&insert, cdc("I", "2024-01-01 00:00:01", 99))
         .await
         .unwrap();
-    let mut merger = Engine::new(config.clone());
+    let merger = Engine::new(config.clone());
     let c = config.clone();
     let (hook, fired) = Hook::once(move || {
         let c = c.clone();
@@ -353,7 +320,7 @@ async fn a_merge_racing_a_reload_is_screened_again() {
             register_reload(&c).await;
         }
     });
-    merger.before_merge = Some(hook);
+    merger.hooks.set(Point::BeforeMerge, "", hook);
     let r = merger.process(std::slice::from_ref(&insert)).await;
     assert!(fired.load(Ordering::SeqCst));
     let e = match &r.files[0].status {
@@ -409,7 +376,7 @@ async fn a_whole_file_append_racing_a_reload_is_screened_again() {
         .put(&big, crate::demo::to_parquet(&b).unwrap())
         .await
         .unwrap();
-    let mut loader = Engine::new(config.clone());
+    let loader = Engine::new(config.clone());
     let c = config.clone();
     let (hook, fired) = Hook::once(move || {
         let c = c.clone();
@@ -417,7 +384,7 @@ async fn a_whole_file_append_racing_a_reload_is_screened_again() {
             register_reload(&c).await;
         }
     });
-    loader.before_merge = Some(hook);
+    loader.hooks.set(Point::BeforeMerge, "", hook);
     let r = loader.process(std::slice::from_ref(&big)).await;
     assert!(fired.load(Ordering::SeqCst));
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
@@ -448,7 +415,7 @@ async fn kinds_recorded_by_a_concurrent_writer_are_checked_before_the_commit() {
         .unwrap();
     storage.put(&texted, cdc("I", "seq-0002", 2)).await.unwrap();
     let first = Engine::new(config.clone());
-    let mut second = Engine::new(config.clone());
+    let second = Engine::new(config.clone());
     let (f, file) = (first.clone(), stamped.clone());
     let (hook, fired) = Hook::once(move || {
         let (f, file) = (f.clone(), file.clone());
@@ -457,7 +424,7 @@ async fn kinds_recorded_by_a_concurrent_writer_are_checked_before_the_commit() {
             assert_eq!(r.failures().count(), 0, "{:?}", r.files);
         }
     });
-    second.before_tombstones = Some(hook);
+    second.hooks.set(Point::BeforeTombstones, "", hook);
     let r = second.process(std::slice::from_ref(&texted)).await;
     assert!(fired.load(Ordering::SeqCst));
     let failed: Vec<String> = r
@@ -477,26 +444,6 @@ async fn kinds_recorded_by_a_concurrent_writer_are_checked_before_the_commit() {
         vec![1],
         "the text-ordered row is not written"
     );
-}
-
-impl Hook {
-    /// A hook that runs `f` the `n`-th time it is reached (1-based) only.
-    fn nth<F, Fut>(n: usize, f: F) -> Hook
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let f = Arc::new(f);
-        Hook(Arc::new(move || {
-            let (calls, f) = (calls.clone(), f.clone());
-            Box::pin(async move {
-                if calls.fetch_add(1, Ordering::SeqCst) + 1 == n {
-                    f().await;
-                }
-            })
-        }))
-    }
 }
 
 /// A CDC file of `(op, id, v)` rows, all at time `ts`.
@@ -619,7 +566,7 @@ async fn retry_after_a_crash_in_the_third_group(after_the_merge: bool) {
         states.push(state.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>());
     }
     // Killed at the third group, between its two commits.
-    let mut crashing = Engine::new(config.clone());
+    let crashing = Engine::new(config.clone());
     let (reached, mut crashed) = tokio::sync::mpsc::unbounded_channel::<()>();
     let crash = Hook::nth(3, move || {
         let reached = reached.clone();
@@ -629,8 +576,8 @@ async fn retry_after_a_crash_in_the_third_group(after_the_merge: bool) {
         }
     });
     match after_the_merge {
-        true => crashing.between_commits = Some(crash),
-        false => crashing.before_merge = Some(crash),
+        true => crashing.hooks.set(Point::BetweenCommits, "", crash),
+        false => crashing.hooks.set(Point::BeforeMerge, "", crash),
     }
     let run = {
         let files = files.clone();
@@ -714,7 +661,7 @@ async fn a_merge_that_gives_up_on_contention_applies_none_of_its_deletes() {
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
 
     // The deleter's MERGE meets a concurrent commit in its key range, once: it gives up.
-    let mut deleter = Engine::new(config.clone());
+    let deleter = Engine::new(config.clone());
     let (cfg, f) = (config.clone(), other.clone());
     let (hook, fired) = Hook::once(move || {
         let (cfg, f) = (cfg.clone(), f.clone());
@@ -723,7 +670,7 @@ async fn a_merge_that_gives_up_on_contention_applies_none_of_its_deletes() {
             assert_eq!(r.failures().count(), 0, "{:?}", r.files);
         }
     });
-    deleter.before_merge = Some(hook);
+    deleter.hooks.set(Point::BeforeMerge, "", hook);
     let r = deleter.process(std::slice::from_ref(&delete)).await;
     assert!(fired.load(Ordering::SeqCst));
     let failed = r.failures().next().expect("the deleter gave up");
@@ -788,8 +735,8 @@ async fn a_merge_that_loses_the_race_to_another_version_of_its_file_applies_noth
             assert_eq!(r.failures().count(), 0, "{:?}", r.files);
         }
     });
-    let mut slow = Engine::new(config.clone());
-    slow.before_merge = Some(hook);
+    let slow = Engine::new(config.clone());
+    slow.hooks.set(Point::BeforeMerge, "", hook);
     let r = slow.process(std::slice::from_ref(&file)).await;
     assert!(fired.load(Ordering::SeqCst));
     let failed: Vec<_> = r.failures().collect();

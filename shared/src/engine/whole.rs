@@ -304,9 +304,9 @@ impl Engine {
         let predicate = range.predicate(&table.primary_key[0]);
         let txns: Vec<_> = w.txn.iter().cloned().collect();
         #[cfg(test)]
-        if let Some(hook) = &self.before_merge {
-            (hook.0)().await;
-        }
+        self.hooks
+            .reach(crate::testing::Point::BeforeMerge, "", vec![])
+            .await;
         let files = [name.to_string()];
         let schema = delta::arrow_schema(&target);
         let mut target = target;

@@ -404,7 +404,13 @@ async fn compact_table(
         let plan = compact::plan(table, partitions, target_size)?;
         let compacted = plan.len();
         #[cfg(test)]
-        tests::before_compaction_commit(label, partitions).await;
+        crate::testing::global()
+            .reach(
+                crate::testing::Point::BeforeCompactionCommit,
+                label,
+                partitions.iter().map(|p| p.folder()).collect(),
+            )
+            .await;
         let props = delta::writer_properties(table_cfg);
         match compact::execute(table, plan, (target_size, props), guarded_commit()).await {
             Ok((removed, state)) => {
@@ -714,26 +720,9 @@ pub async fn sync_catalog(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::future::BoxFuture;
+
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
-
-    type Hook = Arc<dyn Fn(Vec<Partition>) -> BoxFuture<'static, ()> + Send + Sync>;
-
-    /// Hooks run before a compaction commit attempt, by table label (tests run in
-    /// parallel: each uses its own table name).
-    static HOOKS: Mutex<Vec<(String, Hook)>> = Mutex::new(Vec::new());
-
-    pub(super) async fn before_compaction_commit(label: &str, partitions: &[Partition]) {
-        let hook = HOOKS.lock().ok().and_then(|h| {
-            h.iter()
-                .find(|(l, _)| l == label)
-                .map(|(_, hook)| hook.clone())
-        });
-        if let Some(hook) = hook {
-            hook(partitions.to_vec()).await;
-        }
-    }
 
     /// One CDC file: (op, ts, id, part) rows.
     fn cdc(rows: &[(&str, &str, i64, &str)]) -> bytes::Bytes {
@@ -786,10 +775,10 @@ mod tests {
         let calls: Arc<Mutex<Vec<usize>>> = Arc::default();
         let n = Arc::new(AtomicUsize::new(0));
         let (e, c) = (engine.clone(), calls.clone());
-        let hook: Hook = Arc::new(move |partitions: Vec<Partition>| {
+        let hook = crate::testing::Hook::each(move |partitions: Vec<String>| {
             let (e, c, n, src) = (e.clone(), c.clone(), n.clone(), src.clone());
-            Box::pin(async move {
-                if !partitions.iter().any(|p| p.folder() == "part=a") {
+            async move {
+                if !partitions.iter().any(|p| p == "part=a") {
                     return;
                 }
                 c.lock().unwrap().push(partitions.len());
@@ -802,9 +791,10 @@ mod tests {
                 e.storage().put(&f, update).await.unwrap();
                 let r = e.process(&[f]).await;
                 assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-            })
+            }
         });
-        HOOKS.lock().unwrap().push(("busy".into(), hook));
+        let point = crate::testing::Point::BeforeCompactionCommit;
+        crate::testing::global().set(point, "busy", hook);
         let cfg = &config.tables[0];
         let report = maintain(
             cfg,
@@ -814,7 +804,7 @@ mod tests {
         )
         .await
         .unwrap();
-        HOOKS.lock().unwrap().retain(|(l, _)| l != "busy");
+        crate::testing::global().clear("busy");
         let calls = calls.lock().unwrap().clone();
         assert_eq!(
             calls,
