@@ -2,31 +2,27 @@
 //! tributary: keep Delta Lake tables exactly in sync with operational databases by merging
 //! the change-data-capture files AWS DMS lands in S3.
 //!
-//! The modules, in the order a file flows through them (docs/design.md, "Pipeline"):
+//! The modules form layers, each importing only those below it (docs/design.md,
+//! "Layers"), bottom up:
 //!
-//! 1. [`config`]: the table configuration — which DMS folder feeds which Delta table;
-//! 2. [`lambda`]: the Lambda plumbing — event payloads to object URIs, the configuration in
-//!    force (reloaded when it changes), FIFO forwarding, metrics;
-//! 3. `engine`: routing files to tables, screening, batching, retries, bad-file isolation,
-//!    large files appended whole (`whole`) ([`Engine`]);
-//! 4. [`storage`]: `file://` and `s3://` objects;
-//! 5. `source`: DMS readers (Parquet, CSV, CSV.gz) and order keys;
-//! 6. `coerce`: Delta types and exact value conversion;
-//! 7. `plan`: admission of a batch, latest change per key, the MERGE source;
-//! 8. `tombstones`: the delete tombstones that stop late upserts reviving rows;
-//! 9. [`delta`]: Delta tables — open, create, MERGE, query; `rewrite`: the MERGE executed as
-//!    a copy-on-write rewrite of the files holding the plan's keys (most merges), reading
-//!    data files through `datafile` (shared with compaction);
-//! 10. [`history`]: history (SCD type 2) tables fed from the same batches;
-//! 11. [`manifest`]: symlink manifests for Athena and Redshift Spectrum;
-//! 12. [`catalog`]: Glue Data Catalog entries kept in step with the tables;
-//! 13. [`reload`]: DMS table reloads (full-load generations);
-//! 14. [`maintenance`]: compaction, checkpoints, vacuum, tombstone expiry, manifests,
-//!     catalog reconciliation;
-//! 15. [`status`]: a table's state for the operator (read only).
-//!
-//! Beside the flow: `props` (what tributary records in a table's properties), `retry` (the
-//! one commit-conflict retry policy), `error` ([`Error`]), [`demo`] (the seed scenario).
+//! 1. `error` ([`Error`]) and `model`: the vocabulary every layer shares (file and sequence
+//!    kinds, tributary's column names);
+//! 2. [`storage`] (`file://` and `s3://` objects), [`config`] (the typed configuration and
+//!    each table's managed Delta tables), `props` (what a table's properties record),
+//!    `coerce` (exact value conversion), `stats` (exact decimal statistics);
+//! 3. `source` (DMS readers and order keys) and `plan` (admission, latest change per key,
+//!    the MERGE source): pure, no table I/O;
+//! 4. the table format: [`delta`] (open, create, MERGE, append, query), [`logcache`],
+//!    `retry` (the one conflict-retry policy and commit loop), [`manifest`], `datafile`,
+//!    `rewrite` (the MERGE as a copy-on-write rewrite);
+//! 5. state: `tombstones` (deletes that stop late upserts reviving rows) and `applied`
+//!    (the files a table applied: full loads, CDC files by digest);
+//! 6. the commit pipeline's shared part, `commit` (the table before and after a commit, the
+//!    post-commit observers), [`catalog`] (Glue entries) and [`history`] (SCD type 2);
+//! 7. `engine` ([`Engine`]): routing, screening, batching, large files, bad-file isolation;
+//! 8. operations: [`reload`] (DMS table reloads), [`maintenance`], [`status`], [`demo`];
+//! 9. [`lambda`]: the Lambda plumbing — event payloads to object URIs, the configuration in
+//!    force, FIFO forwarding, metrics.
 
 mod applied;
 pub mod catalog;

@@ -22,11 +22,6 @@ impl Retry {
         }
     }
 
-    /// The attempt being made (1-based).
-    pub(crate) fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
     /// After a failed attempt: a commit conflict with attempts left sleeps and returns
     /// `Ok(())` (try again); the last conflict becomes [`Error::Contention`]; any other error
     /// is returned as it is.
@@ -45,6 +40,31 @@ impl Retry {
         backoff(self.attempt).await;
         self.attempt += 1;
         Ok(())
+    }
+}
+
+/// One writer's attempts at a commit (a batch MERGE, a whole-file append, a history
+/// MERGE): what [`Retry::drive`] repeats.
+pub(crate) trait Attempts {
+    type Out;
+    /// Attempt `n` (1-based): read the table, check, write, commit.
+    async fn attempt(&mut self, n: u32) -> Result<Self::Out>;
+}
+
+impl Retry {
+    /// The commit loop: attempts until one succeeds, a commit conflict with attempts to
+    /// spare sleeping in between ([`Retry::on_error`]). The value and the attempts made.
+    pub(crate) async fn drive<A: Attempts>(
+        mut self,
+        what: &str,
+        a: &mut A,
+    ) -> Result<(A::Out, u32)> {
+        loop {
+            match a.attempt(self.attempt).await {
+                Ok(t) => return Ok((t, self.attempt)),
+                Err(e) => self.on_error(e, what).await?,
+            }
+        }
     }
 }
 

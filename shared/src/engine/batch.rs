@@ -59,6 +59,60 @@ fn ms_since(t: Instant) -> u64 {
 
 pub(crate) use crate::commit::{Before, Committed};
 
+/// A batch's MERGE attempts ([`Engine::try_merge`]).
+struct Merging<'a, 'b> {
+    engine: &'a Engine,
+    table: &'a TableConfig,
+    attempt: &'a Attempt<'b>,
+    /// The table the files were screened on, for the first attempt.
+    loaded: Option<DeltaTable>,
+    tombstones: &'a mut Tombstones<'b>,
+    report: &'a mut TableReport,
+    first_read: Option<Before>,
+}
+
+impl crate::retry::Attempts for Merging<'_, '_> {
+    type Out = Committed;
+
+    async fn attempt(&mut self, _: u32) -> Result<Committed> {
+        self.engine
+            .try_merge(
+                self.table,
+                self.attempt,
+                self.loaded.take(),
+                self.tombstones,
+                self.report,
+                &mut self.first_read,
+            )
+            .await
+    }
+}
+
+/// The deletes of a batch applied again on the newest table ([`Engine::reapply_deletes`]).
+struct DeletesAgain<'a> {
+    table: &'a TableConfig,
+    after: DeltaTable,
+    deletes: MergePlan,
+    files: &'a [String],
+}
+
+impl crate::retry::Attempts for DeletesAgain<'_> {
+    type Out = (DeltaTable, deltalake::operations::merge::MergeMetrics);
+
+    async fn attempt(&mut self, n: u32) -> Result<Self::Out> {
+        if n > 1 {
+            self.after
+                .update_incremental(None)
+                .await
+                .map_err(|e| crate::error::Error::delta(&self.table.name, e))?;
+        }
+        let mut fix = self.deletes.clone();
+        delta::align_to_table(self.table, &mut fix, &self.after)?;
+        let extras = MergeExtras::default();
+        delta::merge(self.table, self.after.clone(), &fix, self.files, &extras).await
+    }
+}
+
 /// The state a commit attempt starts from.
 struct Attempt<'a> {
     batch: &'a Batch<'a>,
@@ -75,7 +129,7 @@ impl Engine {
         &self,
         table: &TableConfig,
         batch: &Batch<'_>,
-        mut loaded: Option<DeltaTable>,
+        loaded: Option<DeltaTable>,
     ) -> Result<TableReport> {
         let start = Instant::now();
         let files = batch.file_names();
@@ -110,24 +164,18 @@ impl Engine {
             files: &files,
             extras: &extras,
         };
-        let mut retry = Retry::new(&table.name, table.max_commit_attempts);
-        let mut first_read: Option<Before> = None;
-        let mut merged = loop {
-            let res = self
-                .try_merge(
-                    table,
-                    &attempt,
-                    loaded.take(),
-                    &mut tombstones,
-                    &mut report,
-                    &mut first_read,
-                )
-                .await;
-            match res {
-                Ok(c) => break c,
-                Err(e) => retry.on_error(e, "merge").await?,
-            }
+        let mut merging = Merging {
+            engine: self,
+            table,
+            attempt: &attempt,
+            loaded,
+            tombstones: &mut tombstones,
+            report: &mut report,
+            first_read: None,
         };
+        let (mut merged, attempts) = Retry::new(&table.name, table.max_commit_attempts)
+            .drive("merge", &mut merging)
+            .await?;
         #[cfg(test)]
         self.hooks
             .reach(crate::testing::Point::BetweenCommits, "", vec![])
@@ -140,7 +188,7 @@ impl Engine {
                 .reapply_deletes(table, &base_plan, merged, &files, &mut report)
                 .await?;
         }
-        report.commit_attempts = retry.attempt();
+        report.commit_attempts = attempts;
         self.after_merge(table, merged, &mut report).await;
         if let Some(h) = &table.history {
             self.merge_history(table, h, batch, &files, None, &mut report)
@@ -361,36 +409,23 @@ impl Engine {
             Some(b) => b,
             None => Before::of(table, &after)?,
         };
-        let mut retry = Retry::new(&table.name, table.max_commit_attempts);
-        loop {
-            let mut fix = deletes.clone();
-            let res = async {
-                delta::align_to_table(table, &mut fix, &after)?;
-                delta::merge(table, after.clone(), &fix, files, &MergeExtras::default()).await
-            }
-            .await;
-            match res {
-                Ok((t, m)) => {
-                    report.deleted += m.num_target_rows_deleted;
-                    report.files_added += m.num_target_files_added;
-                    report.files_removed += m.num_target_files_removed;
-                    report.version = t.version();
-                    let changed = t.version() != before.version;
-                    return Ok(Committed {
-                        before: changed.then_some(before),
-                        after: t,
-                        read,
-                    });
-                }
-                Err(e) => {
-                    retry.on_error(e, "re-apply deletes").await?;
-                    after
-                        .update_incremental(None)
-                        .await
-                        .map_err(|e| crate::error::Error::delta(&table.name, e))?;
-                }
-            }
-        }
+        let mut fixing = DeletesAgain {
+            table,
+            after,
+            deletes,
+            files,
+        };
+        let ((t, m), _) = Retry::new(&table.name, table.max_commit_attempts)
+            .drive("re-apply deletes", &mut fixing)
+            .await?;
+        report.deleted += m.num_target_rows_deleted;
+        report.files_added += m.num_target_files_added;
+        report.files_removed += m.num_target_files_removed;
+        report.version = t.version();
+        Ok(Committed {
+            read,
+            ..Committed::since(before, t)
+        })
     }
 
     pub(super) async fn load_or_create(

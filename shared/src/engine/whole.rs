@@ -307,47 +307,20 @@ impl Engine {
         self.hooks
             .reach(crate::testing::Point::BeforeMerge, "", vec![])
             .await;
-        let files = [name.to_string()];
-        let schema = delta::arrow_schema(&target);
-        let mut target = target;
-        let mut retry = crate::retry::Retry::new(&table.name, table.max_commit_attempts);
-        loop {
-            let retried = retry.attempt() > 1;
-            if !still_an_append(table, &target, w, (&schema, &predicate), retried).await? {
-                tracing::info!(table = %table.name, file = %name, "no longer an append on the table's newest version; merging the file slice by slice");
-                if !retried {
-                    discard(&target, w.adds.clone()).await;
-                }
-                return Ok(None);
-            }
-            // Once the commit was tried, the files are never deleted: it may have landed
-            // (a lost response, a failed post-commit step); VACUUM removes them if not.
-            let res = delta::commit_append(
-                table,
-                target.clone(),
-                w.adds.clone(),
-                predicate.clone(),
-                &files,
-                &txns,
-            )
-            .await;
-            let conflict = match res {
-                Ok(t) => return Ok(Some((t, retry.attempt()))),
-                Err(crate::error::Error::Delta { source, .. })
-                    if crate::error::is_commit_conflict(&source) =>
-                {
-                    source
-                }
-                Err(e) => return Err(e),
-            };
-            target
-                .update_incremental(None)
-                .await
-                .map_err(|e| crate::error::Error::delta(&table.name, e))?;
-            let e = crate::error::Error::delta(&table.name, conflict);
-            if retry.on_error(e, "whole-file append").await.is_err() {
-                return Ok(None);
-            }
+        let mut appending = Appending {
+            table,
+            schema: delta::arrow_schema(&target),
+            target,
+            w,
+            predicate,
+            files: [name.to_string()],
+            txns,
+        };
+        let retry = crate::retry::Retry::new(&table.name, table.max_commit_attempts);
+        match retry.drive("whole-file append", &mut appending).await {
+            Ok((Some(t), attempts)) => Ok(Some((t, attempts))),
+            Ok((None, _)) | Err(crate::error::Error::Contention { .. }) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -397,6 +370,54 @@ impl Engine {
             };
         }
         Ok(target)
+    }
+}
+
+/// A whole-file append's commit attempts: the written files, the file's record, the union
+/// of the slices' key ranges as what it read. An attempt after a lost race is made on the
+/// newest snapshot while the file is still an append there; `None` (the file goes slice by
+/// slice) when it is not.
+struct Appending<'a> {
+    table: &'a TableConfig,
+    target: DeltaTable,
+    schema: Option<arrow::datatypes::SchemaRef>,
+    w: &'a Written,
+    predicate: String,
+    files: [String; 1],
+    txns: Vec<deltalake::kernel::Transaction>,
+}
+
+impl crate::retry::Attempts for Appending<'_> {
+    type Out = Option<DeltaTable>;
+
+    async fn attempt(&mut self, n: u32) -> Result<Option<DeltaTable>> {
+        let (table, retried) = (self.table, n > 1);
+        if retried {
+            self.target
+                .update_incremental(None)
+                .await
+                .map_err(|e| crate::error::Error::delta(&table.name, e))?;
+        }
+        let check = (&self.schema, self.predicate.as_str());
+        if !still_an_append(table, &self.target, self.w, check, retried).await? {
+            tracing::info!(table = %table.name, file = %self.files[0], "no longer an append on the table's newest version; merging the file slice by slice");
+            if !retried {
+                discard(&self.target, self.w.adds.clone()).await;
+            }
+            return Ok(None);
+        }
+        // Once the commit was tried, the files are never deleted: it may have landed (a
+        // lost response, a failed post-commit step); VACUUM removes them if not.
+        let t = delta::commit_append(
+            table,
+            self.target.clone(),
+            self.w.adds.clone(),
+            self.predicate.clone(),
+            &self.files,
+            &self.txns,
+        )
+        .await?;
+        Ok(Some(t))
     }
 }
 

@@ -108,40 +108,46 @@ pub(crate) async fn apply(
     let columns = data_columns(changes.sets);
     check_names(cfg, h, &columns)?;
     // Appended by the first attempt, before its MERGE, less the changes already logged.
-    let mut unlogged = Some(log::rows(changes.sets, &columns)?);
-    let mut log_table = delta::open(&h.changes, options).await?;
+    let unlogged = Some(log::rows(changes.sets, &columns)?);
     let label = cfg.label(crate::config::Managed::History);
-    let mut retry = Retry::new(&label, cfg.max_commit_attempts);
-    loop {
-        let ctx = Attempt {
+    let mut attempts = Attempts {
+        ctx: Attempt {
             cfg,
             h,
             options,
             catalog,
             changes,
             columns: &columns,
-        };
-        match ctx.run(&mut log_table, &mut unlogged).await {
-            Ok((mut r, w)) => {
-                r.commit_attempts = retry.attempt();
-                let p = crate::commit::publish(
-                    storage,
-                    catalog,
-                    cfg,
-                    crate::commit::Output::History,
-                    &w,
-                )
-                .await;
-                r.manifests_caught_up = p.caught_up;
-                r.manifest_error = p.manifest_error;
-                crate::commit::absorb(&mut r.catalog, p.catalog);
-                return Ok(r);
-            }
-            Err(e) => {
-                retry.on_error(e, "history merge").await?;
-                log_table = delta::open(&h.changes, options).await?;
-            }
+        },
+        log_table: delta::open(&h.changes, options).await?,
+        unlogged,
+    };
+    let ((mut r, w), n) = Retry::new(&label, cfg.max_commit_attempts)
+        .drive("history merge", &mut attempts)
+        .await?;
+    r.commit_attempts = n;
+    let p = crate::commit::publish(storage, catalog, cfg, crate::commit::Output::History, &w).await;
+    r.manifests_caught_up = p.caught_up;
+    r.manifest_error = p.manifest_error;
+    crate::commit::absorb(&mut r.catalog, p.catalog);
+    Ok(r)
+}
+
+/// A history call's attempts: each reads the change log again after the first.
+struct Attempts<'a> {
+    ctx: Attempt<'a>,
+    log_table: DeltaTable,
+    unlogged: Option<RecordBatch>,
+}
+
+impl crate::retry::Attempts for Attempts<'_> {
+    type Out = (HistoryReport, Committed);
+
+    async fn attempt(&mut self, n: u32) -> Result<Self::Out> {
+        if n > 1 {
+            self.log_table = delta::open(&self.ctx.h.changes, self.ctx.options).await?;
         }
+        self.ctx.run(&mut self.log_table, &mut self.unlogged).await
     }
 }
 
