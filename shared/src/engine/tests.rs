@@ -751,3 +751,64 @@ async fn a_merge_that_loses_the_race_to_another_version_of_its_file_applies_noth
         "the table holds the version that was applied, and nothing of the other"
     );
 }
+
+/// The same race on a table that keeps only its history: the history table records the
+/// files, and a history MERGE that loses to another version of its file must refuse its
+/// own on the retry (before: merged over it, the old rows the new version lacked landed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_merge_that_loses_the_race_to_another_version_of_its_file_applies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = r#"
+[[table]]
+name = "t"
+source = "raw/t/"
+primary_key = ["id"]
+sequence_by = ["ts"]
+drop_columns = ["ts"]
+[table.history]
+target = "curated/t_history"
+"#;
+    let config = Config::from_toml(text, "test", Some(dir.path())).unwrap();
+    let history = config.tables[0].history.as_ref().unwrap().target.clone();
+    let src = config.tables[0].source.clone();
+    let storage = Storage::new();
+    let first = src.join("20240101-0000000000.parquet").unwrap();
+    storage
+        .put(&first, cdc_rows("2024-01-01 00:00:00", &[("I", 9, 9)]))
+        .await
+        .unwrap();
+    let r = Engine::new(config.clone()).process(&[first]).await;
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+
+    let file = src.join("20240101-0100000000.parquet").unwrap();
+    let old = cdc_rows("2024-01-01 01:00:00", &[("I", 1, 10), ("I", 2, 20)]);
+    let new = cdc_rows("2024-01-01 01:00:00", &[("I", 1, 11), ("I", 3, 30)]);
+    storage.put(&file, old).await.unwrap();
+    let other = Engine::new(config.clone());
+    let (o, f) = (other.clone(), file.clone());
+    let (hook, fired) = Hook::once(move || {
+        let (o, f, new) = (o.clone(), f.clone(), new.clone());
+        async move {
+            Storage::new().put(&f, new).await.unwrap();
+            let r = o.process(&[f]).await;
+            assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+        }
+    });
+    crate::testing::global().set(Point::BeforeMerge, history.as_str(), hook);
+    let r = Engine::new(config.clone())
+        .process(std::slice::from_ref(&file))
+        .await;
+    crate::testing::global().clear(history.as_str());
+    assert!(fired.load(Ordering::SeqCst));
+    let failed: Vec<_> = r.failures().collect();
+    assert_eq!(failed.len(), 1, "{:?}", r.files);
+    match &failed[0].status {
+        FileStatus::Failed { error, .. } => assert_eq!(error.kind(), "reuploaded", "{error}"),
+        s => panic!("{s:?}"),
+    }
+    assert_eq!(
+        latest_rows(&history).await,
+        vec![(1, 11), (3, 30), (9, 9)],
+        "the history holds the version that was applied, and nothing of the other"
+    );
+}

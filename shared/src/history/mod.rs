@@ -147,7 +147,9 @@ impl crate::retry::Attempts for Attempts<'_> {
         if n > 1 {
             self.log_table = delta::open(&self.ctx.h.changes, self.ctx.options).await?;
         }
-        self.ctx.run(&mut self.log_table, &mut self.unlogged).await
+        self.ctx
+            .run(&mut self.log_table, &mut self.unlogged, n > 1)
+            .await
     }
 }
 
@@ -221,6 +223,7 @@ impl Attempt<'_> {
         &self,
         log_table: &mut DeltaTable,
         unlogged: &mut Option<RecordBatch>,
+        retried: bool,
     ) -> Result<(HistoryReport, Committed)> {
         let (cfg, h) = (self.cfg, self.h);
         let label = cfg.label(crate::config::Managed::History);
@@ -264,6 +267,13 @@ impl Attempt<'_> {
         let mut created_report = None;
         if created {
             created_report = self.catalog.created(cfg, true, &table).await;
+        }
+        if retried && record.is_some() {
+            // The table that records the files: another version of one may have been
+            // applied since it was screened (a concurrent writer; see `applied`).
+            for cs in self.changes.sets {
+                crate::applied::check(cfg, &table, &crate::applied::Identity::of(cs)).await?;
+            }
         }
         let before = Before::of(cfg, &table)?;
         let kind = history_kind(cfg, h, &table, batch_kind)?;
@@ -323,6 +333,14 @@ impl Attempt<'_> {
             return Ok((report, Committed::since(before, table)));
         }
         let read_version = table.version();
+        #[cfg(test)]
+        crate::testing::global()
+            .reach(
+                crate::testing::Point::BeforeMerge,
+                h.target.as_str(),
+                vec![],
+            )
+            .await;
         let table = merge_versions(cfg, table, &out.batch, self.changes.files, txns).await?;
         let mut table = crate::applied::record_unrecorded(table, txns, read_version).await?;
         if unsettled && !has_intervals {
