@@ -184,8 +184,11 @@ impl Engine {
     /// Merge these files. Files of one table go into one commit; tables are independent;
     /// a bad file fails alone. Never panics on input; every file gets an outcome.
     pub async fn process(&self, files: &[Url]) -> ProcessReport {
-        let mut report = ProcessReport::default();
-        let by_table = self.route(files, &mut report.files);
+        let (by_table, routed) = self.route(files);
+        let mut report = ProcessReport {
+            files: routed,
+            ..Default::default()
+        };
         let results = stream::iter(by_table)
             .map(|(name, files)| async move {
                 match self.config.table(&name) {
@@ -205,8 +208,10 @@ impl Engine {
 
     /// Files per table. Files outside every source and folder markers are ignored; any
     /// other file under a source that is not a data file of the table's format fails.
-    fn route(&self, files: &[Url], outcomes: &mut Vec<FileOutcome>) -> BTreeMap<String, Vec<Url>> {
+    /// The files per table, and the outcomes of the files routing settled.
+    fn route(&self, files: &[Url]) -> (BTreeMap<String, Vec<Url>>, Vec<FileOutcome>) {
         let mut by_table: BTreeMap<String, Vec<Url>> = BTreeMap::new();
+        let mut outcomes = Vec::new();
         for f in files.iter().map(|f| self.resolve(f)) {
             let Some(t) = self.config.table_for(&f) else {
                 if let Some(why) = &self.unowned {
@@ -254,7 +259,7 @@ impl Engine {
                 }
             }
         }
-        by_table
+        (by_table, outcomes)
     }
 
     async fn process_table(
@@ -320,7 +325,11 @@ impl Engine {
                     None => TableView::open(table, &self.options).await,
                 };
                 match v {
-                    Ok(v) => reports.extend(self.merge_group(table, v, sets, &mut outcomes).await),
+                    Ok(v) => {
+                        let (r, o) = self.merge_group(table, v, sets).await;
+                        reports.extend(r);
+                        outcomes.extend(o);
+                    }
                     Err(e) => {
                         let e = Arc::new(e);
                         for cs in sets {
@@ -341,9 +350,11 @@ impl Engine {
         }
         // Large files after the others, one at a time, slice by slice.
         for (file, raw) in large {
-            match self.merge_large(table, &file, &raw, &mut outcomes).await {
-                Ok(Some(r)) => reports.push(r),
-                Ok(None) => {}
+            match self.merge_large(table, &file, &raw).await {
+                Ok((r, o)) => {
+                    reports.extend(r);
+                    outcomes.extend(o);
+                }
                 Err(e) => {
                     log_failure(&table.name, &file, &e);
                     outcomes.push(FileOutcome::failed(file, &table.name, Arc::new(e)));
@@ -360,9 +371,8 @@ impl Engine {
         table: &TableConfig,
         view: TableView,
         sets: Vec<ChangeSet>,
-        outcomes: &mut Vec<FileOutcome>,
-    ) -> Vec<TableReport> {
-        let sets = self.screen(table, &view, sets, outcomes).await;
+    ) -> (Vec<TableReport>, Vec<FileOutcome>) {
+        let (sets, mut outcomes) = self.screen(table, &view, sets).await;
         let admission = plan::admit(
             sets,
             &table.primary_key,
@@ -374,7 +384,7 @@ impl Engine {
             outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
         }
         if admission.admitted.is_empty() {
-            return vec![];
+            return (vec![], outcomes);
         }
         let batch = Batch {
             changes: &admission.admitted,
@@ -382,7 +392,9 @@ impl Engine {
             delete_unmatched_below: None,
         };
         let loaded = delta::exists(&view.table).then_some(view.table);
-        self.merge_or_isolate(table, batch, loaded, outcomes).await
+        let (reports, merged) = self.merge_or_isolate(table, batch, loaded).await;
+        outcomes.extend(merged);
+        (reports, outcomes)
     }
 
     /// Merge a file of more than `slice_rows` rows: first read all of it, checking every
@@ -391,24 +403,25 @@ impl Engine {
     /// slice's rows are a prefix of the file's changes, so every state a reader sees between
     /// two slices is one the source had; re-merging the file (after a crash between slices)
     /// applies nothing twice (order keys). A full-load file is recorded as applied with its
-    /// last slice. `None` when screening settled the file (its outcome is pushed).
+    /// last slice. The report (`None` when screening settled the file) and the file's
+    /// outcome.
     async fn merge_large(
         &self,
         table: &TableConfig,
         file: &Url,
         raw: &source::RawFile,
-        outcomes: &mut Vec<FileOutcome>,
-    ) -> Result<Option<TableReport>> {
-        match self.append_whole(table, file, raw, outcomes).await? {
-            whole::Whole::Done(r) => return Ok(r.map(|r| *r)),
+    ) -> Result<(Option<TableReport>, Vec<FileOutcome>)> {
+        match self.append_whole(table, file, raw).await? {
+            whole::Whole::Done(r, outcomes) => return Ok((r.map(|r| *r), outcomes)),
             whole::Whole::Fallback(why) => {
                 tracing::info!(table = %table.name, file = %storage::display(file), why, "not appendable as a whole")
             }
         }
         tracing::info!(table = %table.name, file = %storage::display(file), slice_rows = table.slice_rows, "more rows than a slice: checking the whole file, then merging it slice by slice");
         let mut view = TableView::open(table, &self.options).await?;
-        let Some(counts) = self.check_large(table, &view, file, raw, outcomes).await? else {
-            return Ok(None);
+        let counts = match self.check_large(table, &view, file, raw).await? {
+            Checked::Counts(c) => c,
+            Checked::Settled(outcomes) => return Ok((None, outcomes)),
         };
         let mut total: Option<TableReport> = None;
         let mut commits = 0;
@@ -437,30 +450,30 @@ impl Engine {
             }
             view = TableView::open(table, &self.options).await?;
         }
-        outcomes.push(FileOutcome {
+        let outcome = FileOutcome {
             file: file.clone(),
             status: FileStatus::Merged {
                 table: table.name.clone(),
                 counts,
             },
-        });
-        Ok(total.map(|mut t| {
+        };
+        let report = total.map(|mut t| {
             t.files = 1;
             t.slices = commits;
             t
-        }))
+        });
+        Ok((report, vec![outcome]))
     }
 
     /// The checking pass of [`Self::merge_large`]: every slice screened (the first) and
-    /// admitted as a merge would; the file's counts, or `None` when screening settled it.
+    /// admitted as a merge would: the file's counts, or what screening settled it as.
     async fn check_large(
         &self,
         table: &TableConfig,
         view: &TableView,
         file: &Url,
         raw: &source::RawFile,
-        outcomes: &mut Vec<FileOutcome>,
-    ) -> Result<Option<source::FileCounts>> {
+    ) -> Result<Checked> {
         let checking = std::time::Instant::now();
         let mut slices = slices_of(table, view, file, raw)?;
         let mut counts = source::FileCounts::default();
@@ -468,9 +481,9 @@ impl Engine {
         while let Some(mut cs) = slices.next_slice()? {
             if first {
                 first = false;
-                match self.screen(table, view, vec![cs], outcomes).await.pop() {
-                    Some(kept) => cs = kept,
-                    None => return Ok(None),
+                match self.screen(table, view, vec![cs]).await {
+                    (mut kept, _) if kept.len() == 1 => cs = kept.remove(0),
+                    (_, settled) => return Ok(Checked::Settled(settled)),
                 }
             }
             counts.add(&cs.counts);
@@ -485,7 +498,7 @@ impl Engine {
             }
         }
         tracing::info!(table = %table.name, file = %storage::display(file), rows = counts.rows, ms = checking.elapsed().as_millis() as u64, "checked; merging slice by slice");
-        Ok(Some(counts))
+        Ok(Checked::Counts(counts))
     }
 
     /// Fetch and open one file: whole when it has at most one slice of rows and bytes
@@ -551,14 +564,15 @@ impl Engine {
     /// (they could revive a deleted row), or full-load files of a reload not applied yet.
     /// Files of a generation older than the table's are already reflected by the reload
     /// that replaced it: they are done, with nothing to change.
+    /// The files kept, and the outcomes of those screening settled.
     async fn screen(
         &self,
         table: &TableConfig,
         view: &TableView,
         sets: Vec<ChangeSet>,
-        outcomes: &mut Vec<FileOutcome>,
-    ) -> Vec<ChangeSet> {
+    ) -> (Vec<ChangeSet>, Vec<FileOutcome>) {
         let mut kept = Vec::with_capacity(sets.len());
+        let mut outcomes = Vec::new();
         for cs in sets {
             // A file of a generation older than the table's: a reload already reflects it.
             if cs.generation < view.props.generation() {
@@ -589,7 +603,7 @@ impl Engine {
                 }
             }
         }
-        kept
+        (kept, outcomes)
     }
 
     /// Merge the batch; if that fails for a reason a single file can cause, merge the
@@ -599,12 +613,12 @@ impl Engine {
         table: &TableConfig,
         batch: Batch<'_>,
         loaded: Option<DeltaTable>,
-        outcomes: &mut Vec<FileOutcome>,
-    ) -> Vec<TableReport> {
+    ) -> (Vec<TableReport>, Vec<FileOutcome>) {
+        let mut outcomes = Vec::new();
         match self.merge_batch(table, &batch, loaded).await {
             Ok(r) => {
                 outcomes.extend(merged(table, batch.changes));
-                vec![r]
+                (vec![r], outcomes)
             }
             Err(e) if !e.is_retryable() && batch.changes.len() > 1 => {
                 tracing::warn!(table = %table.name, error = %e, "batch merge failed; merging file by file to isolate the bad file");
@@ -629,7 +643,7 @@ impl Engine {
                         }
                     }
                 }
-                reports
+                (reports, outcomes)
             }
             Err(e) => {
                 let e = Arc::new(e);
@@ -637,10 +651,18 @@ impl Engine {
                     log_failure(&table.name, &cs.file, &e);
                     outcomes.push(FileOutcome::failed(cs.file.clone(), &table.name, e.clone()));
                 }
-                vec![]
+                (vec![], outcomes)
             }
         }
     }
+}
+
+/// How the checking pass of a large file ended ([`Engine::check_large`]).
+enum Checked {
+    /// Every slice is fine: the file's counts.
+    Counts(source::FileCounts),
+    /// Screening settled the file (refused it, or found it reflected by a reload).
+    Settled(Vec<FileOutcome>),
 }
 
 /// What screening decided a file on ([`Engine::screen`]).

@@ -24,8 +24,9 @@ use crate::tombstones::Tombstones;
 
 /// How a whole-file append ended.
 pub(super) enum Whole {
-    /// Applied in one commit (the report), or settled by screening (`None`).
-    Done(Option<Box<TableReport>>),
+    /// Applied in one commit (the report), or settled by screening (`None`); the file's
+    /// outcome.
+    Done(Option<Box<TableReport>>, Vec<super::FileOutcome>),
     /// Not appendable as a whole: merge it slice by slice.
     Fallback(&'static str),
 }
@@ -94,7 +95,6 @@ impl Engine {
         table: &TableConfig,
         file: &Url,
         raw: &source::RawFile,
-        outcomes: &mut Vec<super::FileOutcome>,
     ) -> Result<Whole> {
         if table.history.is_some() || table.target.is_none() || table.primary_key.len() != 1 {
             return Ok(Whole::Fallback("history table or composite key"));
@@ -105,8 +105,9 @@ impl Engine {
         let Some(first) = slices.next_slice()? else {
             return Ok(Whole::Fallback("no rows"));
         };
-        let Some(first) = self.screen(table, &view, vec![first], outcomes).await.pop() else {
-            return Ok(Whole::Done(None));
+        let first = match self.screen(table, &view, vec![first]).await {
+            (mut kept, _) if kept.len() == 1 => kept.remove(0),
+            (_, settled) => return Ok(Whole::Done(None, settled)),
         };
         let mut kinds = view.props.sequence_kinds.clone();
         let first = admit_one(first, table, &view, &mut kinds)?;
@@ -136,8 +137,8 @@ impl Engine {
         let Some((report, counts)) = report else {
             return Ok(Whole::Fallback("a concurrent commit in the key range"));
         };
-        outcomes.extend(merged_file(table, file, counts));
-        Ok(Whole::Done(Some(Box::new(report))))
+        let outcomes = merged_file(table, file, counts);
+        Ok(Whole::Done(Some(Box::new(report)), outcomes))
     }
 
     /// The table (created from the first slice when new, with its catalog entries at once:
