@@ -210,6 +210,12 @@ impl Error {
         }
     }
 
+    /// A data file of the table that tributary's own reader cannot read (the rewrite then
+    /// leaves it to delta-rs's MERGE).
+    pub(crate) fn is_unreadable_data_file(&self) -> bool {
+        matches!(self, Error::DataFile { .. })
+    }
+
     /// The error with its row number moved by `by` (a slice's rows are numbered from its
     /// first row in the file).
     pub(crate) fn shift_rows(self, by: usize) -> Self {

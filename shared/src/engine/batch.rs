@@ -455,8 +455,42 @@ impl Engine {
     }
 }
 
-/// Commit the plan: appended when no row of the table can match (what MERGE would insert,
-/// without reading or rewriting a file), else MERGEd. The report gets the counts.
+/// How a commit will write its plan, chosen once from the plan and the table.
+enum Chosen {
+    /// No row of the table can match: the rows appended (what MERGE would insert, without
+    /// reading or rewriting a file), with the key-range predicate the commit read.
+    Append(String),
+    /// tributary's copy-on-write rewrite of the files holding the plan's keys.
+    Rewrite(Box<crate::rewrite::Rewrite>),
+    /// delta-rs's MERGE.
+    Merge,
+}
+
+impl Chosen {
+    async fn of(
+        table: &TableConfig,
+        target: &DeltaTable,
+        plan: &MergePlan,
+        extras: &MergeExtras,
+    ) -> Result<Chosen> {
+        if extras.delete_unmatched_below.is_none() {
+            if let Some(predicate) = delta::append_predicate(table, target, plan).await? {
+                return Ok(Chosen::Append(predicate));
+            }
+        }
+        Ok(
+            match crate::rewrite::Rewrite::eligible(table, target, plan, extras)? {
+                Some(rw) => Chosen::Rewrite(Box::new(rw)),
+                None => Chosen::Merge,
+            },
+        )
+    }
+}
+
+/// Commit the plan on the path chosen for it ([`Chosen`]); the report gets the path as it
+/// was taken and the counts. A rewrite that meets a data file tributary cannot read itself
+/// (a type it does not convert, a storage hiccup) is made by delta-rs's MERGE instead,
+/// which reads it its own way.
 async fn write(
     table: &TableConfig,
     target: DeltaTable,
@@ -464,46 +498,48 @@ async fn write(
     a: &Attempt<'_>,
     report: &mut TableReport,
 ) -> Result<DeltaTable> {
-    let append = match &a.extras.delete_unmatched_below {
-        None => delta::append_predicate(table, &target, plan).await?,
-        Some(_) => None,
-    };
-    let Some(predicate) = append else {
-        if let Some(rw) = crate::rewrite::Rewrite::eligible(table, &target, plan, a.extras)? {
-            match rw.run(table, target.clone(), a.files, a.extras).await {
-                Ok((target, r)) => {
-                    record(report, WritePath::Rewrite, &r);
-                    return Ok(target);
-                }
-                // A data file tributary cannot read itself (a type it does not convert, a
-                // storage hiccup): delta-rs's MERGE reads it its own way.
-                Err(e @ crate::error::Error::DataFile { .. }) => {
-                    tracing::warn!(table = %table.name, error = %e, "copy-on-write rewrite not possible; merging with delta-rs's MERGE");
-                }
-                Err(e) => return Err(e),
-            }
+    let (target, path, counts) = match Chosen::of(table, &target, plan, a.extras).await? {
+        Chosen::Append(predicate) => {
+            let rows = plan.batch.num_rows();
+            let (target, written) =
+                delta::append(table, target, plan, predicate, a.files, a.extras).await?;
+            let counts = Applied {
+                inserted: rows,
+                files_added: written,
+                ..Default::default()
+            };
+            (target, WritePath::Append, counts)
         }
-        let (target, m) = delta::merge(table, target, plan, a.files, a.extras).await?;
-        let counts = Applied {
-            inserted: m.num_target_rows_inserted,
-            updated: m.num_target_rows_updated,
-            deleted: m.num_target_rows_deleted,
-            files_added: m.num_target_files_added,
-            files_removed: m.num_target_files_removed,
-        };
-        record(report, WritePath::Merge, &counts);
-        return Ok(target);
+        Chosen::Rewrite(rw) => match rw.run(table, target.clone(), a.files, a.extras).await {
+            Ok((target, counts)) => (target, WritePath::Rewrite, counts),
+            Err(e) if e.is_unreadable_data_file() => {
+                tracing::warn!(table = %table.name, error = %e, "copy-on-write rewrite not possible; merging with delta-rs's MERGE");
+                merge(table, target, plan, a).await?
+            }
+            Err(e) => return Err(e),
+        },
+        Chosen::Merge => merge(table, target, plan, a).await?,
     };
-    let rows = plan.batch.num_rows();
-    let (target, written) =
-        delta::append(table, target, plan, predicate, a.files, a.extras).await?;
-    let counts = Applied {
-        inserted: rows,
-        files_added: written,
-        ..Default::default()
-    };
-    record(report, WritePath::Append, &counts);
+    record(report, path, &counts);
     Ok(target)
+}
+
+/// delta-rs's MERGE of the plan.
+async fn merge(
+    table: &TableConfig,
+    target: DeltaTable,
+    plan: &MergePlan,
+    a: &Attempt<'_>,
+) -> Result<(DeltaTable, WritePath, Applied)> {
+    let (target, m) = delta::merge(table, target, plan, a.files, a.extras).await?;
+    let counts = Applied {
+        inserted: m.num_target_rows_inserted,
+        updated: m.num_target_rows_updated,
+        deleted: m.num_target_rows_deleted,
+        files_added: m.num_target_files_added,
+        files_removed: m.num_target_files_removed,
+    };
+    Ok((target, WritePath::Merge, counts))
 }
 
 /// The commit's counts in the report.
