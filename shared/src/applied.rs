@@ -24,11 +24,16 @@
 //! not the ETag or the modification time, identify the version: copying an object onto
 //! itself (to send its event again) keeps it.
 //!
-//! The records expire with the table's `delta.setTransactionRetentionDuration`, twice the
-//! tombstone retention: by then the tombstone horizon refuses a DMS-named file that old
-//! anyway ([`Error::TooLate`]), as long as maintenance runs at least once per tombstone
-//! retention. Full-load files are recorded apart, by modification time, without expiry
-//! (`reload`: a rewritten LOAD file is a DMS table reload).
+//! The records expire with the table's `delta.setTransactionRetentionDuration`: the
+//! tombstone retention plus a week ([`record_retention`]), so the log does not keep one per
+//! file ever merged (at one file a minute that is ~60k records, a ~4.6 MB checkpoint). A
+//! file without a record is then either new or one whose record expired; a DMS-named file
+//! written before `now − record retention` is refused as [`Error::TooLate`] when the table
+//! has recorded its files for longer than that (`tributary.fileRecordsSince`) — so a file
+//! that is accepted always has its record, whatever the maintenance cadence, while a new
+//! table still takes a backfill of old files. (The tombstone horizon refuses such files
+//! anyway once maintenance has run.) Full-load files are recorded apart, by modification
+//! time, without expiry (`reload`: a rewritten LOAD file is a DMS table reload).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -163,12 +168,14 @@ pub(crate) fn record(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
     ))
 }
 
-/// What identifies a file's version: its name, its kind, its digest.
+/// What identifies a file's version: its name, its kind, its digest; and when it was
+/// written (the DMS file-name time, else its modification time).
 #[derive(Debug, Clone)]
 pub(crate) struct Identity {
     pub(crate) file: Url,
     pub(crate) kind: FileKind,
     pub(crate) digest: Option<Digest>,
+    pub(crate) written: Option<DateTime<Utc>>,
 }
 
 impl Identity {
@@ -177,6 +184,7 @@ impl Identity {
             file: cs.file.clone(),
             kind: cs.kind,
             digest: cs.digest,
+            written: cs.written,
         }
     }
 }
@@ -194,8 +202,36 @@ pub(crate) async fn check(cfg: &TableConfig, table: &DeltaTable, f: &Identity) -
             table: cfg.name.clone(),
             file: storage::display(&f.file),
         }),
-        _ => Ok(()),
+        Some(_) => Ok(()),
+        None => check_unrecorded(cfg, &delta::props(table), f, Utc::now()),
     }
+}
+
+/// A file without a record, written before the records' horizon (`now − record
+/// retention`) of a table that has recorded its files since before it: its record may have
+/// expired, so it cannot be told from a re-upload ([`Error::TooLate`]).
+fn check_unrecorded(
+    cfg: &TableConfig,
+    props: &TableProps,
+    f: &Identity,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let (Some(since), Some(written)) = (props.file_records_since, f.written) else {
+        return Ok(());
+    };
+    let Ok(retention) = chrono::Duration::from_std(record_retention(cfg)) else {
+        return Ok(());
+    };
+    let horizon = now - retention;
+    if written < horizon && since < horizon {
+        return Err(Error::TooLate {
+            table: cfg.name.clone(),
+            file: storage::display(&f.file),
+            written: written.to_rfc3339(),
+            horizon: horizon.to_rfc3339(),
+        });
+    }
+    Ok(())
 }
 
 /// Files whose rows changed nothing produce no MERGE commit; their records are still
@@ -222,18 +258,27 @@ pub(crate) async fn record_unrecorded(
     delta::commit_txns(target, missing).await
 }
 
-/// The retention of the records: twice the tombstone retention, as a Delta interval.
+/// How long a CDC file's record is kept: the tombstone retention plus a week (the tombstone
+/// horizon moves by maintenance, in steps of at most a day; the week is its slack).
+pub(crate) fn record_retention(cfg: &TableConfig) -> Duration {
+    cfg.tombstone_retention + Duration::from_secs(7 * 86_400)
+}
+
+/// [`record_retention`] as a Delta interval.
 pub(crate) fn retention(cfg: &TableConfig) -> String {
-    interval(cfg.tombstone_retention * 2)
+    interval(record_retention(cfg))
 }
 
 fn interval(d: Duration) -> String {
     format!("interval {} seconds", d.as_secs().max(1))
 }
 
-/// The property that makes the records of a new table expire ([`retention`]).
+/// The properties of a table that records its CDC files from now on: the records'
+/// expiry ([`retention`]) and since when they are kept.
 pub(crate) fn new_table_properties(cfg: &TableConfig) -> HashMap<String, String> {
-    HashMap::from([(TXN_RETENTION.to_string(), retention(cfg))])
+    let mut p = TableProps::for_file_records(Utc::now());
+    p.insert(TXN_RETENTION.to_string(), retention(cfg));
+    p
 }
 
 /// Whether the loaded table lets its application transactions expire.
@@ -263,11 +308,44 @@ mod tests {
     }
 
     #[test]
-    fn the_retention_is_a_delta_interval_of_twice_the_tombstone_retention() {
+    fn the_retention_is_a_delta_interval() {
         assert_eq!(
-            interval(Duration::from_secs(7 * 86_400) * 2),
+            interval(Duration::from_secs(14 * 86_400)),
             "interval 1209600 seconds"
         );
         assert_eq!(interval(Duration::from_millis(10)), "interval 1 seconds");
+    }
+
+    /// An unrecorded DMS-named file older than the records' horizon is refused only when
+    /// the table has recorded its files since before that horizon (a new table takes a
+    /// backfill of old files; a file whose record may have expired is not applied as new).
+    #[test]
+    fn an_unrecorded_file_older_than_the_records_is_too_late_only_on_a_table_that_kept_them() {
+        let text = crate::config::test_table("t", "raw/t/", "curated/t", "");
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+        let cfg = &config.tables[0];
+        let now = Utc::now();
+        let days = |d: i64| now - chrono::Duration::days(d);
+        let retention = record_retention(cfg).as_secs() as i64 / 86_400;
+        let file = |written: DateTime<Utc>| Identity {
+            file: Url::parse("s3://b/raw/t/20200101-000000000.parquet").unwrap(),
+            kind: FileKind::Cdc,
+            digest: Some([1; 32]),
+            written: Some(written),
+        };
+        let since = |t: Option<DateTime<Utc>>| TableProps {
+            file_records_since: t,
+            ..Default::default()
+        };
+        let old = file(days(retention + 1));
+        let young = file(days(retention - 1));
+        let long_kept = since(Some(days(retention + 30)));
+        let e = check_unrecorded(cfg, &long_kept, &old, now).unwrap_err();
+        assert_eq!(e.kind(), "too_late", "{e}");
+        assert!(check_unrecorded(cfg, &long_kept, &young, now).is_ok());
+        // A new table (or one upgraded lately), and one without records: a backfill.
+        assert!(check_unrecorded(cfg, &since(Some(days(1))), &old, now).is_ok());
+        assert!(check_unrecorded(cfg, &since(None), &old, now).is_ok());
     }
 }

@@ -100,9 +100,11 @@ pub enum Error {
     #[error("table {table}: {file} was merged before with other contents (the object was overwritten after it was applied): its old rows took effect and the new ones would be ordered as them, so nothing of this version was applied; write corrections as a new CDC file (a later name), or reload the table (`tributary reload`)")]
     Reuploaded { table: String, file: String },
 
-    /// The file was written before the tombstone horizon: deletes recorded up to then may
-    /// have been forgotten, so applying it could revive a deleted row. Not retryable.
-    #[error("table {table}: {file} was written at {written}, before the tombstone horizon {horizon} (tombstones recorded before it have expired, so applying this file could revive deleted rows): if it is a re-delivery of a file already merged, nothing needs doing; otherwise reload the table (`tributary reload`) and raise `tombstone_retention_days`")]
+    /// The file was written before the tombstone horizon (deletes recorded up to then may
+    /// have been forgotten, so applying it could revive a deleted row), or before the
+    /// horizon of the records of applied files without a record (it could be a re-upload of
+    /// a file whose record expired; see `applied`). Not retryable.
+    #[error("table {table}: {file} was written at {written}, before the horizon {horizon} (the table's tombstones of deletes before it, or its records of the files it applied, may have expired, so applying this file could revive deleted rows or apply half of a re-uploaded file): if it is a re-delivery of a file already merged, nothing needs doing; otherwise reload the table (`tributary reload`) and raise `tombstone_retention_days`")]
     TooLate {
         table: String,
         file: String,

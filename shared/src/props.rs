@@ -9,6 +9,7 @@
 //! | `tributary.generation` | the newest full-load generation (absent: 1) |
 //! | `tributary.generation.<g>.start` | RFC 3339: files written from then on belong to `g` |
 //! | `tributary.tombstoneHorizon` | RFC 3339: tombstones recorded up to then may have expired |
+//! | `tributary.fileRecordsSince` | RFC 3339: every CDC file applied since then is recorded (see `applied`) |
 
 use std::collections::HashMap;
 
@@ -20,6 +21,7 @@ pub(crate) const SEQUENCE_KINDS: &str = "tributary.sequenceKinds";
 pub(crate) const LOAD_TRACKING: &str = "tributary.loadTracking";
 pub(crate) const GENERATION: &str = "tributary.generation";
 pub(crate) const TOMBSTONE_HORIZON: &str = "tributary.tombstoneHorizon";
+pub(crate) const FILE_RECORDS_SINCE: &str = "tributary.fileRecordsSince";
 /// Delta's own property that turns the change data feed on.
 pub(crate) const CHANGE_DATA_FEED: &str = "delta.enableChangeDataFeed";
 
@@ -41,6 +43,9 @@ pub struct TableProps {
     pub tombstone_horizon: Option<DateTime<Utc>>,
     /// `delta.enableChangeDataFeed` is on.
     pub change_data_feed: bool,
+    /// Since when every CDC file the table applied is recorded (`None`: tables from before
+    /// the records, or another writer's).
+    pub file_records_since: Option<DateTime<Utc>>,
 }
 
 impl TableProps {
@@ -67,6 +72,7 @@ impl TableProps {
             change_data_feed: conf
                 .get(CHANGE_DATA_FEED)
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
+            file_records_since: conf.get(FILE_RECORDS_SINCE).and_then(|v| rfc3339(v)),
         }
     }
 
@@ -106,6 +112,11 @@ impl TableProps {
     /// The property that moves the tombstone horizon to `t`.
     pub fn for_horizon(t: DateTime<Utc>) -> HashMap<String, String> {
         HashMap::from([(TOMBSTONE_HORIZON.to_string(), format_time(t))])
+    }
+
+    /// The property that says every CDC file applied from `t` on is recorded.
+    pub fn for_file_records(t: DateTime<Utc>) -> HashMap<String, String> {
+        HashMap::from([(FILE_RECORDS_SINCE.to_string(), format_time(t))])
     }
 
     /// The property that turns the change data feed on.

@@ -191,10 +191,11 @@ target = "curated/items_history"
     assert_eq!(version(&history).await, v, "nothing of it applied");
 }
 
-/// New tables let the records expire (twice the tombstone retention, so the log does not
-/// grow with every file ever merged); full-load records carry no time and never expire.
+/// New tables let the records expire (the tombstone retention and a week, so the log does
+/// not grow with every file ever merged) and say since when they keep them; full-load
+/// records carry no time and never expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn new_tables_keep_the_records_of_cdc_files_for_twice_the_tombstone_retention() {
+async fn new_tables_keep_the_records_of_cdc_files_for_the_tombstone_retention_and_a_week() {
     let fx = Fixture::new(&format!("{ITEMS_TABLE}tombstone_retention_days = 3\n"));
     let file = fx.put_items(
         "20240101-0100000000.parquet",
@@ -213,7 +214,56 @@ async fn new_tables_keep_the_records_of_cdc_files_for_twice_the_tombstone_retent
     assert_eq!(
         conf.get("delta.setTransactionRetentionDuration")
             .map(String::as_str),
-        Some("interval 518400 seconds"),
+        Some("interval 864000 seconds"),
         "{conf:?}"
     );
+    assert!(conf.contains_key("tributary.fileRecordsSince"), "{conf:?}");
+}
+
+/// A file without a record, written before the records' horizon, on a table that has kept
+/// records since before it: its record may have expired, so it is refused (`too_late`)
+/// instead of being applied as new. A new table takes the same old file (a backfill).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrecorded_file_older_than_the_records_kept_is_too_late() {
+    let old = [c('I', "2020-01-01 00:00:00.000000", 1, "a", 1)];
+    let backfill = Fixture::items();
+    let file = backfill.put_items("20200101-0000000000.parquet", &old);
+    backfill.merge_ok(&[file]).await;
+    assert_eq!(backfill.items_rows().await, vec![(1, "a".into(), 1)]);
+
+    let fx = Fixture::items();
+    let now = chrono::Utc::now();
+    let recent = fx.put_items(
+        &format!("{}.parquet", now.format("%Y%m%d-%H%M%S%3f")),
+        &[c(
+            'I',
+            &now.format("%Y-%m-%d %H:%M:%S%.6f").to_string(),
+            2,
+            "a",
+            2,
+        )],
+    );
+    fx.merge_ok(&[recent]).await;
+    // As if the table had kept records for years.
+    let table = delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .expect("open");
+    table
+        .set_tbl_properties()
+        .with_properties(std::collections::HashMap::from([(
+            "tributary.fileRecordsSince".to_string(),
+            "2000-01-01T00:00:00Z".to_string(),
+        )]))
+        .with_raise_if_not_exists(false)
+        .await
+        .expect("set property");
+    let file = fx.put_items("20200101-0000000000.parquet", &old);
+    let r = fx.engine.process(std::slice::from_ref(&file)).await;
+    let e = Fixture::failure(&r, &file);
+    assert_eq!(e.kind(), "too_late", "{e}");
+    assert!(
+        e.to_string().contains("records of the files it applied"),
+        "{e}"
+    );
+    assert_eq!(fx.items_rows().await, vec![(2, "a".into(), 2)]);
 }

@@ -887,9 +887,13 @@ mod tests {
             prop(&t, retention),
             Some(format!(
                 "interval {} seconds",
-                cfg.tombstone_retention.as_secs() * 2
+                cfg.tombstone_retention.as_secs() + 7 * 86_400
             )),
-            "twice the tombstone retention"
+            "the tombstone retention and a week"
+        );
+        assert!(
+            delta::props(&t).file_records_since.is_some(),
+            "the records start now"
         );
         std::fs::remove_dir_all(url.to_file_path().unwrap()).unwrap();
         let mut t = create(&[
