@@ -6,7 +6,7 @@
 //! twice and 11 checkpoint GETs to load a table). Commit files (`<version>.json`) and
 //! checkpoints (`<version>.checkpoint[.<part>.<parts>].parquet`) never change once written,
 //! so a warm function instance keeps them in memory (up to `TRIBUTARY_LOG_CACHE_MB`,
-//! default 32): a load then fetches only the commits it has not seen, and a commit this
+//! default 64): a load then fetches only the commits it has not seen, and a commit this
 //! instance wrote (kept when its PUT succeeds) is not fetched back at all.
 //!
 //! Safety against a table deleted and created again at the same place (a new `0.json`
@@ -32,10 +32,12 @@ use object_store::{
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
 };
 
-/// Largest file kept (larger checkpoints are read as delta-rs reads them).
-const MAX_ENTRY_BYTES: u64 = 8 * 1024 * 1024;
+/// Largest file kept (larger checkpoints are read as delta-rs reads them). A table's
+/// records of applied files make its checkpoint a few MB (~78 bytes a record; docs/design.md,
+/// "Re-uploaded CDC files"): over the limit, every load fetches it again (+14 GETs).
+const MAX_ENTRY_BYTES: u64 = 24 * 1024 * 1024;
 /// Default total size of the cache, in MB (`TRIBUTARY_LOG_CACHE_MB`).
-const DEFAULT_TOTAL_MB: u64 = 32;
+const DEFAULT_TOTAL_MB: u64 = 64;
 /// Listed sizes and ETags kept at most (forgotten all at once beyond: only hits are lost).
 const MAX_LISTED: usize = 200_000;
 
