@@ -122,10 +122,11 @@ class Resolver:
             return f"arn:aws:iam::{ACCOUNT}:role/{phys}"
         raise NotImplementedError(kind)
 
-    def transformed(self):
+    def transformed(self, **parameters):
         """A resolver of the whole transformed template — the resources removed for
         LocalStack included, each with the physical id AWS would give it (a function's
-        name, a state machine's ARN) — for what exists around them (roles, policies)."""
+        name, a state machine's ARN) — for what exists around them (roles, policies);
+        `parameters` override the stack's (what the policies would be with them)."""
         full = self.t["Transformed"]
         resources = dict(self.resources)
         for name, r in full["Resources"].items():
@@ -139,7 +140,7 @@ class Resolver:
         params = {k: v for k, v in self.params.items() if not k.startswith("AWS::")}
         out = Resolver(dict(full, Functions=self.t["Functions"]), params, resources,
                        self.params["AWS::StackName"], self.region)
-        out.params = self.params
+        out.params = dict(self.params, **parameters)
         return out
 
     def value(self, node, local=None):

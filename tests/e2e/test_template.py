@@ -182,6 +182,12 @@ def tasks(definition):
             yield from tasks(state.get("ItemProcessor") or state["Iterator"])
 
 
+# A customer managed key's default key policy: IAM policies of the account decide (KMS
+# allows nothing to an identity policy alone).
+DEFAULT_KEY_POLICY = {"Version": "2012-10-17", "Statement": [
+    {"Sid": "Enable IAM User Permissions", "Effect": "Allow",
+     "Principal": {"AWS": f"arn:aws:iam::{template_stack.ACCOUNT}:root"}, "Action": "kms:*", "Resource": "*"}]}
+
 # Granted for calls these scenarios do not make: (statement, action) -> why.
 UNEXERCISED = {
     ("ConsumeMergeQueue", "sqs:ChangeMessageVisibility"):
@@ -193,13 +199,14 @@ UNEXERCISED = {
 }
 
 
-def check_permissions(aws, resolve, calls, refused, all_used=True):
+def check_permissions(aws, resolve, calls, refused, all_used=True, **parameters):
     """Every call in {role: [(action, resource, context, origin)]} is allowed by the role's
     policies as the template makes them (and the bucket policies of the stack); every one
     of `refused` {role: [(action, resource, context, why)]} is not; with `all_used`, every
     action of every Allow statement of the template's own policies of these roles is used
-    by some call (or is in UNEXERCISED, with the reason)."""
-    t = resolve.transformed()
+    by some call (or is in UNEXERCISED, with the reason). `parameters`: the stack's
+    parameters overridden (the roles as they would be with them)."""
+    t = resolve.transformed(**parameters)
     bucket_policies = {}
     for name, r in t.t["Resources"].items():
         if r["Type"] == "AWS::S3::Bucket" and name in t.resources:
@@ -214,10 +221,12 @@ def check_permissions(aws, resolve, calls, refused, all_used=True):
             policies = iam.role_policies(t, role)
             for action, resource, context, origin in items:
                 bucket = resource.split(":::", 1)[1].split("/", 1)[0] if resource.startswith("arn:aws:s3:::") else None
+                resource_policy = bucket_policies.get(bucket) or (
+                    DEFAULT_KEY_POLICY if resource.startswith("arn:aws:kms:") else None)
                 requests.append({"principal": t.arn(role) if role in t.resources else f"arn:aws:iam::{template_stack.ACCOUNT}:role/{role}",
                                  "action": action, "resource": resource, "account": template_stack.ACCOUNT,
                                  "context": context, "identityPolicies": policies,
-                                 **({"resourcePolicy": bucket_policies[bucket]} if bucket in bucket_policies else {})})
+                                 **({"resourcePolicy": resource_policy} if resource_policy else {})})
                 index.append((kind, role, action, resource, context, origin))
     results = iam.evaluate(requests)
     problems, used = [], set()
@@ -245,6 +254,24 @@ def check_permissions(aws, resolve, calls, refused, all_used=True):
                         problems.append(f"{role}: {p['name']} statement {sid} grants {action}, which no call uses")
     assert not problems, "\n".join(problems)
     return len(requests)
+
+
+def kms_requests(calls, key):
+    """What S3 asks KMS on the caller's behalf for these S3 calls when the buckets are
+    encrypted with `key` (SSE-KMS): a data key for every object write, decryption for every
+    read — and for a multipart upload's parts."""
+    out = []
+    for c in calls:
+        if c.service != "s3" or "/" not in c.path.lstrip("/"):
+            continue
+        origin = f"S3 with SSE-KMS: {c.method} {c.path}"
+        if c.method == "GET":
+            out.append(("kms:Decrypt", key, {}, origin))
+        if c.method in ("PUT", "POST") and "x-amz-copy-source" not in c.headers:
+            out.append(("kms:GenerateDataKey", key, {}, origin))
+            if "uploads" in c.query or "uploadId" in c.query:
+                out.append(("kms:Decrypt", key, {}, origin))
+    return out
 
 
 def recorded(calls, region=REGION):
@@ -352,6 +379,15 @@ def test_two_stacks_and_the_pipeline_through_the_templates_resources(aws, stacks
     }
     start = time.time()
     n = check_permissions(aws, resolve, calls, refused)
+    # With KmsKeyArn (the roles resolved with it; LocalStack's S3 calls no KMS): what S3
+    # asks KMS on the functions' behalf for the same calls — and no other key.
+    key = f"arn:aws:kms:{REGION}:{template_stack.ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    other = key.replace("1234abcd", "99999999")
+    kms = {"MergeFunctionRole": kms_requests(merge_calls, key),
+           "MaintenanceFunctionRole": kms_requests(maintenance_calls, key)}
+    assert all(kms.values()), kms
+    n += check_permissions(aws, resolve, kms, {r: [("kms:Decrypt", other, {}, "another key")] for r in kms},
+                           all_used=False, KmsKeyArn=key)
     record_timing("template: permissions of every call", time.time() - start, f"{n} requests evaluated")
 
 
