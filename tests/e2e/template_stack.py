@@ -49,6 +49,7 @@ def deployable(region):
     removed = {n for n, r in out["Resources"].items() if r["Type"].startswith(REMOVED_TYPES)}
     functions = {n: out["Resources"][n] for n in removed
                  if out["Resources"][n]["Type"] == "AWS::Lambda::Function"}
+    full = json.loads(json.dumps(out))
     for n in removed:
         del out["Resources"][n]
     out = _replace_refs(out, removed)
@@ -62,7 +63,8 @@ def deployable(region):
                 r["DependsOn"] = deps
             else:
                 r.pop("DependsOn")
-    out["Functions"] = functions  # not a template section: deploy() takes it out
+    out["Functions"] = functions  # not template sections: deploy() takes them out
+    out["Transformed"] = full  # everything, the removed resources included (iam.py)
     return out, sorted(removed)
 
 
@@ -112,7 +114,34 @@ class Resolver:
             return f"arn:aws:sqs:{self.region}:{ACCOUNT}:{phys.rsplit('/', 1)[1]}"
         if kind == "AWS::S3::Bucket":
             return f"arn:aws:s3:::{phys}"
+        if kind == "AWS::Lambda::Function":
+            return f"arn:aws:lambda:{self.region}:{ACCOUNT}:function:{phys}"
+        if kind in ("AWS::Events::Rule", "AWS::StepFunctions::StateMachine", "AWS::IAM::ManagedPolicy"):
+            return phys if phys.startswith("arn:") else f"arn:aws:events:{self.region}:{ACCOUNT}:rule/{phys}"
+        if kind == "AWS::IAM::Role":
+            return f"arn:aws:iam::{ACCOUNT}:role/{phys}"
         raise NotImplementedError(kind)
+
+    def transformed(self, **parameters):
+        """A resolver of the whole transformed template — the resources removed for
+        LocalStack included, each with the physical id AWS would give it (a function's
+        name, a state machine's ARN) — for what exists around them (roles, policies);
+        `parameters` override the stack's (what the policies would be with them)."""
+        full = self.t["Transformed"]
+        resources = dict(self.resources)
+        for name, r in full["Resources"].items():
+            if name in resources:
+                continue
+            if r["Type"] == "AWS::Lambda::Function":
+                resources[name] = f"{self.params['AWS::StackName']}-{name}"
+            elif r["Type"] == "AWS::StepFunctions::StateMachine":
+                sm = self.value(r["Properties"].get("StateMachineName", name))
+                resources[name] = f"arn:aws:states:{self.region}:{ACCOUNT}:stateMachine:{sm}"
+        params = {k: v for k, v in self.params.items() if not k.startswith("AWS::")}
+        out = Resolver(dict(full, Functions=self.t["Functions"]), params, resources,
+                       self.params["AWS::StackName"], self.region)
+        out.params = dict(self.params, **parameters)
+        return out
 
     def value(self, node, local=None):
         local = local or {}
@@ -193,7 +222,7 @@ def deploy(endpoint, creds, region, name, parameters=None, timeout=240):
     """Create the stack; its outputs, physical resource ids and a [`Resolver`]."""
     body, _ = deployable(region)
     template = dict(body)
-    body = _decide_conditions({k: v for k, v in body.items() if k != "Functions"},
+    body = _decide_conditions({k: v for k, v in body.items() if k not in ("Functions", "Transformed")},
                               Resolver(template, parameters, {}, name, region))
     cfn = boto3.client("cloudformation", endpoint_url=endpoint, region_name=region, **creds)
     cfn.create_stack(

@@ -7,7 +7,14 @@ queues, FIFO queue, dead-letter queue, configuration location), forward through 
 queue, merge, and move an unreadable file to its dead-letter queue. The second stack, on
 the first one's bucket, gets its files through its EventBridge rule. A change to the
 template's queues, notifications, rule, outputs or function environment changes what this
-test runs against."""
+test runs against.
+
+Permissions: every request the function binaries send in these scenarios — merges through
+both queues, the catalog, a file moved to the dead-letter queue, a file gone before its
+merge, maintenance, a DMS reload — is recorded on its way to the emulators and evaluated
+against the role template.yaml gives that function (iam.py), with what Lambda, its pollers
+and the state machine do with the roles besides; calls that must be refused are; and every
+action a role's statements grant is used by some call."""
 
 import json
 import time
@@ -15,10 +22,18 @@ import uuid
 from types import SimpleNamespace
 from urllib.parse import urlparse
 
+import decimal
+
 import dms
+import iam
+import pyarrow as pa
 import pytest
 import template_stack
 from conftest import CREDS, ENDPOINT, REGION, Functions, Poller, read_table, record_timing, table_config
+from test_catalog import with_column
+
+GLUE_DB = "tributary_e2e_tmpl"
+CONSUMER = "111111111111"
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +44,11 @@ def stacks(aws):
     run = uuid.uuid4().hex[:6]
     creds = {k: v for k, v in CREDS.items() if k != "region_name"}
     start = time.time()
-    out, res, resolve = template_stack.deploy(ENDPOINT, creds, REGION, f"tributary-e2e-{run}")
+    out, res, resolve = template_stack.deploy(ENDPOINT, creds, REGION, f"tributary-e2e-{run}",
+                                              {"GlueDatabase": GLUE_DB})
     out2, res2, resolve2 = template_stack.deploy(ENDPOINT, creds, REGION, f"Tributary-E2E-{run}-Second-Stack-With-A-Long-Name",
-                                                 {"RawBucketName": out["RawBucket"], "TablesPrefix": "delta/"})
+                                                 {"RawBucketName": out["RawBucket"], "TablesPrefix": "delta/",
+                                                  "ConsumerAccountIds": CONSUMER})
     record_timing("template: two stacks created", time.time() - start, f"{len(res)} + {len(res2)} resources")
     # "Send notifications to Amazon EventBridge" on the existing bucket, as the template's
     # parameter description asks (keeping the first stack's queue notifications).
@@ -42,27 +59,55 @@ def stacks(aws):
     return SimpleNamespace(out=out, res=res, resolve=resolve, out2=out2, res2=res2, resolve2=resolve2)
 
 
-def run_functions(aws, out, resolve, table, log):
-    """Upload a configuration with `table` where the stack's outputs say, and start the
-    function binaries with the environment the template gives them."""
+class Recorded:
+    """The binaries of one function (its environment from the template) behind their own
+    recording proxies (iam.Recorder) to LocalStack and to moto's Glue."""
+
+    def __init__(self, resolve, function, log, glue=None):
+        self.function = function
+        self.recorders = [iam.Recorder(ENDPOINT)] + ([iam.Recorder(glue.client.meta.endpoint_url)] if glue else [])
+        environment = resolve.environment(function)
+        environment.update(AWS_ENDPOINT_URL=self.recorders[0].endpoint, AWS_ACCESS_KEY_ID="test",
+                           AWS_SECRET_ACCESS_KEY="test", AWS_REGION=REGION,
+                           # the configuration's ETag checked at every invocation (its HEAD recorded)
+                           TRIBUTARY_CONFIG_CHECK_SECONDS="0")
+        if glue:
+            environment["AWS_ENDPOINT_URL_GLUE"] = self.recorders[1].endpoint
+        self.environment = environment
+        self.functions = Functions(None, None, environment=environment, log=log)
+
+    def calls(self):
+        return [c for r in self.recorders for c in r.take()]
+
+    def stop(self):
+        self.functions.stop()
+        for r in self.recorders:
+            r.stop()
+
+
+def upload_config(aws, out, table, extra=""):
+    """A configuration with `table`, where the stack's outputs say."""
     location = urlparse(out["ConfigLocation"])
-    source_bucket = out["RawBucket"]
     aws.s3.put_object(Bucket=location.netloc, Key=location.path.lstrip("/"),
-                      Body=table_config(source_bucket, out["CuratedBucket"], table).encode())
-    environment = resolve.environment("MergeFunction")
-    assert environment["TRIBUTARY_CONFIG"] == out["ConfigLocation"]
-    assert environment["TRIBUTARY_ROUTE_TO"] == out["TableQueueUrl"], environment
-    environment.update(AWS_ENDPOINT_URL=ENDPOINT, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
-                       AWS_REGION=REGION)
-    return Functions(None, None, environment=environment, log=log)
+                      Body=table_config(out["RawBucket"], out["CuratedBucket"], table, extra).encode())
 
 
-def drain(aws, out, resolve, functions, table, source, files, bad_key=None, timeout=180):
+def run_functions(aws, out, resolve, table, log, glue=None, extra=""):
+    """Upload a configuration with `table` and start the merge function's binaries with the
+    environment the template gives them, behind recording proxies."""
+    upload_config(aws, out, table, extra)
+    merge = Recorded(resolve, "MergeFunction", log, glue)
+    assert merge.environment["TRIBUTARY_CONFIG"] == out["ConfigLocation"]
+    assert merge.environment["TRIBUTARY_ROUTE_TO"] == out["TableQueueUrl"], merge.environment
+    return merge
+
+
+def drain(aws, out, resolve, functions, table, source, files, bad_keys=(), timeout=180):
     """Play Lambda's pollers on the stack's queue and FIFO queue until the table equals the
-    source (and the bad file reached the dead-letter queue); returns the seconds taken and
+    source (and the bad files reached the dead-letter queue); returns the seconds taken and
     the keys dead-lettered."""
-    route = Poller(aws, None, functions, out["MergeQueueUrl"], out["MergeQueueArn"])
-    fifo = Poller(aws, None, functions, out["TableQueueUrl"], resolve.arn("TableQueue"))
+    route = Poller(aws, None, functions.functions, out["MergeQueueUrl"], out["MergeQueueArn"])
+    fifo = Poller(aws, None, functions.functions, out["TableQueueUrl"], resolve.arn("TableQueue"))
     stack = SimpleNamespace(curated=out["CuratedBucket"])
     dead = []
     start = time.time()
@@ -76,20 +121,164 @@ def drain(aws, out, resolve, functions, table, source, files, bad_key=None, time
                 moved += len(messages)
         for m in aws.sqs.receive_message(QueueUrl=out["DeadLetterQueueUrl"], MaxNumberOfMessages=10,
                                          WaitTimeSeconds=0).get("Messages", []):
-            body = json.loads(m["Body"])
-            record = body["Records"][0]["s3"]["object"]["key"] if "Records" in body else body["detail"]["object"]["key"]
-            dead.append(record)
+            body = json.loads(m["Body"])  # (a moved message announces all its failed files)
+            dead += [r["s3"]["object"]["key"] for r in body["Records"]] if "Records" in body else [body["detail"]["object"]["key"]]
             aws.sqs.delete_message(QueueUrl=out["DeadLetterQueueUrl"], ReceiptHandle=m["ReceiptHandle"])
-        if not moved and (bad_key is None or dead) and read_table(stack, table)[1] == source.state():
+        if not moved and set(bad_keys) <= set(dead) and read_table(stack, table)[1] == source.state():
             break
         if not moved:
             time.sleep(0.5)
     _, got = read_table(stack, table)
     assert got == source.state(), f"table has {len(got)} rows, source {len(source.state())}"
-    return time.time() - start, dead
+    return time.time() - start, sorted(dead)
 
 
-def test_two_stacks_and_the_pipeline_through_the_templates_resources(aws, stacks):
+def lambda_service_calls(resolve):
+    """What AWS does with the function roles besides the binaries' own calls: the SQS
+    pollers of the event source mappings (what Lambda's documentation lists:
+    ReceiveMessage, DeleteMessage, GetQueueAttributes), the logs of the function's log
+    group, and the state machine's tasks with its role.
+    {role: [(action, resource, context, origin)]}."""
+    t = resolve.transformed()
+    res = t.t["Resources"]
+    role_of = {t.resources[n]: r["Properties"]["Role"]["Fn::GetAtt"][0] for n, r in res.items()
+               if r["Type"] == "AWS::Lambda::Function"}
+    out = {}
+    for name, r in res.items():
+        if "Condition" in r and not t.condition(r["Condition"]):
+            continue
+        props = r["Properties"]
+        if r["Type"] == "AWS::Lambda::EventSourceMapping":
+            queue = t.value(props["EventSourceArn"])
+            for action in ("ReceiveMessage", "DeleteMessage", "GetQueueAttributes"):
+                out.setdefault(role_of[t.value(props["FunctionName"])], []).append(
+                    (f"sqs:{action}", queue, {"aws:SecureTransport": "true"}, f"event source mapping {name}"))
+        if r["Type"] == "AWS::Lambda::Function":
+            group = t.value(props["LoggingConfig"]["LogGroup"])
+            stream = f"arn:aws:logs:{REGION}:{template_stack.ACCOUNT}:log-group:{group}:log-stream:2026/01/01/[$LATEST]0"
+            for action in ("logs:CreateLogStream", "logs:PutLogEvents"):
+                out.setdefault(role_of[t.resources[name]], []).append((action, stream, {}, f"Lambda's logs of {name}"))
+        if r["Type"] == "AWS::StepFunctions::StateMachine":
+            definition = json.dumps(props["Definition"]) if "Definition" in props else t.value(props["DefinitionString"])
+            for k, v in props.get("DefinitionSubstitutions", {}).items():
+                definition = definition.replace("${" + k + "}", str(t.value(v)))
+            role = props["RoleArn"]["Fn::GetAtt"][0]
+            for task in tasks(json.loads(definition)):
+                if task["Resource"] == "arn:aws:states:::lambda:invoke":
+                    call = ("lambda:InvokeFunction", task["Parameters"]["FunctionName"])
+                elif task["Resource"] == "arn:aws:states:::aws-sdk:sfn:listExecutions":
+                    call = ("states:ListExecutions", t.resources[name])  # $$.StateMachine.Id: itself
+                else:
+                    raise AssertionError(f"a state machine task not mapped to IAM: {task['Resource']}")
+                out.setdefault(role, []).append((*call, {}, f"{name} task {task['Resource']}"))
+    return out
+
+
+def tasks(definition):
+    for state in definition["States"].values():
+        if state["Type"] == "Task":
+            yield state
+        if state["Type"] == "Map":
+            yield from tasks(state.get("ItemProcessor") or state["Iterator"])
+
+
+# A customer managed key's default key policy: IAM policies of the account decide (KMS
+# allows nothing to an identity policy alone).
+DEFAULT_KEY_POLICY = {"Version": "2012-10-17", "Statement": [
+    {"Sid": "Enable IAM User Permissions", "Effect": "Allow",
+     "Principal": {"AWS": f"arn:aws:iam::{template_stack.ACCOUNT}:root"}, "Action": "kms:*", "Resource": "*"}]}
+
+# Granted for calls these scenarios do not make: (statement, action) -> why.
+UNEXERCISED = {
+    ("ConsumeMergeQueue", "sqs:ChangeMessageVisibility"):
+        "the backoff of retryable failures (#25: a short visibility change instead of the full timeout)",
+    ("ForwardAndConsumeTableQueue", "sqs:ChangeMessageVisibility"):
+        "the backoff of retryable failures (#25: a short visibility change instead of the full timeout)",
+    ("ReadWriteCuratedTables", "s3:AbortMultipartUpload"):
+        "a multipart upload that fails is aborted (object_store); no upload fails here",
+}
+
+
+def check_permissions(aws, resolve, calls, refused, all_used=True, **parameters):
+    """Every call in {role: [(action, resource, context, origin)]} is allowed by the role's
+    policies as the template makes them (and the bucket policies of the stack); every one
+    of `refused` {role: [(action, resource, context, why)]} is not; with `all_used`, every
+    action of every Allow statement of the template's own policies of these roles is used
+    by some call (or is in UNEXERCISED, with the reason). `parameters`: the stack's
+    parameters overridden (the roles as they would be with them)."""
+    t = resolve.transformed(**parameters)
+    bucket_policies = {}
+    for name, r in t.t["Resources"].items():
+        if r["Type"] == "AWS::S3::Bucket" and name in t.resources:
+            try:
+                bucket_policies[t.resources[name]] = json.loads(
+                    aws.s3.get_bucket_policy(Bucket=t.resources[name])["Policy"])
+            except aws.s3.exceptions.ClientError:
+                pass
+    requests, index = [], []
+    for kind, table in (("call", calls), ("refused", refused)):
+        for role, items in table.items():
+            policies = iam.role_policies(t, role)
+            for action, resource, context, origin in items:
+                bucket = resource.split(":::", 1)[1].split("/", 1)[0] if resource.startswith("arn:aws:s3:::") else None
+                resource_policy = bucket_policies.get(bucket) or (
+                    DEFAULT_KEY_POLICY if resource.startswith("arn:aws:kms:") else None)
+                requests.append({"principal": t.arn(role) if role in t.resources else f"arn:aws:iam::{template_stack.ACCOUNT}:role/{role}",
+                                 "action": action, "resource": resource, "account": template_stack.ACCOUNT,
+                                 "context": context, "identityPolicies": policies,
+                                 **({"resourcePolicy": resource_policy} if resource_policy else {})})
+                index.append((kind, role, action, resource, context, origin))
+    results = iam.evaluate(requests)
+    problems, used = [], set()
+    for (kind, role, action, resource, context, origin), r in zip(index, results):
+        if r["result"] == "Error":
+            problems.append(f"{role}: {action} {resource} {context}: the evaluator refuses the request: {r['errors']} ({origin})")
+        elif kind == "call" and r["result"] != "Allowed":
+            problems.append(f"{role}: {action} on {resource} {context} is {r['result']} ({origin})")
+        elif kind == "refused" and r["result"] == "Allowed":
+            problems.append(f"{role}: {action} on {resource} {context} is allowed, must not be ({origin})")
+        for statement in r.get("allowedBy", []) if kind == "call" else []:
+            used.add((statement, action))
+    # Nothing granted that no call uses (the template's own policies; AWS managed ones are
+    # what they are).
+    for role in calls if all_used else ():
+        for p in iam.role_policies(t, role):
+            if p["name"] in iam.MANAGED:
+                continue
+            for i, s in enumerate(p["policy"]["Statement"]):
+                if s["Effect"] != "Allow":
+                    continue
+                sid = s.get("Sid", str(i + 1))
+                for action in [s["Action"]] if isinstance(s["Action"], str) else s["Action"]:
+                    if (f"{p['name']}#{sid}", action) not in used and (sid, action) not in UNEXERCISED:
+                        problems.append(f"{role}: {p['name']} statement {sid} grants {action}, which no call uses")
+    assert not problems, "\n".join(problems)
+    return len(requests)
+
+
+def kms_requests(calls, key):
+    """What S3 asks KMS on the caller's behalf for these S3 calls when the buckets are
+    encrypted with `key` (SSE-KMS): a data key for every object write, decryption for every
+    read — and for a multipart upload's parts."""
+    out = []
+    for c in calls:
+        if c.service != "s3" or "/" not in c.path.lstrip("/"):
+            continue
+        origin = f"S3 with SSE-KMS: {c.method} {c.path}"
+        if c.method == "GET":
+            out.append(("kms:Decrypt", key, {}, origin))
+        if c.method in ("PUT", "POST") and "x-amz-copy-source" not in c.headers:
+            out.append(("kms:GenerateDataKey", key, {}, origin))
+            if "uploads" in c.query or "uploadId" in c.query:
+                out.append(("kms:Decrypt", key, {}, origin))
+    return out
+
+
+def recorded(calls, region=REGION):
+    return iam.iam_requests(calls, region, template_stack.ACCOUNT)
+
+
+def test_two_stacks_and_the_pipeline_through_the_templates_resources(aws, stacks, glue):
     out, res, resolve = stacks.out, stacks.res, stacks.resolve
     out2, res2, resolve2 = stacks.out2, stacks.res2, stacks.resolve2
     # (LocalStack names every dashboard "unknown": not a name of the template's.)
@@ -106,22 +295,100 @@ def test_two_stacks_and_the_pipeline_through_the_templates_resources(aws, stacks
         QueueUrl=out["MergeQueueUrl"], AttributeNames=["RedrivePolicy"])["Attributes"]["RedrivePolicy"])
     assert redrive["deadLetterTargetArn"] == out["DeadLetterQueueArn"], redrive
 
-    # The functions as the template configures them, on the stack's S3 notifications.
-    functions = run_functions(aws, out, resolve, "tmpl", "e2e-template-cargo-lambda.log")
+    # The functions as the template configures them, on the stack's S3 notifications,
+    # their requests recorded.
+    catalog = f'[table.catalog]\ndatabase = "{GLUE_DB}"\ncreate_database = true\n'
+    merge = run_functions(aws, out, resolve, "tmpl", "e2e-template-cargo-lambda.log", glue, catalog)
+    maintenance = Recorded(resolve, "MaintenanceFunction", "e2e-template-maintenance.log", glue)
     try:
         source = dms.Source(seed=41)
         files = dms.seed_files(source, full_load_rows=1000, new_rows=40)
         prefix = "dms/tmpl/travel_details/"
         bad_key = prefix + "2022/10/26/20221026-0000000099.parquet"
+        gone_key = prefix + "2022/10/26/20221026-0000000098.parquet"
         for key, body in files:
             aws.s3.put_object(Bucket=out["RawBucket"], Key=prefix + key, Body=body)
         aws.s3.put_object(Bucket=out["RawBucket"], Key=bad_key, Body=b"not parquet")
-        elapsed, dead = drain(aws, out, resolve, functions, "tmpl", source, files, bad_key)
-        assert dead == [bad_key], dead
+        # a file deleted before its merge: "not found" (S3 says so to a role that may list it)
+        aws.s3.put_object(Bucket=out["RawBucket"], Key=gone_key, Body=files[-1][1])
+        aws.s3.delete_object(Bucket=out["RawBucket"], Key=gone_key)
+        elapsed, dead = drain(aws, out, resolve, merge, "tmpl", source, files, [bad_key, gone_key])
+        assert dead == sorted([bad_key, gone_key]), dead
         record_timing("template resources: S3 -> queue -> FIFO -> merge", elapsed,
-                      f"{len(files)} files + 1 bad (to the template's DLQ)")
+                      f"{len(files)} files + 2 failed (to the template's DLQ)")
+        # Then route B's rows move to K, with a new column: an emptied partition (its
+        # manifest deleted, its catalog partition removed) and a schema change (the
+        # catalog entries updated).
+        moved = source.update(lambda r: r["route_id"] == "B", route_id="K")
+        aws.s3.put_object(Bucket=out["RawBucket"], Key=prefix + "2022/10/25/20221025-2120000000.parquet",
+                          Body=with_column(moved, "fare", pa.decimal128(10, 2), decimal.Decimal("12.50")))
+        drain(aws, out, resolve, merge, "tmpl", source, files)
+        merge_calls = merge.calls()
+        assert any(c.status == 404 and c.path.endswith(gone_key) for c in merge_calls), "the gone file was not read"
+
+        # Maintenance as the state machine runs it, then a DMS reload (the full load written again).
+        fm = maintenance.functions
+        tables, error = fm.invoke("tributary-maintenance", {"list": True})
+        assert error is None and tables["tables"] == ["tmpl"], tables
+        payload, error = fm.invoke("tributary-maintenance", {"table": "tmpl"})
+        assert error is None, payload
+        for key, body in files[:2]:
+            aws.s3.put_object(Bucket=out["RawBucket"], Key=prefix + key, Body=body)
+        payload, error = fm.invoke("tributary-maintenance", {"reload": "tmpl"})
+        assert error is None, payload
+        maintenance_calls = maintenance.calls()
     finally:
-        functions.stop()
+        merge.stop()
+        maintenance.stop()
+
+    raw, curated = out["RawBucket"], out["CuratedBucket"]
+    config = f"arn:aws:s3:::{curated}/config/tributary.toml"
+    https = {"aws:SecureTransport": "true"}
+    calls = lambda_service_calls(resolve)
+    calls.setdefault("MergeFunctionRole", []).extend(recorded(merge_calls))
+    calls.setdefault("MaintenanceFunctionRole", []).extend(recorded(maintenance_calls))
+    for role, actions in (("MergeFunctionRole", {"s3:GetObject", "s3:PutObject", "s3:ListBucket", "sqs:SendMessage",
+                                                  "glue:CreateTable"}),
+                          ("MaintenanceFunctionRole", {"s3:GetObject", "s3:PutObject", "s3:ListBucket", "glue:GetTable"})):
+        assert actions <= {a for a, *_ in calls[role]}, (role, {a for a, *_ in calls[role]})
+    other_queue = f"arn:aws:sqs:{REGION}:{template_stack.ACCOUNT}:someone-elses-queue"
+    refused = {
+        "MergeFunctionRole": [
+            ("s3:GetObject", f"arn:aws:s3:::{raw}/elsewhere/x.parquet", https, "a raw key outside RawPrefix"),
+            ("s3:ListBucket", f"arn:aws:s3:::{raw}", dict(https, **{"s3:prefix": "elsewhere/"}), "listing outside RawPrefix"),
+            ("s3:ListBucket", f"arn:aws:s3:::{raw}", https, "listing the whole raw bucket"),
+            ("s3:PutObject", f"arn:aws:s3:::{raw}/dms/tmpl/travel_details/x.parquet", https, "writing raw files"),
+            ("s3:PutObject", config, https, "rewriting its own configuration"),
+            ("s3:DeleteObject", config, https, "deleting its own configuration"),
+            ("s3:GetObject", f"arn:aws:s3:::{curated}/x", {"aws:SecureTransport": "false"}, "plain HTTP (the bucket policy)"),
+            ("sqs:ReceiveMessage", other_queue, https, "another queue of the account"),
+            ("sqs:DeleteMessage", other_queue, https, "another queue of the account"),
+            ("sqs:SendMessage", resolve.arn("MergeQueue"), https, "its own source queue"),
+            ("glue:CreateTable", f"arn:aws:glue:{REGION}:{template_stack.ACCOUNT}:database/other", https, "another database"),
+            ("glue:DeleteTable", f"arn:aws:glue:{REGION}:{template_stack.ACCOUNT}:table/{GLUE_DB}/tmpl", https, "deleting entries"),
+        ],
+        "MaintenanceFunctionRole": [
+            ("s3:PutObject", f"arn:aws:s3:::{raw}/dms/tmpl/travel_details/x.parquet", https, "writing raw files"),
+            ("s3:PutObject", config, https, "rewriting its configuration"),
+            ("sqs:SendMessage", resolve.arn("MergeDeadLetterQueue"), https, "queues are the merge's"),
+            ("sqs:ReceiveMessage", resolve.arn("MergeQueue"), https, "queues are the merge's"),
+        ],
+        "MaintenanceStateMachineRole": [
+            ("states:ListExecutions", f"arn:aws:states:{REGION}:{template_stack.ACCOUNT}:stateMachine:other", {}, "another state machine"),
+        ],
+    }
+    start = time.time()
+    n = check_permissions(aws, resolve, calls, refused)
+    # With KmsKeyArn (the roles resolved with it; LocalStack's S3 calls no KMS): what S3
+    # asks KMS on the functions' behalf for the same calls — and no other key.
+    key = f"arn:aws:kms:{REGION}:{template_stack.ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    other = key.replace("1234abcd", "99999999")
+    kms = {"MergeFunctionRole": kms_requests(merge_calls, key),
+           "MaintenanceFunctionRole": kms_requests(maintenance_calls, key)}
+    assert all(kms.values()), kms
+    n += check_permissions(aws, resolve, kms, {r: [("kms:Decrypt", other, {}, "another key")] for r in kms},
+                           all_used=False, KmsKeyArn=key)
+    record_timing("template: permissions of every call", time.time() - start, f"{n} requests evaluated")
 
 
 def test_the_second_stack_gets_the_existing_buckets_files_through_eventbridge(aws, stacks):
@@ -129,7 +396,7 @@ def test_the_second_stack_gets_the_existing_buckets_files_through_eventbridge(aw
     as the template filters them) delivers Object Created events to its queue, and its
     functions merge them into its curated bucket, under its TablesPrefix."""
     out, resolve = stacks.out2, stacks.resolve2
-    functions = run_functions(aws, out, resolve, "tmplb", "e2e-template-b-cargo-lambda.log")
+    merge = run_functions(aws, out, resolve, "tmplb", "e2e-template-b-cargo-lambda.log")
     try:
         source = dms.Source(seed=42)
         files = dms.seed_files(source, full_load_rows=500, new_rows=20)
@@ -137,9 +404,47 @@ def test_the_second_stack_gets_the_existing_buckets_files_through_eventbridge(aw
             aws.s3.put_object(Bucket=out["RawBucket"], Key=f"dms/tmplb/travel_details/{key}", Body=body)
         # outside RawPrefix: the rule does not forward it
         aws.s3.put_object(Bucket=out["RawBucket"], Key="elsewhere/tmplb/x.parquet", Body=b"x")
-        elapsed, dead = drain(aws, out, resolve, functions, "tmplb", source, files)
+        elapsed, dead = drain(aws, out, resolve, merge, "tmplb", source, files)
         assert dead == [], dead
         record_timing("template, existing bucket: EventBridge -> queue -> FIFO -> merge", elapsed,
                       f"{len(files)} files")
+        merge_calls = merge.calls()
     finally:
-        functions.stop()
+        merge.stop()
+
+    # Under TablesPrefix=delta/: the curated bucket's other keys are neither written nor listed
+    # by the functions, and consumer accounts read and list only the tables.
+    curated = out["CuratedBucket"]
+    https = {"aws:SecureTransport": "true"}
+    calls = {"MergeFunctionRole": recorded(merge_calls)}
+    refused = {"MergeFunctionRole": [
+        ("s3:PutObject", f"arn:aws:s3:::{curated}/elsewhere/x", https, "outside TablesPrefix"),
+        ("s3:ListBucket", f"arn:aws:s3:::{curated}", dict(https, **{"s3:prefix": "elsewhere/"}), "listing outside TablesPrefix"),
+        ("s3:ListBucket", f"arn:aws:s3:::{curated}", https, "listing the whole curated bucket"),
+    ]}
+    check_permissions(aws, resolve, calls, refused, all_used=False)  # (the first test runs every path)
+    check_consumers(aws, curated)
+
+
+def check_consumers(aws, curated):
+    """A consumer account's principal (its own policy allowing everything), against the
+    curated bucket's policy: the tables readable and listable, nothing else."""
+    policy = json.loads(aws.s3.get_bucket_policy(Bucket=curated)["Policy"])
+    allow_all = [{"name": "consumer-admin", "policy": {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "*", "Resource": "*"}]}}]
+    https = {"aws:SecureTransport": "true"}
+    cases = [
+        ("s3:GetObject", f"arn:aws:s3:::{curated}/delta/tmplb/_delta_log/00000000000000000000.json", https, "Allowed"),
+        ("s3:ListBucket", f"arn:aws:s3:::{curated}", dict(https, **{"s3:prefix": "delta/tmplb/"}), "Allowed"),
+        ("s3:GetBucketLocation", f"arn:aws:s3:::{curated}", https, "Allowed"),
+        ("s3:GetObject", f"arn:aws:s3:::{curated}/config/tributary.toml", https, "denied"),
+        ("s3:ListBucket", f"arn:aws:s3:::{curated}", dict(https, **{"s3:prefix": "config/"}), "denied"),
+        ("s3:ListBucket", f"arn:aws:s3:::{curated}", https, "denied"),
+        ("s3:PutObject", f"arn:aws:s3:::{curated}/delta/tmplb/x.parquet", https, "denied"),
+    ]
+    results = iam.evaluate([{"principal": f"arn:aws:iam::{CONSUMER}:role/athena", "action": a, "resource": r,
+                             "account": template_stack.ACCOUNT, "context": c, "identityPolicies": allow_all,
+                             "resourcePolicy": policy} for a, r, c, _ in cases])
+    wrong = [(a, r, c, want, got["result"]) for (a, r, c, want), got in zip(cases, results)
+             if (got["result"] == "Allowed") != (want == "Allowed") or got["result"] == "Error"]
+    assert not wrong, wrong
