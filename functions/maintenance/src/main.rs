@@ -24,5 +24,5 @@ async fn handle(engine: Arc<Engine>, event: Value) -> Result<Value, FunctionErro
     for line in metrics::maintenance_emf(&summary, lambda::now_ms()) {
         println!("{line}");
     }
-    summary.response()
+    lambda::maintenance_response(&summary)
 }

@@ -108,6 +108,16 @@ pub fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
+/// The maintenance function's result: the summary, or an error naming the failed tables
+/// (after all tables were attempted) so that the invocation counts as failed and alarms
+/// fire.
+pub fn maintenance_response(
+    summary: &crate::maintenance::Summary,
+) -> std::result::Result<serde_json::Value, FunctionError> {
+    summary.outcome()?;
+    Ok(serde_json::to_value(summary)?)
+}
+
 /// Why an invocation failed (Lambda then retries it, or SQS redelivers its messages).
 #[derive(Debug, thiserror::Error)]
 pub enum FunctionError {
@@ -118,8 +128,8 @@ pub enum FunctionError {
     #[error("{count} file(s) not merged: {reasons}")]
     Files { count: usize, reasons: String },
     /// Maintenance (or a reload) failed for some tables, after all were attempted.
-    #[error("maintenance failed for {count} table(s): {reasons}")]
-    Maintenance { count: usize, reasons: String },
+    #[error(transparent)]
+    Maintenance(#[from] crate::maintenance::Failed),
     /// The engine failed before any file or table was attempted.
     #[error(transparent)]
     Engine(Box<Error>),
@@ -140,7 +150,7 @@ impl FunctionError {
         let kind = match self {
             FunctionError::Event(_) => "event",
             FunctionError::Files { .. } => "files",
-            FunctionError::Maintenance { .. } => "maintenance",
+            FunctionError::Maintenance(_) => "maintenance",
             FunctionError::Engine(e) => e.kind(),
             FunctionError::Response(_) => "response",
         };
