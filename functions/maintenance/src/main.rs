@@ -10,8 +10,8 @@
 use std::sync::Arc;
 
 use serde_json::Value;
-use tributary::lambda::{self, metrics, FunctionError};
 use tributary::{maintenance, Engine};
+use tributary_lambda::{self as lambda, metrics, FunctionError};
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {

@@ -1,24 +1,25 @@
-//! Lambda plumbing, used only by the two function crates: event payloads
-//! ([`events`]), CloudWatch metrics ([`metrics`]), what both binaries do at cold start, and
-//! the typed errors a handler returns ([`FunctionError`], mapped to the runtime's
-//! diagnostic with the `lambda` feature).
+//! The Lambda adapter the two function crates share (`functions/merge`,
+//! `functions/maintenance`), kept out of the core library `tributary` so that it builds and
+//! tests without any Lambda crate: event payloads ([`events`]), the configuration in force
+//! ([`live`]), FIFO forwarding and dead-lettering ([`queues`]), CloudWatch metrics
+//! ([`metrics`]), what both binaries do at cold start ([`run`]), and the typed errors a
+//! handler returns ([`FunctionError`], mapped to the runtime's diagnostic).
 
 pub mod events;
 pub mod live;
 pub mod metrics;
 pub mod queues;
 
-use crate::engine::Engine;
-use crate::error::{Error, Result};
+use tributary::{Engine, Error, Result};
 use url::Url;
 
-/// JSON logs on stdout (CloudWatch), filtered by `RUST_LOG` or [`crate::LOG_FILTER`].
+/// JSON logs on stdout (CloudWatch), filtered by `RUST_LOG` or [`tributary::LOG_FILTER`].
 pub fn init_tracing() {
     tracing_subscriber::fmt()
         .json()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(crate::LOG_FILTER)),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(tributary::LOG_FILTER)),
         )
         .with_current_span(false)
         .with_ansi(false)
@@ -34,6 +35,9 @@ pub async fn engine_from_env() -> Result<Engine> {
 }
 
 /// `TRIBUTARY_CONFIG`.
+// The core's `Error` unboxed, as every fallible function of the core returns it (clippy
+// flags it only outside its crate); read once per cold start.
+#[allow(clippy::result_large_err)]
 fn config_location() -> Result<String> {
     std::env::var("TRIBUTARY_CONFIG").map_err(|_| {
         Error::config(
@@ -71,7 +75,6 @@ async fn engine_at(location: &str) -> Result<Engine> {
 /// A function's life: JSON logs, the engine built at cold start (a bad configuration fails
 /// the init with the reason) and again when the configuration changes ([`live`]), then
 /// `handler` for every invocation's payload.
-#[cfg(feature = "lambda")]
 pub async fn run<F, Fut>(handler: F) -> std::result::Result<(), lambda_runtime::Error>
 where
     F: Fn(std::sync::Arc<Engine>, serde_json::Value) -> Fut,
@@ -112,7 +115,7 @@ pub fn now_ms() -> i64 {
 /// (after all tables were attempted) so that the invocation counts as failed and alarms
 /// fire.
 pub fn maintenance_response(
-    summary: &crate::maintenance::Summary,
+    summary: &tributary::maintenance::Summary,
 ) -> std::result::Result<serde_json::Value, FunctionError> {
     summary.outcome()?;
     Ok(serde_json::to_value(summary)?)
@@ -129,7 +132,7 @@ pub enum FunctionError {
     Files { count: usize, reasons: String },
     /// Maintenance (or a reload) failed for some tables, after all were attempted.
     #[error(transparent)]
-    Maintenance(#[from] crate::maintenance::Failed),
+    Maintenance(#[from] tributary::maintenance::Failed),
     /// The engine failed before any file or table was attempted.
     #[error(transparent)]
     Engine(Box<Error>),
@@ -158,7 +161,6 @@ impl FunctionError {
     }
 }
 
-#[cfg(feature = "lambda")]
 impl From<FunctionError> for lambda_runtime::Diagnostic {
     fn from(e: FunctionError) -> Self {
         lambda_runtime::Diagnostic {
