@@ -169,3 +169,25 @@ impl From<FunctionError> for lambda_runtime::Diagnostic {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary::maintenance::Summary;
+
+    #[test]
+    fn failed_tables_fail_the_maintenance_invocation_naming_them() {
+        let done = maintenance_response(&Summary::default()).unwrap();
+        assert_eq!(done["failed"], serde_json::json!([]));
+        let failed = Summary {
+            failed: vec![("a".into(), "boom".into())],
+            ..Default::default()
+        };
+        let d = lambda_runtime::Diagnostic::from(maintenance_response(&failed).unwrap_err());
+        assert_eq!(d.error_type, "tributary.maintenance");
+        assert_eq!(
+            d.error_message,
+            "maintenance failed for 1 table(s): a: boom"
+        );
+    }
+}
