@@ -246,7 +246,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn internal(message: impl Into<String>) -> Self {
+    /// A broken invariant (a bug).
+    pub fn internal(message: impl Into<String>) -> Self {
         Error::Internal(message.into())
     }
 
@@ -276,7 +277,9 @@ impl Error {
         }
     }
 
-    pub(crate) fn config(origin: impl Into<String>, message: impl Into<String>) -> Self {
+    /// An invalid configuration (or environment): `origin` names where, `message` how to
+    /// fix it.
+    pub fn config(origin: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Config {
             origin: origin.into(),
             message: message.into(),

@@ -20,9 +20,11 @@
 //! 6. the commit pipeline's shared part, `commit` (the table before and after a commit, the
 //!    post-commit observers), [`catalog`] (Glue entries) and [`history`] (SCD type 2);
 //! 7. `engine` ([`Engine`]): routing, screening, batching, large files, bad-file isolation;
-//! 8. operations: [`reload`] (DMS table reloads), [`maintenance`], [`status`], [`demo`];
-//! 9. [`lambda`]: the Lambda plumbing — event payloads to object URIs, the configuration in
-//!    force, FIFO forwarding, metrics.
+//! 8. operations: [`reload`] (DMS table reloads), [`maintenance`], [`status`], [`demo`].
+//!
+//! Above them, not in this crate: the Lambda adapter (`tributary-lambda`,
+//! `functions/lambda-common`) — event payloads to object URIs, the configuration in force,
+//! FIFO forwarding, metrics — and the CLI; both call the [`Engine`] and the operations.
 
 mod applied;
 pub mod catalog;
@@ -35,7 +37,6 @@ pub mod demo;
 mod engine;
 mod error;
 pub mod history;
-pub mod lambda;
 pub mod logcache;
 pub mod maintenance;
 pub mod manifest;

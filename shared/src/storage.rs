@@ -73,7 +73,7 @@ pub(crate) fn delta_storage_options() -> HashMap<String, String> {
 }
 
 /// Decode a URL path component once.
-pub(crate) fn percent_decode(s: &str) -> String {
+pub fn percent_decode(s: &str) -> String {
     percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
@@ -84,7 +84,7 @@ pub(crate) fn object_path(url: &Url) -> Result<Path> {
 }
 
 /// Build an `s3://bucket/key` URL from a decoded object key (any characters).
-pub(crate) fn s3_url(bucket: &str, key: &str) -> Result<Url> {
+pub fn s3_url(bucket: &str, key: &str) -> Result<Url> {
     let mut u = Url::parse(&format!("s3://{bucket}/"))
         .map_err(|e| Error::config("event", format!("invalid bucket name {bucket:?}: {e}")))?;
     set_key(&mut u, key);
@@ -194,7 +194,7 @@ impl Storage {
 
     /// The object's version tag (ETag, or what the local file system derives from the file),
     /// `None` when the store gives none.
-    pub(crate) async fn version_tag(&self, url: &Url) -> Result<Option<String>> {
+    pub async fn version_tag(&self, url: &Url) -> Result<Option<String>> {
         let store = self.store(url)?;
         let path = object_path(url)?;
         let meta = store

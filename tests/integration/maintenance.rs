@@ -518,7 +518,16 @@ async fn unknown_table_and_failing_table_are_reported() {
         .await
         .unwrap();
     assert!(s.failed.is_empty());
+    assert_eq!(s.outcome(), Ok(()));
     assert!(s.maintained[0].skipped.is_some());
+    let failed = maintenance::Summary {
+        failed: vec![("a".into(), "boom".into()), ("b".into(), "bang".into())],
+        ..Default::default()
+    };
+    assert_eq!(
+        failed.outcome().unwrap_err().to_string(),
+        "maintenance failed for 2 table(s): a: boom; b: bang"
+    );
 }
 
 /// Two maintenance runs at the same time over 20 one-file commits: both plan to compact the

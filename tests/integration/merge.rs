@@ -578,7 +578,7 @@ async fn sqs_batch_reports_only_the_bad_message_as_failed() {
         {"messageId":"bad","eventSource":"aws:sqs","body": s3("dms/shop/items/20240101+2.parquet")},
         {"messageId":"test","eventSource":"aws:sqs","body": "{\"Event\":\"s3:TestEvent\"}"}
     ]});
-    let handled = tributary::lambda::events::handle(&engine, &event)
+    let handled = tributary_lambda::events::handle(&engine, &event)
         .await
         .unwrap();
     assert_eq!(
@@ -691,8 +691,8 @@ async fn a_catalog_failure_never_fails_a_merge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_configuration_is_picked_up_and_a_broken_one_is_not() {
     use std::sync::Arc;
-    use tributary::lambda::live::LiveEngine;
     use tributary::Engine;
+    use tributary_lambda::live::LiveEngine;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.toml");
     std::fs::write(&path, ITEMS_TABLE).unwrap();
@@ -724,12 +724,12 @@ async fn a_changed_configuration_is_picked_up_and_a_broken_one_is_not() {
 /// The error of the one file `event` announces, which no table owns: it must fail
 /// (retryably), not be ignored.
 async fn unowned_failure(
-    live: &tributary::lambda::live::LiveEngine,
+    live: &tributary_lambda::live::LiveEngine,
     event: &serde_json::Value,
     file: &str,
 ) -> String {
     let engine = live.engine_for(event).await.unwrap();
-    let handled = tributary::lambda::events::handle(&engine, event)
+    let handled = tributary_lambda::events::handle(&engine, event)
         .await
         .unwrap();
     let f = &handled.report.files[0];
@@ -746,8 +746,8 @@ async fn unowned_failure(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_of_a_table_just_added_is_neither_ignored_nor_lost() {
-    use tributary::lambda::live::LiveEngine;
     use tributary::Engine;
+    use tributary_lambda::live::LiveEngine;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.toml");
     let table = |name: &str| {

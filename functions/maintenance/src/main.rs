@@ -10,8 +10,8 @@
 use std::sync::Arc;
 
 use serde_json::Value;
-use tributary::lambda::{self, metrics, FunctionError};
 use tributary::{maintenance, Engine};
+use tributary_lambda::{self as lambda, metrics, FunctionError};
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {
@@ -24,5 +24,5 @@ async fn handle(engine: Arc<Engine>, event: Value) -> Result<Value, FunctionErro
     for line in metrics::maintenance_emf(&summary, lambda::now_ms()) {
         println!("{line}");
     }
-    summary.response()
+    lambda::maintenance_response(&summary)
 }

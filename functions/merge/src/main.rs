@@ -3,7 +3,7 @@
 //!
 //! Fed by the standard queue with `TRIBUTARY_ROUTE_TO` set, it forwards each notification to
 //! that FIFO queue with the table as message group, and merges what the FIFO queue feeds
-//! it: one writer per table (`tributary::lambda::queues`).
+//! it: one writer per table (`tributary_lambda::queues`).
 //!
 //! Environment: `TRIBUTARY_CONFIG` (path or s3:// URI of the table configuration, required),
 //! `RUST_LOG`, `AWS_ENDPOINT_URL` for emulators, `TRIBUTARY_LOCAL_S3_ROOT` to serve
@@ -14,9 +14,9 @@
 use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
-use tributary::lambda::queues::Queues;
-use tributary::lambda::{self, events, metrics, FunctionError};
 use tributary::Engine;
+use tributary_lambda::queues::Queues;
+use tributary_lambda::{self as lambda, events, metrics, FunctionError};
 
 /// The queues, read from the environment once per cold start.
 static QUEUES: OnceLock<Queues> = OnceLock::new();

@@ -88,16 +88,17 @@ impl Engine {
         }
     }
 
-    /// Serve `s3://bucket/key` from `<root>/bucket/key` on the local disk — the announced
-    /// files and the configured tables alike: for running the Lambda locally
-    /// (`cargo lambda watch`) against the sample events without AWS.
     /// This engine, failing (retryably) the files no table owns instead of ignoring them,
-    /// with `why` ([`crate::lambda::live`]: a newer configuration does not load).
+    /// with `why` (the Lambda adapter, `tributary_lambda::live`: a newer configuration does
+    /// not load).
     pub fn failing_unowned(mut self, why: impl Into<Arc<str>>) -> Self {
         self.unowned = Some(why.into());
         self
     }
 
+    /// Serve `s3://bucket/key` from `<root>/bucket/key` on the local disk — the announced
+    /// files and the configured tables alike: for running the Lambda locally
+    /// (`cargo lambda watch`) against the sample events without AWS.
     pub fn with_local_s3_root(mut self, root: impl Into<std::path::PathBuf>) -> Self {
         let root: std::path::PathBuf = root.into();
         let root = std::fs::canonicalize(&root).unwrap_or(root);

@@ -626,13 +626,13 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// The Lambda result: the summary, or an error naming the failed tables (after all
-    /// tables were attempted) so that the invocation counts as failed and alarms fire.
-    pub fn response(&self) -> std::result::Result<serde_json::Value, crate::lambda::FunctionError> {
+    /// `Ok` when no table failed; otherwise the failed tables with their errors (after all
+    /// tables were attempted), for a caller to fail the run with.
+    pub fn outcome(&self) -> std::result::Result<(), Failed> {
         if self.failed.is_empty() {
-            return Ok(serde_json::to_value(self)?);
+            return Ok(());
         }
-        Err(crate::lambda::FunctionError::Maintenance {
+        Err(Failed {
             count: self.failed.len(),
             reasons: self
                 .failed
@@ -642,6 +642,16 @@ impl Summary {
                 .join("; "),
         })
     }
+}
+
+/// Maintenance (or a reload) failed for some tables, after all were attempted
+/// ([`Summary::outcome`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("maintenance failed for {count} table(s): {reasons}")]
+pub struct Failed {
+    pub count: usize,
+    /// `table: error`, separated by `; `.
+    pub reasons: String,
 }
 
 /// Run maintenance for a request with the engine's configuration and storage. Per-table

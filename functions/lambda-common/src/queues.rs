@@ -28,9 +28,10 @@ use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 use url::Url;
 
-use super::events;
-use super::FunctionError;
-use crate::engine::Engine;
+use tributary::Engine;
+
+use crate::events;
+use crate::FunctionError;
 
 /// Message group of notifications no configured table claims (the merge ignores them).
 pub const UNROUTED_GROUP: &str = "_unrouted";
@@ -402,11 +403,15 @@ mod tests {
                    "s3":{"bucket":{"name":"raw"},"object":object}}]}).to_string()})
     }
 
+    /// Tables `orders` and `items`, fed from `s3://raw/dms/s/<table>/`.
     fn engine() -> Engine {
-        let text =
-            crate::config::test_table("orders", "s3://raw/dms/s/orders/", "s3://c/orders", "")
-                + &crate::config::test_table("items", "s3://raw/dms/s/items/", "s3://c/items", "");
-        Engine::new(crate::config::Config::from_toml(&text, "t", None).unwrap())
+        let text: String = ["orders", "items"]
+            .iter()
+            .map(|t| {
+                format!("[[table]]\nname = \"{t}\"\nsource = \"s3://raw/dms/s/{t}/\"\ntarget = \"s3://c/{t}\"\nprimary_key = [\"id\"]\n")
+            })
+            .collect();
+        Engine::new(tributary::Config::from_toml(&text, "t", None).unwrap())
     }
 
     #[test]

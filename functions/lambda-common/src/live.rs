@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 use url::Url;
 
-use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::storage::Storage;
+use tributary::storage::Storage;
+use tributary::{Engine, Error, Result};
 
 /// The engine of the configuration in force.
 #[derive(Debug)]
@@ -172,7 +171,7 @@ impl LiveEngine {
             Checked::Current => {}
             Checked::Refused(e) => {
                 tracing::error!(config = %self.location, error = %e, kind = e.kind(), "the configuration changed but does not load; the previous one stays in force");
-                println!("{}", super::metrics::config_rejected_emf(super::now_ms()));
+                println!("{}", crate::metrics::config_rejected_emf(crate::now_ms()));
             }
             Checked::Unknown(e) => {
                 tracing::warn!(config = %self.location, error = %e, kind = e.kind(), "cannot check the configuration for changes; the one in force stays");
@@ -233,11 +232,11 @@ impl LiveEngine {
 
 /// The first file the payload announces that no table of `engine`'s configuration owns.
 fn unowned(engine: &Engine, payload: &serde_json::Value) -> Option<String> {
-    let inv = super::events::parse(payload).ok()?;
+    let inv = crate::events::parse(payload).ok()?;
     inv.messages
         .iter()
         .filter_map(|m| m.objects.as_ref().ok())
         .flatten()
         .find(|f| engine.config().table_for(&engine.resolve(f)).is_none())
-        .map(crate::storage::display)
+        .map(tributary::storage::display)
 }

@@ -1,24 +1,25 @@
-//! Lambda plumbing, used only by the two function crates: event payloads
-//! ([`events`]), CloudWatch metrics ([`metrics`]), what both binaries do at cold start, and
-//! the typed errors a handler returns ([`FunctionError`], mapped to the runtime's
-//! diagnostic with the `lambda` feature).
+//! The Lambda adapter the two function crates share (`functions/merge`,
+//! `functions/maintenance`), kept out of the core library `tributary` so that it builds and
+//! tests without any Lambda crate: event payloads ([`events`]), the configuration in force
+//! ([`live`]), FIFO forwarding and dead-lettering ([`queues`]), CloudWatch metrics
+//! ([`metrics`]), what both binaries do at cold start ([`run`]), and the typed errors a
+//! handler returns ([`FunctionError`], mapped to the runtime's diagnostic).
 
 pub mod events;
 pub mod live;
 pub mod metrics;
 pub mod queues;
 
-use crate::engine::Engine;
-use crate::error::{Error, Result};
+use tributary::{Engine, Error, Result};
 use url::Url;
 
-/// JSON logs on stdout (CloudWatch), filtered by `RUST_LOG` or [`crate::LOG_FILTER`].
+/// JSON logs on stdout (CloudWatch), filtered by `RUST_LOG` or [`tributary::LOG_FILTER`].
 pub fn init_tracing() {
     tracing_subscriber::fmt()
         .json()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(crate::LOG_FILTER)),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(tributary::LOG_FILTER)),
         )
         .with_current_span(false)
         .with_ansi(false)
@@ -34,6 +35,9 @@ pub async fn engine_from_env() -> Result<Engine> {
 }
 
 /// `TRIBUTARY_CONFIG`.
+// The core's `Error` unboxed, as every fallible function of the core returns it (clippy
+// flags it only outside its crate); read once per cold start.
+#[allow(clippy::result_large_err)]
 fn config_location() -> Result<String> {
     std::env::var("TRIBUTARY_CONFIG").map_err(|_| {
         Error::config(
@@ -71,7 +75,6 @@ async fn engine_at(location: &str) -> Result<Engine> {
 /// A function's life: JSON logs, the engine built at cold start (a bad configuration fails
 /// the init with the reason) and again when the configuration changes ([`live`]), then
 /// `handler` for every invocation's payload.
-#[cfg(feature = "lambda")]
 pub async fn run<F, Fut>(handler: F) -> std::result::Result<(), lambda_runtime::Error>
 where
     F: Fn(std::sync::Arc<Engine>, serde_json::Value) -> Fut,
@@ -108,6 +111,16 @@ pub fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
+/// The maintenance function's result: the summary, or an error naming the failed tables
+/// (after all tables were attempted) so that the invocation counts as failed and alarms
+/// fire.
+pub fn maintenance_response(
+    summary: &tributary::maintenance::Summary,
+) -> std::result::Result<serde_json::Value, FunctionError> {
+    summary.outcome()?;
+    Ok(serde_json::to_value(summary)?)
+}
+
 /// Why an invocation failed (Lambda then retries it, or SQS redelivers its messages).
 #[derive(Debug, thiserror::Error)]
 pub enum FunctionError {
@@ -118,8 +131,8 @@ pub enum FunctionError {
     #[error("{count} file(s) not merged: {reasons}")]
     Files { count: usize, reasons: String },
     /// Maintenance (or a reload) failed for some tables, after all were attempted.
-    #[error("maintenance failed for {count} table(s): {reasons}")]
-    Maintenance { count: usize, reasons: String },
+    #[error(transparent)]
+    Maintenance(#[from] tributary::maintenance::Failed),
     /// The engine failed before any file or table was attempted.
     #[error(transparent)]
     Engine(Box<Error>),
@@ -140,7 +153,7 @@ impl FunctionError {
         let kind = match self {
             FunctionError::Event(_) => "event",
             FunctionError::Files { .. } => "files",
-            FunctionError::Maintenance { .. } => "maintenance",
+            FunctionError::Maintenance(_) => "maintenance",
             FunctionError::Engine(e) => e.kind(),
             FunctionError::Response(_) => "response",
         };
@@ -148,12 +161,33 @@ impl FunctionError {
     }
 }
 
-#[cfg(feature = "lambda")]
 impl From<FunctionError> for lambda_runtime::Diagnostic {
     fn from(e: FunctionError) -> Self {
         lambda_runtime::Diagnostic {
             error_type: e.error_type(),
             error_message: e.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary::maintenance::Summary;
+
+    #[test]
+    fn failed_tables_fail_the_maintenance_invocation_naming_them() {
+        let done = maintenance_response(&Summary::default()).unwrap();
+        assert_eq!(done["failed"], serde_json::json!([]));
+        let failed = Summary {
+            failed: vec![("a".into(), "boom".into())],
+            ..Default::default()
+        };
+        let d = lambda_runtime::Diagnostic::from(maintenance_response(&failed).unwrap_err());
+        assert_eq!(d.error_type, "tributary.maintenance");
+        assert_eq!(
+            d.error_message,
+            "maintenance failed for 1 table(s): a: boom"
+        );
     }
 }

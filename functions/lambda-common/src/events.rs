@@ -11,9 +11,9 @@ use aws_lambda_events::event::sqs::SqsBatchResponse;
 use serde_json::Value;
 use url::Url;
 
-use super::FunctionError;
-use crate::engine::{Engine, FileStatus, ProcessReport};
-use crate::storage;
+use tributary::{storage, Engine, FileStatus, ProcessReport};
+
+use crate::FunctionError;
 
 /// How the function was invoked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,10 +260,10 @@ pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, FunctionE
 }
 
 /// [`handle`], moving FIFO messages that cannot be merged to the dead-letter queue when
-/// `queues` says so (see [`super::queues`]).
+/// `queues` says so (see [`crate::queues`]).
 pub async fn handle_with(
     engine: &Engine,
-    queues: Option<&super::queues::Queues>,
+    queues: Option<&crate::queues::Queues>,
     event: &Value,
 ) -> Result<Handled, FunctionError> {
     let inv = parse(event).map_err(FunctionError::Event)?;

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-use crate::engine::{FileStatus, ProcessReport};
-use crate::maintenance::{MaintenanceReport, Summary};
+use tributary::maintenance::{MaintenanceReport, Summary};
+use tributary::{FileStatus, ProcessReport};
 
 /// The namespace when `TRIBUTARY_METRICS_NAMESPACE` is not set.
 pub const NAMESPACE: &str = "tributary";
