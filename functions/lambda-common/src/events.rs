@@ -215,8 +215,10 @@ fn bucket_and_key<'a>(v: &'a Value, at: &str, missing: &str) -> Result<(&'a str,
 pub struct Handled {
     pub trigger: Trigger,
     pub report: ProcessReport,
-    /// Message ids to report as failed (SQS), with reasons.
-    pub failed_messages: Vec<(Option<String>, String)>,
+    /// Message ids to report as failed (SQS), with reasons and whether trying again may
+    /// succeed (a retryable error, or a dead-lettering that failed): those are retried after
+    /// a short, growing delay ([`crate::queues::Queues::back_off`]).
+    pub failed_messages: Vec<(Option<String>, String, bool)>,
     /// FIFO messages with files that cannot be merged (not retryable): those files were
     /// moved to the dead-letter queue (the message's other files merged) so that they do not
     /// hold up their table: (message id, reason).
@@ -224,6 +226,17 @@ pub struct Handled {
 }
 
 impl Handled {
+    /// The failed messages to retry after a short delay rather than the queue's visibility
+    /// timeout: those reported failed whose failure is retryable (the others fail the same
+    /// way again; dead-lettered messages are not reported failed).
+    pub fn to_back_off(&self) -> Vec<String> {
+        self.failed_messages
+            .iter()
+            .filter(|(_, _, retryable)| *retryable)
+            .filter_map(|(id, ..)| id.clone())
+            .collect()
+    }
+
     /// The Lambda response: for SQS a partial batch response; otherwise `null` when
     /// everything merged and an error naming the files when anything failed (so Lambda
     /// retries it).
@@ -234,7 +247,7 @@ impl Handled {
                 for id in self
                     .failed_messages
                     .iter()
-                    .filter_map(|(id, _)| id.as_ref())
+                    .filter_map(|(id, ..)| id.as_ref())
                 {
                     r.add_failure(id.clone());
                 }
@@ -246,7 +259,7 @@ impl Handled {
                 reasons: self
                     .failed_messages
                     .iter()
-                    .map(|(_, r)| r.as_str())
+                    .map(|(_, r, _)| r.as_str())
                     .collect::<Vec<_>>()
                     .join("; "),
             }),
@@ -295,7 +308,9 @@ pub async fn handle_with(
         match &m.objects {
             Err(reason) => {
                 tracing::error!(message_id = ?m.id, error = %reason, "cannot understand message");
-                failed.push((m.id.clone(), reason.clone()));
+                // Not retryable: the same body fails again (SQS redelivers it after the
+                // queue's timeout, then dead-letters it).
+                failed.push((m.id.clone(), reason.clone(), false));
             }
             Ok(objs) => {
                 let (bad, errs): (Vec<Url>, Vec<&(String, bool)>) = objs
@@ -320,10 +335,13 @@ pub async fn handle_with(
                         }
                         Err(e) => {
                             tracing::error!(message_id = %id, error = %e, "could not move the message to the dead-letter queue; reporting it failed");
+                            // The move, not the file, failed: tried again soon.
+                            failed.push((m.id.clone(), reason, true));
+                            continue;
                         }
                     }
                 }
-                failed.push((m.id.clone(), reason));
+                failed.push((m.id.clone(), reason, retryable));
             }
         }
     }
@@ -404,6 +422,51 @@ mod tests {
             .map(|(_, n)| n)
             .collect();
         assert_eq!(sizes, vec![Some(7), None, Some(0)]);
+    }
+
+    #[tokio::test]
+    async fn retryable_failures_are_backed_off_and_the_others_not() {
+        let engine = Engine::new(
+            tributary::Config::from_toml(
+                "[[table]]\nname = \"t\"\nsource = \"s3://raw/dms/s/t/\"\ntarget = \"s3://c/t\"\nprimary_key = [\"id\"]\n",
+                "t",
+                None,
+            )
+            .unwrap(),
+        )
+        // A file no table owns while the newest configuration does not load: retryable.
+        .failing_unowned("the newer configuration does not load");
+        let s3 = |key: &str| {
+            json!({"Records":[{"eventSource":"aws:s3","eventName":"ObjectCreated:Put",
+                "s3":{"bucket":{"name":"raw"},"object":{"key":key}}}]})
+            .to_string()
+        };
+        let ev = json!({"Records":[
+            {"messageId":"unowned","eventSource":"aws:sqs","body": s3("dms/other/x.parquet")},
+            {"messageId":"unreadable","eventSource":"aws:sqs","body": "not json"},
+            {"messageId":"empty","eventSource":"aws:sqs","body": "{\"Event\":\"s3:TestEvent\"}"}
+        ]});
+        let handled = handle(&engine, &ev).await.unwrap();
+        let failed: Vec<(Option<&str>, bool)> = handled
+            .failed_messages
+            .iter()
+            .map(|(id, _, r)| (id.as_deref(), *r))
+            .collect();
+        assert_eq!(
+            failed,
+            vec![(Some("unowned"), true), (Some("unreadable"), false)]
+        );
+        assert_eq!(handled.to_back_off(), vec!["unowned".to_string()]);
+        let dead = Handled {
+            trigger: Trigger::Sqs,
+            report: handled.report,
+            failed_messages: vec![(Some("a".into()), "x".into(), false)],
+            dead_lettered: vec![("b".into(), "y".into())],
+        };
+        assert!(
+            dead.to_back_off().is_empty(),
+            "not retryable, or dead-lettered"
+        );
     }
 
     #[test]

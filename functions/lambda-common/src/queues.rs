@@ -12,17 +12,25 @@
 //! dead-letter queue at once instead — one message announcing just them, with the error as a
 //! message attribute — and the message's other files are merged, so the table goes on.
 //! A message with a retryable failure (storage, contention) stays in place and is retried
-//! whole (its merged files change nothing the second time).
+//! whole (its merged files change nothing the second time) — after a short delay, not the
+//! queue's visibility timeout (5,400 s in the template): [`Queues::back_off`] sets the
+//! visibility of every such message, on either queue, to `base·3^(n−1)` seconds (`n`: its
+//! receive count), at most [`RETRY_CAP_SECONDS`], ±20 % jitter. A table's FIFO group is
+//! held minutes by a passing failure, not hours.
 //!
 //! Environment: `TRIBUTARY_ROUTE_TO` (the FIFO queue's URL: forwarding on),
 //! `TRIBUTARY_ROUTE_FROM` (the ARN of the queue whose messages are forwarded; default: any
-//! standard queue), `TRIBUTARY_DEAD_LETTER_TO` (where such files are moved).
+//! standard queue), `TRIBUTARY_DEAD_LETTER_TO` (where such files are moved),
+//! `TRIBUTARY_RETRY_BASE_SECONDS` (the backoff's first delay, default 60; 0: off, a failed
+//! message waits the queue's visibility timeout).
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use aws_lambda_events::event::sqs::SqsBatchResponse;
-use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue, SendMessageBatchRequestEntry,
+};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
@@ -36,12 +44,22 @@ use crate::FunctionError;
 /// Message group of notifications no configured table claims (the merge ignores them).
 pub const UNROUTED_GROUP: &str = "_unrouted";
 
+/// The backoff's longest delay (before jitter).
+pub const RETRY_CAP_SECONDS: u32 = 1800;
+/// `TRIBUTARY_RETRY_BASE_SECONDS` when not set.
+pub const DEFAULT_RETRY_BASE_SECONDS: u32 = 60;
+/// Most entries of one `ChangeMessageVisibilityBatch` (SQS's limit).
+const MAX_VISIBILITY_ENTRIES: usize = 10;
+
 /// The queues the merge function forwards to and dead-letters into.
 #[derive(Debug, Default)]
 pub struct Queues {
     pub route_to: Option<String>,
     pub route_from: Option<String>,
     pub dead_letter_to: Option<String>,
+    /// The backoff's first delay in seconds; 0: off (failed messages wait the queue's
+    /// visibility timeout).
+    pub retry_base: u32,
     client: OnceCell<aws_sdk_sqs::Client>,
 }
 
@@ -50,6 +68,63 @@ struct Record<'a> {
     id: &'a str,
     body: &'a str,
     source: &'a str,
+    receipt: &'a str,
+    /// `attributes.ApproximateReceiveCount` (1 when absent).
+    receive_count: u32,
+}
+
+/// `TRIBUTARY_RETRY_BASE_SECONDS`: whole seconds from 0 (off) to [`RETRY_CAP_SECONDS`];
+/// unset or empty: [`DEFAULT_RETRY_BASE_SECONDS`].
+// The core's `Error` unboxed, as the other start-up checks return it.
+#[allow(clippy::result_large_err)]
+pub fn retry_base(value: Option<&str>) -> tributary::Result<u32> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(DEFAULT_RETRY_BASE_SECONDS);
+    };
+    v.parse::<u32>()
+        .ok()
+        .filter(|n| *n <= RETRY_CAP_SECONDS)
+        .ok_or_else(|| {
+            tributary::Error::config(
+                "environment",
+                format!(
+                    "TRIBUTARY_RETRY_BASE_SECONDS={v} is not a whole number of seconds from 0 to {RETRY_CAP_SECONDS}: the first delay before a failed message is retried (default {DEFAULT_RETRY_BASE_SECONDS}; 0 turns the backoff off)"
+                ),
+            )
+        })
+}
+
+/// The visibility timeout, in seconds, a message received `receive_count` times gets after
+/// a retryable failure: `base·3^(n−1)`, at most [`RETRY_CAP_SECONDS`], times `1 + 0.2·jitter`
+/// (`jitter` in −1..=1, so that messages failed together do not come back together), at
+/// least 1.
+pub fn retry_delay(base: u32, receive_count: u32, jitter: f64) -> i32 {
+    let n = receive_count.clamp(1, 20) - 1;
+    let delay = (f64::from(base) * 3f64.powi(n as i32)).min(f64::from(RETRY_CAP_SECONDS));
+    (delay * (1.0 + 0.2 * jitter.clamp(-1.0, 1.0)))
+        .round()
+        .max(1.0) as i32
+}
+
+/// A number in −1..=1, different at every call.
+fn random_jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+}
+
+/// One `ChangeMessageVisibilityBatch`: the queue and, per message, (entry id, message id,
+/// receipt handle, visibility timeout in seconds).
+#[derive(Debug, PartialEq)]
+struct VisibilityBatch {
+    queue_url: String,
+    entries: Vec<(String, String, String, i32)>,
 }
 
 fn records(event: &Value) -> Vec<Record<'_>> {
@@ -66,6 +141,14 @@ fn records(event: &Value) -> Vec<Record<'_>> {
                         .get("eventSourceARN")
                         .and_then(Value::as_str)
                         .unwrap_or(""),
+                    receipt: r.get("receiptHandle").and_then(Value::as_str).unwrap_or(""),
+                    receive_count: r
+                        .pointer("/attributes/ApproximateReceiveCount")
+                        .and_then(|v| match v {
+                            Value::String(s) => s.parse().ok(),
+                            v => v.as_u64().and_then(|n| u32::try_from(n).ok()),
+                        })
+                        .unwrap_or(1),
                 })
                 .collect()
         })
@@ -77,13 +160,150 @@ fn is_fifo(arn: &str) -> bool {
 }
 
 impl Queues {
-    pub fn from_env() -> Self {
+    /// The queues and the backoff from the environment; `Err` (at cold start: the init
+    /// fails with the reason) when `TRIBUTARY_RETRY_BASE_SECONDS` is not valid.
+    #[allow(clippy::result_large_err)]
+    pub fn from_env() -> tributary::Result<Self> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        Queues {
+        Ok(Queues {
             route_to: var("TRIBUTARY_ROUTE_TO"),
             route_from: var("TRIBUTARY_ROUTE_FROM"),
             dead_letter_to: var("TRIBUTARY_DEAD_LETTER_TO"),
+            retry_base: retry_base(var("TRIBUTARY_RETRY_BASE_SECONDS").as_deref())?,
             client: OnceCell::new(),
+        })
+    }
+
+    /// The URL of the queue with this ARN, without asking SQS (`GetQueueUrl` is not
+    /// granted): a configured queue URL naming the same account and queue (the FIFO queue is
+    /// `TRIBUTARY_ROUTE_TO`), else the standard form
+    /// `https://sqs.<region>.<domain>/<account>/<name>` (SQS reads the account and queue
+    /// from it, whatever endpoint the client talks to).
+    fn queue_url(&self, arn: &str) -> Option<String> {
+        let parts: Vec<&str> = arn.split(':').collect();
+        let ["arn", partition, "sqs", region, account, name] = parts[..] else {
+            return None;
+        };
+        if region.is_empty() || account.is_empty() || name.is_empty() {
+            return None;
+        }
+        let tail = format!("/{account}/{name}");
+        if let Some(known) = [&self.route_to, &self.dead_letter_to]
+            .into_iter()
+            .flatten()
+            .find(|u| u.trim_end_matches('/').ends_with(&tail))
+        {
+            return Some(known.trim_end_matches('/').to_string());
+        }
+        let domain = match partition {
+            "aws-cn" => "amazonaws.com.cn",
+            _ => "amazonaws.com",
+        };
+        Some(format!("https://sqs.{region}.{domain}{tail}"))
+    }
+
+    /// The visibility changes that back off the messages `ids` of `event`: per source
+    /// queue, calls of at most ten entries, each message's delay from its receive count
+    /// ([`retry_delay`], with `jitter`). Nothing when the backoff is off.
+    fn plan_back_off(
+        &self,
+        event: &Value,
+        ids: &[String],
+        mut jitter: impl FnMut() -> f64,
+    ) -> Vec<VisibilityBatch> {
+        if self.retry_base == 0 || ids.is_empty() {
+            return vec![];
+        }
+        let wanted: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+        let mut per_queue: BTreeMap<&str, Vec<(String, String, i32)>> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        for r in records(event) {
+            if !wanted.contains(r.id) || r.receipt.is_empty() || !seen.insert(r.id) {
+                continue;
+            }
+            per_queue.entry(r.source).or_default().push((
+                r.id.to_string(),
+                r.receipt.to_string(),
+                retry_delay(self.retry_base, r.receive_count, jitter()),
+            ));
+        }
+        let mut out = Vec::new();
+        for (arn, entries) in per_queue {
+            let Some(queue_url) = self.queue_url(arn) else {
+                tracing::warn!(
+                    queue = arn,
+                    messages = entries.len(),
+                    "not an SQS queue ARN: failed messages wait the queue's visibility timeout"
+                );
+                continue;
+            };
+            for chunk in entries.chunks(MAX_VISIBILITY_ENTRIES) {
+                out.push(VisibilityBatch {
+                    queue_url: queue_url.clone(),
+                    entries: chunk
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (id, receipt, secs))| {
+                            (format!("v{i}"), id.clone(), receipt.clone(), *secs)
+                        })
+                        .collect(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Make the messages `ids` of `event` (failed, retryable, reported in the partial
+    /// batch response) visible again after a short, growing delay instead of the queue's
+    /// visibility timeout. A change that fails is logged (WARN): that message then waits
+    /// the full timeout, as without the backoff.
+    pub async fn back_off(&self, event: &Value, ids: &[String]) {
+        let batches = self.plan_back_off(event, ids, random_jitter);
+        if batches.is_empty() {
+            return;
+        }
+        let sqs = self.sqs().await;
+        for b in batches {
+            let entries: Vec<ChangeMessageVisibilityBatchRequestEntry> = b
+                .entries
+                .iter()
+                .filter_map(|(entry, _, receipt, secs)| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(entry)
+                        .receipt_handle(receipt)
+                        .visibility_timeout(*secs)
+                        .build()
+                        .ok()
+                })
+                .collect();
+            let res = sqs
+                .change_message_visibility_batch()
+                .queue_url(&b.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await;
+            match res {
+                Ok(out) => {
+                    let failed: BTreeMap<&str, (&str, Option<&str>)> = out
+                        .failed()
+                        .iter()
+                        .map(|f| (f.id(), (f.code(), f.message())))
+                        .collect();
+                    for (entry, id, _, secs) in &b.entries {
+                        match failed.get(entry.as_str()) {
+                            None => {
+                                tracing::info!(message_id = %id, retry_in_seconds = secs, "failed message backed off: retried after a short delay");
+                            }
+                            Some((code, message)) => {
+                                tracing::warn!(message_id = %id, code, message, "cannot back off the failed message: it waits the queue's visibility timeout");
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %b.queue_url, messages = b.entries.len(), error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "cannot back off the failed messages: they wait the queue's visibility timeout");
+                }
+            }
         }
     }
 
@@ -181,6 +401,13 @@ impl Queues {
         }
         failed.sort();
         failed.dedup();
+        // Those not sent are tried again soon; an unreadable message fails the same way.
+        let unsent: Vec<String> = failed
+            .iter()
+            .filter(|id| !plan.unreadable.contains(id))
+            .cloned()
+            .collect();
+        self.back_off(event, &unsent).await;
         let mut r = SqsBatchResponse::default();
         for id in failed {
             r.add_failure(id);
@@ -507,6 +734,132 @@ mod tests {
             ..Default::default()
         };
         assert!(dl.dead_letters(&from_fifo) && !dl.dead_letters(&event));
+    }
+
+    #[test]
+    fn the_backoff_grows_threefold_to_its_cap_with_jitter_within_a_fifth() {
+        for (n, want) in [
+            (0, 60),
+            (1, 60),
+            (2, 180),
+            (3, 540),
+            (4, 1620),
+            (5, 1800),
+            (99, 1800),
+        ] {
+            assert_eq!(retry_delay(60, n, 0.0), want, "receive count {n}");
+            assert_eq!(retry_delay(60, n, -1.0), (want as f64 * 0.8).round() as i32);
+            assert_eq!(retry_delay(60, n, 1.0), (want as f64 * 1.2).round() as i32);
+        }
+        assert_eq!(retry_delay(1, 1, -1.0), 1, "at least a second");
+        assert_eq!(retry_delay(1, 3, 0.0), 9);
+        for _ in 0..1000 {
+            let j = random_jitter();
+            assert!((-1.0..=1.0).contains(&j), "{j}");
+            let d = retry_delay(60, 2, j);
+            assert!((144..=216).contains(&d), "{d}");
+        }
+        let spread: BTreeSet<i32> = (0..50)
+            .map(|_| retry_delay(60, 2, random_jitter()))
+            .collect();
+        assert!(spread.len() > 5, "jittered: {spread:?}");
+        assert_eq!(retry_base(None).unwrap(), DEFAULT_RETRY_BASE_SECONDS);
+        assert_eq!(retry_base(Some(" ")).unwrap(), DEFAULT_RETRY_BASE_SECONDS);
+        assert_eq!(retry_base(Some("0")).unwrap(), 0);
+        assert_eq!(retry_base(Some(" 5 ")).unwrap(), 5);
+        for bad in ["-1", "1.5", "soon", "1801"] {
+            let e = retry_base(Some(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("TRIBUTARY_RETRY_BASE_SECONDS") && e.contains(bad),
+                "{e}"
+            );
+        }
+    }
+
+    fn received(id: &str, arn: &str, count: Option<&str>) -> Value {
+        let mut r = sqs(id, arn, "dms/s/orders/x.parquet");
+        r["receiptHandle"] = format!("rh-{id}").into();
+        if let Some(n) = count {
+            r["attributes"] = json!({ "ApproximateReceiveCount": n });
+        }
+        r
+    }
+
+    #[test]
+    fn failed_messages_are_backed_off_per_source_queue_in_calls_of_at_most_ten() {
+        let std_arn = "arn:aws:sqs:eu-west-1:123456789012:merge";
+        let fifo_arn = "arn:aws:sqs:eu-west-1:123456789012:tables.fifo";
+        let mut records: Vec<Value> = (0..23)
+            .map(|i| received(&format!("s{i:02}"), std_arn, Some(&(1 + i % 3).to_string())))
+            .collect();
+        records.extend((0..3).map(|i| received(&format!("f{i}"), fifo_arn, Some("2"))));
+        records.push(received("nocount", fifo_arn, None));
+        let mut no_receipt = received("noreceipt", fifo_arn, Some("1"));
+        no_receipt.as_object_mut().unwrap().remove("receiptHandle");
+        records.push(no_receipt);
+        let event = json!({ "Records": records });
+        let q = Queues {
+            route_to: Some("http://localhost:4566/123456789012/tables.fifo".into()),
+            retry_base: 10,
+            ..Default::default()
+        };
+        let mut ids: Vec<String> = (0..23).map(|i| format!("s{i:02}")).collect();
+        ids.extend(["f0", "f2", "nocount", "noreceipt", "unknown", "s00"].map(String::from));
+        let batches = q.plan_back_off(&event, &ids, || 0.0);
+        let shape: Vec<(&str, usize)> = batches
+            .iter()
+            .map(|b| (b.queue_url.as_str(), b.entries.len()))
+            .collect();
+        let std_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/merge";
+        assert_eq!(
+            shape,
+            vec![
+                (std_url, 10),
+                (std_url, 10),
+                (std_url, 3),
+                ("http://localhost:4566/123456789012/tables.fifo", 3),
+            ],
+            "per queue (the FIFO queue's URL as configured), ten at most, each message once"
+        );
+        for b in &batches {
+            let entries: BTreeSet<&str> = b.entries.iter().map(|e| e.0.as_str()).collect();
+            assert_eq!(entries.len(), b.entries.len(), "entry ids unique per call");
+            for (_, id, receipt, _) in &b.entries {
+                assert_eq!(receipt, &format!("rh-{id}"));
+            }
+        }
+        let delay = |id: &str| {
+            batches
+                .iter()
+                .flat_map(|b| &b.entries)
+                .find(|e| e.1 == id)
+                .map(|e| e.3)
+        };
+        assert_eq!(delay("s00"), Some(10));
+        assert_eq!(delay("s01"), Some(30));
+        assert_eq!(delay("s02"), Some(90));
+        assert_eq!(delay("f0"), Some(30));
+        assert_eq!(delay("f1"), None, "not failed");
+        assert_eq!(delay("nocount"), Some(10), "no receive count: the first");
+        assert_eq!(
+            delay("noreceipt"),
+            None,
+            "cannot be changed without its receipt"
+        );
+
+        let off = Queues {
+            retry_base: 0,
+            ..Default::default()
+        };
+        assert!(off.plan_back_off(&event, &ids, || 0.0).is_empty(), "0: off");
+        assert_eq!(
+            Queues::default().queue_url("arn:aws-cn:sqs:cn-north-1:1:q"),
+            Some("https://sqs.cn-north-1.amazonaws.com.cn/1/q".into())
+        );
+        assert_eq!(
+            Queues::default().queue_url("arn:aws:sns:us-east-1:1:q"),
+            None
+        );
     }
 
     #[test]

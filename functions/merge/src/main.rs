@@ -9,7 +9,8 @@
 //! `RUST_LOG`, `AWS_ENDPOINT_URL` for emulators, `TRIBUTARY_LOCAL_S3_ROOT` to serve
 //! `s3://bucket/key` from `<root>/bucket/key` when running locally, `TRIBUTARY_ROUTE_TO`,
 //! `TRIBUTARY_ROUTE_FROM`, `TRIBUTARY_DEAD_LETTER_TO`, `TRIBUTARY_CONFIG_CHECK_SECONDS`,
-//! `TRIBUTARY_TABLES_LOCATION`, `TRIBUTARY_SPILL_MB` (docs/configuration.md, "Environment").
+//! `TRIBUTARY_TABLES_LOCATION`, `TRIBUTARY_SPILL_MB`, `TRIBUTARY_RETRY_BASE_SECONDS`
+//! (docs/configuration.md, "Environment").
 
 use std::sync::{Arc, OnceLock};
 
@@ -23,11 +24,17 @@ static QUEUES: OnceLock<Queues> = OnceLock::new();
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    lambda::run(handle).await
+    // An environment that is not valid fails the init, with the reason.
+    let queues = Queues::from_env()?;
+    let queues: &'static Queues = QUEUES.get_or_init(|| queues);
+    lambda::run(move |engine, event| handle(queues, engine, event)).await
 }
 
-async fn handle(engine: Arc<Engine>, event: Value) -> Result<Value, FunctionError> {
-    let queues = QUEUES.get_or_init(Queues::from_env);
+async fn handle(
+    queues: &'static Queues,
+    engine: Arc<Engine>,
+    event: Value,
+) -> Result<Value, FunctionError> {
     if queues.forwards(&event) {
         return queues.forward(&engine, &event).await;
     }
@@ -35,8 +42,9 @@ async fn handle(engine: Arc<Engine>, event: Value) -> Result<Value, FunctionErro
     for line in metrics::emf(&handled.report, lambda::now_ms()) {
         println!("{line}");
     }
-    for (id, reason) in &handled.failed_messages {
+    for (id, reason, _) in &handled.failed_messages {
         tracing::error!(message_id = ?id, error = %reason, "message failed; it will be retried (then dead-lettered)");
     }
+    queues.back_off(&event, &handled.to_back_off()).await;
     handled.response()
 }
