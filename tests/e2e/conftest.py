@@ -287,6 +287,9 @@ class Functions:
             f"TRIBUTARY_DEAD_LETTER_TO={stack.dead_url}",
             # configuration uploads in force at the next invocation (test_reload.py)
             "TRIBUTARY_CONFIG_CHECK_SECONDS=0",
+            # retryable failures retried after 1, 3, 9 s (the queues' timeout is 3 s): the
+            # tests that wait for redeliveries and dead-lettering keep their pace
+            "TRIBUTARY_RETRY_BASE_SECONDS=1",
         ])
         (ROOT / "target").mkdir(exist_ok=True)
         self.log = open(ROOT / "target" / log, "w")
