@@ -22,9 +22,11 @@ if [ -n "${BENCH_BIN:-}" ]; then
   CASES="${BENCH_CASES:-1000000:1000:realistic:10 1000000:1000:worst:10 1000000:100000:realistic:3 1000000:100000:worst:3
          10000000:1000:realistic:10 10000000:1000:worst:10 10000000:100000:realistic:3 10000000:100000:worst:3}"
 elif [ -n "$SMOKE" ]; then
-  # the harness binary on the test build's dependencies (same features as scripts/test, so
-  # only the binary itself is linked; `cargo test --no-run` does not build it)
-  cargo build --quiet --locked -p tributary-bench
+  # the harness binary on the test build's dependencies, so only the binary itself is
+  # linked: with the workspace's tests in the same build, features resolve as in
+  # scripts/test (`-p tributary-bench` alone resolves them for its own graph and rebuilt
+  # DataFusion and delta-rs once the Lambda crates left the library)
+  cargo build --quiet --locked --workspace --bins --tests
   BIN="${CARGO_TARGET_DIR:-target}/debug/tributary-bench"
   CASES="20000:500:realistic:2 20000:500:worst:2"
 else

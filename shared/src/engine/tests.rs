@@ -701,16 +701,17 @@ async fn a_merge_that_gives_up_on_contention_applies_none_of_its_deletes() {
 }
 
 /// #23 item 5, the race: a merge reads a CDC file and screens it (no version of it applied
-/// yet); before its MERGE commits, the file is overwritten and another instance merges the
-/// new contents. The first merge's commit conflicts (both record the file), and its retry
-/// must find the other version applied and refuse its own: merged over it, the old rows
-/// would be skipped as already applied and only part of the old contents would land.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_merge_that_loses_the_race_to_another_version_of_its_file_applies_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
-    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
-    let target = config.tables[0].target.clone().unwrap();
+/// yet); before its MERGE commits (the hook `install` sets at `Point::BeforeMerge`), the
+/// file is overwritten and another instance merges the new contents. The first merge's
+/// commit conflicts (both record the file), and its retry must find the other version
+/// applied and refuse its own: merged over it, the old rows would be skipped as already
+/// applied and only part of the old contents would land. `url`: the table that holds the
+/// rows (and the records).
+async fn lose_the_race_to_another_version(
+    config: &Config,
+    url: &url::Url,
+    install: impl FnOnce(&Engine, Hook),
+) {
     let src = config.tables[0].source.clone();
     let storage = Storage::new();
     let first = src.join("20240101-0000000000.parquet").unwrap();
@@ -726,9 +727,9 @@ async fn a_merge_that_loses_the_race_to_another_version_of_its_file_applies_noth
     let new = cdc_rows("2024-01-01 01:00:00", &[("I", 1, 11), ("I", 3, 30)]);
     storage.put(&file, old).await.unwrap();
     let other = Engine::new(config.clone());
-    let (o, f) = (other.clone(), file.clone());
+    let f = file.clone();
     let (hook, fired) = Hook::once(move || {
-        let (o, f, new) = (o.clone(), f.clone(), new.clone());
+        let (o, f, new) = (other.clone(), f.clone(), new.clone());
         async move {
             Storage::new().put(&f, new).await.unwrap();
             let r = o.process(&[f]).await;
@@ -736,7 +737,7 @@ async fn a_merge_that_loses_the_race_to_another_version_of_its_file_applies_noth
         }
     });
     let slow = Engine::new(config.clone());
-    slow.hooks.set(Point::BeforeMerge, "", hook);
+    install(&slow, hook);
     let r = slow.process(std::slice::from_ref(&file)).await;
     assert!(fired.load(Ordering::SeqCst));
     let failed: Vec<_> = r.failures().collect();
@@ -746,10 +747,22 @@ async fn a_merge_that_loses_the_race_to_another_version_of_its_file_applies_noth
         s => panic!("{s:?}"),
     }
     assert_eq!(
-        latest_rows(&target).await,
+        latest_rows(url).await,
         vec![(1, 11), (3, 30), (9, 9)],
         "the table holds the version that was applied, and nothing of the other"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_that_loses_the_race_to_another_version_of_its_file_applies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+    let config = Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+    let target = config.tables[0].target.clone().unwrap();
+    lose_the_race_to_another_version(&config, &target, |slow, hook| {
+        slow.hooks.set(Point::BeforeMerge, "", hook)
+    })
+    .await;
 }
 
 /// The same race on a table that keeps only its history: the history table records the
@@ -770,45 +783,10 @@ target = "curated/t_history"
 "#;
     let config = Config::from_toml(text, "test", Some(dir.path())).unwrap();
     let history = config.tables[0].history.as_ref().unwrap().target.clone();
-    let src = config.tables[0].source.clone();
-    let storage = Storage::new();
-    let first = src.join("20240101-0000000000.parquet").unwrap();
-    storage
-        .put(&first, cdc_rows("2024-01-01 00:00:00", &[("I", 9, 9)]))
-        .await
-        .unwrap();
-    let r = Engine::new(config.clone()).process(&[first]).await;
-    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-
-    let file = src.join("20240101-0100000000.parquet").unwrap();
-    let old = cdc_rows("2024-01-01 01:00:00", &[("I", 1, 10), ("I", 2, 20)]);
-    let new = cdc_rows("2024-01-01 01:00:00", &[("I", 1, 11), ("I", 3, 30)]);
-    storage.put(&file, old).await.unwrap();
-    let other = Engine::new(config.clone());
-    let (o, f) = (other.clone(), file.clone());
-    let (hook, fired) = Hook::once(move || {
-        let (o, f, new) = (o.clone(), f.clone(), new.clone());
-        async move {
-            Storage::new().put(&f, new).await.unwrap();
-            let r = o.process(&[f]).await;
-            assert_eq!(r.failures().count(), 0, "{:?}", r.files);
-        }
-    });
-    crate::testing::global().set(Point::BeforeMerge, history.as_str(), hook);
-    let r = Engine::new(config.clone())
-        .process(std::slice::from_ref(&file))
-        .await;
+    let key = history.to_string();
+    lose_the_race_to_another_version(&config, &history, |_, hook| {
+        crate::testing::global().set(Point::BeforeMerge, &key, hook)
+    })
+    .await;
     crate::testing::global().clear(history.as_str());
-    assert!(fired.load(Ordering::SeqCst));
-    let failed: Vec<_> = r.failures().collect();
-    assert_eq!(failed.len(), 1, "{:?}", r.files);
-    match &failed[0].status {
-        FileStatus::Failed { error, .. } => assert_eq!(error.kind(), "reuploaded", "{error}"),
-        s => panic!("{s:?}"),
-    }
-    assert_eq!(
-        latest_rows(&history).await,
-        vec![(1, 11), (3, 30), (9, 9)],
-        "the history holds the version that was applied, and nothing of the other"
-    );
 }
