@@ -153,6 +153,26 @@ fn print(st: &TableStatus, now: DateTime<Utc>) {
         "  change feed {}",
         if st.change_data_feed { "on" } else { "off" }
     );
+    if let Some(d) = &st.drift {
+        let missing = if d.missing_from_recent_files.is_empty() {
+            "none".to_string()
+        } else {
+            d.missing_from_recent_files.join(", ")
+        };
+        out!(
+            "  drift       columns the last {} source file(s) lack: {missing} (dropped or renamed at the source; see rename_columns)",
+            d.files.len()
+        );
+        match &d.added_since_created {
+            Some(a) if !a.is_empty() => {
+                out!(
+                    "              added since the table was created: {}",
+                    a.join(", ")
+                )
+            }
+            _ => {}
+        }
+    }
     if let Some(entries) = &st.catalog {
         for e in entries {
             let parts = e

@@ -57,6 +57,40 @@ pub(crate) fn delta_type(dt: &DataType) -> Option<DataType> {
     })
 }
 
+/// Decimal digits every value of an integer type fits in (`None`: not an integer type).
+fn integer_digits(dt: &DataType) -> Option<u8> {
+    Some(match dt {
+        DataType::Int8 => 3,
+        DataType::Int16 => 5,
+        DataType::Int32 => 10,
+        DataType::Int64 => 19,
+        _ => return None,
+    })
+}
+
+/// Whether a column of type `from` can take type `to` with every value it can hold kept
+/// exactly (a lossless widening, applied to a table automatically; docs/configuration.md,
+/// "Types in the Delta table"): a larger integer; `float` to `double`; an integer to a
+/// decimal with at least its digits before the point; `decimal(p,s)` to `decimal(p',s')`
+/// with `p'-s' >= p-s` and `s' >= s`. Equal types are not a widening. Both are Delta types
+/// ([`delta_type`]).
+pub(crate) fn is_widening(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    match (from, to) {
+        (Float32, Float64) => true,
+        (Decimal128(p, s), Decimal128(q, t)) => {
+            (q, t) != (p, s) && t >= s && (*q as i16 - *t as i16) >= (*p as i16 - *s as i16)
+        }
+        (f, Decimal128(q, t)) => {
+            integer_digits(f).is_some_and(|d| *t >= 0 && (*q as i16 - *t as i16) >= d as i16)
+        }
+        (f, t) => match (integer_digits(f), integer_digits(t)) {
+            (Some(a), Some(b)) => a < b,
+            _ => false,
+        },
+    }
+}
+
 /// Why a column could not be converted: the first row (0-based) that does not fit, its value
 /// as text, and the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -491,6 +525,58 @@ mod tests {
 
     fn err(a: ArrayRef, to: DataType) -> Inexact {
         exact_cast(&a, &to).expect_err("must refuse")
+    }
+
+    #[test]
+    fn widenings_keep_every_value_and_nothing_else_is_one() {
+        use DataType::*;
+        for (from, to) in [
+            (Int8, Int16),
+            (Int16, Int32),
+            (Int32, Int64),
+            (Int8, Int64),
+            (Float32, Float64),
+            (Int32, Decimal128(10, 0)),
+            (Int64, Decimal128(19, 0)),
+            (Int64, Decimal128(21, 2)),
+            (Int16, Decimal128(7, 2)),
+            (Decimal128(10, 2), Decimal128(12, 2)),
+            (Decimal128(10, 2), Decimal128(11, 3)),
+        ] {
+            assert!(is_widening(&from, &to), "{from} -> {to}");
+        }
+        for (from, to) in [
+            (Int64, Int32),
+            (Int32, Int32),
+            (Float64, Float32),
+            (Int32, Float64),
+            (Int64, Float64),
+            (Float64, Decimal128(38, 10)),
+            (Int64, Decimal128(18, 0)),
+            (Int32, Decimal128(10, 1)),
+            (Decimal128(10, 2), Decimal128(10, 3)),
+            (Decimal128(10, 2), Decimal128(12, 1)),
+            (Decimal128(10, 2), Int64),
+            (Utf8, Int64),
+            (Int64, Utf8),
+            (Date32, Timestamp(TimeUnit::Microsecond, Some("UTC".into()))),
+            (Boolean, Int8),
+        ] {
+            assert!(!is_widening(&from, &to), "{from} -> {to}");
+        }
+        // Every value of the narrower type survives the widening exactly.
+        let ints: ArrayRef = Arc::new(Int64Array::from(vec![i64::MIN, -1, 0, i64::MAX]));
+        exact_cast(&ints, &Decimal128(19, 0)).unwrap();
+        exact_cast(&ints, &Decimal128(21, 2)).unwrap();
+        let small: ArrayRef = Arc::new(Int32Array::from(vec![i32::MIN, i32::MAX]));
+        exact_cast(&small, &Int64).unwrap();
+        exact_cast(&small, &Decimal128(10, 0)).unwrap();
+        let dec: ArrayRef = Arc::new(
+            Decimal128Array::from(vec![9_999_999_999_i128, -9_999_999_999])
+                .with_precision_and_scale(10, 2)
+                .unwrap(),
+        );
+        exact_cast(&dec, &Decimal128(11, 3)).unwrap();
     }
 
     #[test]

@@ -40,15 +40,7 @@ pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaT
             })?;
         }
     }
-    let mut builder = DeltaTableBuilder::from_url(url.clone())
-        .map_err(|e| Error::delta(&label, e))?
-        .with_storage_options(options.clone());
-    let store = root_store(url, options, &builder)?;
-    builder = builder.with_storage_backend(
-        store.clone() as Arc<dyn deltalake::ObjectStore>,
-        url.clone(),
-    );
-    let mut table = builder.build().map_err(|e| Error::delta(&label, e))?;
+    let (mut table, store) = unloaded(url, options)?;
     match table.load().await {
         Ok(()) => {
             note_schema(&store, url, &table);
@@ -57,6 +49,37 @@ pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaT
         Err(deltalake::DeltaTableError::NotATable(_)) => Ok(table),
         Err(e) => Err(Error::delta(&label, e)),
     }
+}
+
+/// The table as it was at `version` (time travel: its first schema, say). An error when the
+/// version is no longer in the log.
+pub(crate) async fn open_version(
+    url: &Url,
+    options: &HashMap<String, String>,
+    version: u64,
+) -> Result<DeltaTable> {
+    let label = crate::storage::display(url);
+    let (mut table, _) = unloaded(url, options)?;
+    table
+        .load_version(version)
+        .await
+        .map_err(|e| Error::delta(&label, e))?;
+    Ok(table)
+}
+
+/// A handle on the table at `url` (through the bucket's caching store), not loaded yet.
+fn unloaded(url: &Url, options: &HashMap<String, String>) -> Result<(DeltaTable, Arc<LogCache>)> {
+    let label = crate::storage::display(url);
+    let mut builder = DeltaTableBuilder::from_url(url.clone())
+        .map_err(|e| Error::delta(&label, e))?
+        .with_storage_options(options.clone());
+    let store = root_store(url, options, &builder)?;
+    builder = builder.with_storage_backend(
+        store.clone() as Arc<dyn deltalake::ObjectStore>,
+        url.clone(),
+    );
+    let table = builder.build().map_err(|e| Error::delta(&label, e))?;
+    Ok((table, store))
 }
 
 /// Tell the bucket's store what the loaded table's schema says of its decimal bounds, so
@@ -307,10 +330,26 @@ pub(crate) fn writer_config(
     properties: Option<WriterProperties>,
     target_file_size: Option<std::num::NonZeroU64>,
 ) -> deltalake::datafile::writer::WriterConfig {
+    writer_config_for(
+        snapshot,
+        snapshot.snapshot().arrow_schema(),
+        properties,
+        target_file_size,
+    )
+}
+
+/// [`writer_config`] for data files in `schema` (the table's schema about to change: a
+/// widening's rewrite).
+pub(crate) fn writer_config_for(
+    snapshot: &deltalake::table::state::DeltaTableState,
+    schema: SchemaRef,
+    properties: Option<WriterProperties>,
+    target_file_size: Option<std::num::NonZeroU64>,
+) -> deltalake::datafile::writer::WriterConfig {
     use deltalake::table::config::TablePropertiesExt;
     let props = snapshot.table_config();
     deltalake::datafile::writer::WriterConfig::new(
-        snapshot.snapshot().arrow_schema(),
+        schema,
         snapshot.metadata().partition_columns().to_vec(),
         properties,
         target_file_size,
@@ -407,11 +446,12 @@ pub(crate) fn align_to_table(
         }
         cols[i] = crate::coerce::exact_cast(&cols[i], tf.data_type()).map_err(|e| {
             serr(format!(
-                "column `{}` is {} in the table but {} in the files: {} (type changes are not applied automatically)",
+                "column `{}` is {} in the table but {} in the files: {}; {}",
                 f.name(),
                 tf.data_type(),
                 f.data_type(),
-                e.describe(f.data_type(), tf.data_type())
+                e.describe(f.data_type(), tf.data_type()),
+                crate::error::TYPE_CHANGE_HELP
             ))
         })?;
         if table_cfg.primary_key.contains(f.name()) {
@@ -922,13 +962,24 @@ pub(crate) async fn commit_append(
 /// transactions `txns`; returns the table at the new version.
 pub(crate) async fn commit_actions(
     cfg: &TableConfig,
+    table: DeltaTable,
+    actions: Vec<deltalake::kernel::Action>,
+    operation: DeltaOperation,
+    files: &[String],
+    txns: &[Transaction],
+) -> Result<DeltaTable> {
+    commit_actions_as(&cfg.name, table, actions, operation, files, txns).await
+}
+
+/// [`commit_actions`] on any table, `label` naming it in errors.
+pub(crate) async fn commit_actions_as(
+    label: &str,
     mut table: DeltaTable,
     actions: Vec<deltalake::kernel::Action>,
     operation: DeltaOperation,
     files: &[String],
     txns: &[Transaction],
 ) -> Result<DeltaTable> {
-    let label = cfg.name.as_str();
     let delta_err = |e| Error::delta(label, e);
     let snapshot = table.snapshot().map_err(delta_err)?;
     let mut commit = tributary_commit(files);

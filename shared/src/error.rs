@@ -54,6 +54,18 @@ pub enum Error {
         message: String,
     },
 
+    /// A file's column has another type than the table's column, the change is not a
+    /// lossless widening (those are applied), and the values do not fit the table's type.
+    /// Not retryable: the way forward is a reload of the table or a new table.
+    #[error("type change in {file}: column `{column}` is {} in the table but {} in the file, and {}{}; {TYPE_CHANGE_HELP}", .change.table_type, .change.file_type, row_text(.row), .change.reason)]
+    TypeChange {
+        file: String,
+        column: String,
+        /// The first row (1-based) whose value does not fit, when known.
+        row: Option<usize>,
+        change: Box<TypeChange>,
+    },
+
     /// Reading or writing storage failed (network, permissions, missing object).
     #[error("storage error on {uri}: {source}")]
     Storage {
@@ -162,12 +174,32 @@ pub enum Error {
     Internal(String),
 }
 
+/// The two types of a refused type change ([`Error::TypeChange`]), and why a value does not
+/// fit.
+#[derive(Debug)]
+pub struct TypeChange {
+    pub table_type: String,
+    pub file_type: String,
+    pub reason: String,
+}
+
+fn row_text(row: &Option<usize>) -> String {
+    match row {
+        Some(r) => format!("row {r} does not fit: "),
+        None => "its values do not fit: ".to_string(),
+    }
+}
+
+/// What a refused type change says to do.
+pub(crate) const TYPE_CHANGE_HELP: &str = "tributary widens a column on its own only where no value can be lost (a larger integer, float to double, an integer or a decimal into a decimal with at least as many digits before and after the point); to take this type, reload the table (README, \"Table reloads\") or write to a new table";
+
 impl Error {
     /// Whether trying the same input again can succeed without anybody changing anything.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Config { .. }
             | Error::BadInput { .. }
+            | Error::TypeChange { .. }
             | Error::Schema { .. }
             | Error::Reload { .. }
             | Error::TooLate { .. }
@@ -194,6 +226,7 @@ impl Error {
             Error::Config { .. } => "config",
             Error::Unowned { .. } => "unowned",
             Error::BadInput { .. } => "bad_input",
+            Error::TypeChange { .. } => "type_change",
             Error::Storage { .. } => "storage",
             Error::Delta { .. } => "delta",
             Error::Schema { .. } => "schema",
@@ -233,6 +266,17 @@ impl Error {
                     column,
                 },
                 message,
+            },
+            Error::TypeChange {
+                file,
+                column,
+                row: Some(row),
+                change,
+            } => Error::TypeChange {
+                file,
+                column,
+                row: Some(row + by),
+                change,
             },
             e => e,
         }

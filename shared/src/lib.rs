@@ -53,6 +53,7 @@ pub mod storage;
 #[cfg(test)]
 mod testing;
 mod tombstones;
+mod widen;
 
 pub use config::{Config, Managed, TableConfig};
 pub use deltalake;

@@ -191,16 +191,75 @@ pub(crate) fn admit(
         .map(|s| s.fields().iter().map(|f| f.as_ref().clone()).collect())
         .unwrap_or_default();
     let table_columns = types.len();
+    let mut widened = Vec::new();
     for cs in changes {
         let file = cs.file.clone();
         match check_kinds(&cs, &mut out.kinds)
-            .and_then(|()| unify(cs, key, &mut types, table_columns))
+            .and_then(|()| unify(cs, key, &mut types, table_columns, &mut widened))
         {
             Ok(cs) => out.admitted.push(cs),
             Err(e) => out.rejected.push((file, e)),
         }
     }
+    if !widened.is_empty() {
+        // Files admitted before a column widened carry its narrower type: every set in the
+        // batch's final types (widening casts keep every value). The table's data files
+        // follow before the commit (`widen`).
+        let admitted = std::mem::take(&mut out.admitted);
+        for cs in admitted {
+            let file = cs.file.clone();
+            match in_types(cs, &types) {
+                Ok(cs) => out.admitted.push(cs),
+                Err(e) => out.rejected.push((file, e)),
+            }
+        }
+    }
     out
+}
+
+/// A column of the table whose type a batch widens (see [`crate::coerce::is_widening`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Widening {
+    pub column: String,
+    pub from: DataType,
+    pub to: DataType,
+}
+
+impl std::fmt::Display for Widening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {} -> {}", self.column, self.from, self.to)
+    }
+}
+
+/// A change set's columns in the batch's final types (only widenings remain to apply).
+fn in_types(cs: ChangeSet, types: &[Field]) -> Result<ChangeSet> {
+    let schema = cs.data.schema();
+    if schema.fields().iter().all(|f| {
+        types
+            .iter()
+            .find(|t| t.name() == f.name())
+            .is_none_or(|t| t.data_type() == f.data_type())
+    }) {
+        return Ok(cs);
+    }
+    let name = storage::display(&cs.file);
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for (i, f) in schema.fields().iter().enumerate() {
+        let to = types
+            .iter()
+            .find(|t| t.name() == f.name())
+            .map_or(f.data_type(), |t| t.data_type());
+        columns.push(source::convert(&name, f.name(), cs.data.column(i), to)?);
+        fields.push(Field::new(f.name(), to.clone(), true));
+    }
+    let data = RecordBatch::try_new_with_options(
+        Arc::new(Schema::new(fields)),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(cs.data.num_rows())),
+    )
+    .map_err(Error::arrow)?;
+    Ok(ChangeSet { data, ..cs })
 }
 
 /// Check admitted change sets again against the sequence kinds `recorded` on the table a
@@ -254,12 +313,14 @@ fn unify(
     key: &[String],
     types: &mut Vec<Field>,
     table_columns: usize,
+    widened: &mut Vec<Widening>,
 ) -> Result<ChangeSet> {
     let name = storage::display(&cs.file);
     let schema = cs.data.schema();
     let mut fields = Vec::with_capacity(schema.fields().len());
     let mut columns = Vec::with_capacity(schema.fields().len());
     let mut new = Vec::new();
+    let mut wider = Vec::new();
     for (i, f) in schema.fields().iter().enumerate() {
         let lower = f.name().to_lowercase();
         if let Some(at) = types
@@ -281,27 +342,47 @@ fn unify(
                 ),
             ));
         }
-        let target = match types.iter().find(|t| t.name() == f.name()) {
-            Some(t) => t.data_type().clone(),
+        let target = match types.iter().position(|t| t.name() == f.name()) {
+            // A lossless widening (`int` to `bigint`, …): the column takes the file's type,
+            // the table's data files are rewritten in it before the commit.
+            // Taken into `types` only once the whole file is admitted: a file refused
+            // widens nothing.
+            Some(at) if crate::coerce::is_widening(types[at].data_type(), f.data_type()) => {
+                wider.push((
+                    at,
+                    Widening {
+                        column: f.name().clone(),
+                        from: types[at].data_type().clone(),
+                        to: f.data_type().clone(),
+                    },
+                ));
+                f.data_type().clone()
+            }
+            Some(at) => types[at].data_type().clone(),
             None => {
                 new.push(f.as_ref().clone());
                 f.data_type().clone()
             }
         };
-        let mut c = source::convert(&name, f.name(), cs.data.column(i), &target)?;
+        let mut c = source::convert(&name, f.name(), cs.data.column(i), &target)
+            .map_err(|e| source::type_change(e, f.data_type(), &target))?;
         if &target != f.data_type() && key.contains(f.name()) {
             c = source::key_column(&name, f.name(), c)?;
         }
         fields.push(Field::new(f.name(), target, true));
         columns.push(c);
     }
-    types.extend(new);
     let data = RecordBatch::try_new_with_options(
         Arc::new(Schema::new(fields)),
         columns,
         &arrow::array::RecordBatchOptions::new().with_row_count(Some(cs.data.num_rows())),
     )
     .map_err(Error::arrow)?;
+    types.extend(new);
+    for (at, w) in wider {
+        types[at] = Field::new(&w.column, w.to.clone(), true);
+        widened.push(w);
+    }
     Ok(ChangeSet { data, ..cs })
 }
 

@@ -25,7 +25,7 @@ impl Retry {
     /// After a failed attempt: a commit conflict with attempts left sleeps and returns
     /// `Ok(())` (try again); the last conflict becomes [`Error::Contention`]; any other error
     /// is returned as it is.
-    pub(crate) async fn on_error(&mut self, e: Error, what: &str) -> Result<()> {
+    async fn on_error(&mut self, e: Error, what: &str) -> Result<()> {
         if !is_conflict(&e) {
             return Err(e);
         }
@@ -52,8 +52,27 @@ pub(crate) trait Attempts {
 }
 
 impl Retry {
-    /// The commit loop: attempts until one succeeds, a commit conflict with attempts to
-    /// spare sleeping in between ([`Retry::on_error`]). The value and the attempts made.
+    /// The commit loop — the one loop of every optimistic-concurrency writer: `attempt(n)`
+    /// (1-based) until one succeeds, a commit conflict with attempts to spare sleeping in
+    /// between ([`Retry::on_error`]; an attempt after the first reads the table again). The
+    /// value and the attempts made.
+    /// An attempt's future owns what it works on (it is `Send` wherever its writer runs):
+    /// state an attempt changes comes back in its value.
+    pub(crate) async fn run<T, F, Fut>(mut self, what: &str, mut attempt: F) -> Result<(T, u32)>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        loop {
+            match attempt(self.attempt).await {
+                Ok(t) => return Ok((t, self.attempt)),
+                Err(e) => self.on_error(e, what).await?,
+            }
+        }
+    }
+
+    /// [`Retry::run`] over a writer's [`Attempts`], whose attempts borrow the writer's state
+    /// (the tombstones, the report) across the loop: the same loop, over `&mut A`.
     pub(crate) async fn drive<A: Attempts>(
         mut self,
         what: &str,

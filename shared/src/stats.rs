@@ -214,7 +214,7 @@ fn data_file(root: &str, path: &str) -> Option<Path> {
 }
 
 /// A data file's footer (one ranged GET for small footers). `None` when it is no Parquet.
-async fn read_footer(
+pub(crate) async fn read_footer(
     store: &dyn ObjectStore,
     location: &Path,
     size: u64,

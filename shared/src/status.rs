@@ -51,7 +51,28 @@ pub struct TableStatus {
     /// The table keeps only its history table (no `target`): `target` is the history
     /// table, `rows` its versions, and no tombstones are kept.
     pub history_only: bool,
+    /// Schema drift: the table's columns against its recent source files (`None`: no
+    /// Parquet source file in the last commits to compare with).
+    pub drift: Option<Drift>,
 }
+
+/// The table's columns against the source files its last commits merged (their Parquet
+/// footers, one ranged read each): what the source stopped sending and what it started to.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Drift {
+    /// The source files compared (the newest few the table's last commits merged).
+    pub files: Vec<String>,
+    /// Columns of the table that none of those files carries: dropped at the source, or
+    /// renamed (a rename arrives as a new column; `rename_columns` keeps one column). The
+    /// table keeps their values; new rows leave them empty.
+    pub missing_from_recent_files: Vec<String>,
+    /// Columns the table gained after it was created (new at the source, or a rename's
+    /// new name); `None` when the table's first version is no longer in its log.
+    pub added_since_created: Option<Vec<String>>,
+}
+
+/// How many of the table's last commits' source files [`Drift`] compares.
+const DRIFT_FILES: usize = 5;
 
 /// The newest change the table reflects.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -110,6 +131,7 @@ pub async fn table_status(
         catalog: None,
         change_data_feed: false,
         history_only: cfg.target.is_none(),
+        drift: None,
     };
     let table = delta::open(cfg.state_table()?, options).await?;
     if !delta::exists(&table) {
@@ -127,6 +149,7 @@ pub async fn table_status(
     };
     let props = delta::props(&table);
     st.change_data_feed = props.change_data_feed;
+    st.drift = drift(cfg, options, storage, &table).await?;
     file_figures(cfg, &table, &mut st)?;
     // A history table's newest change closed a version or was its last.
     let seq = match cfg.target {
@@ -164,6 +187,105 @@ pub async fn table_status(
         });
     }
     Ok(st)
+}
+
+/// [`Drift`]: the table's columns (tributary's own left out) against the Parquet source files
+/// of its last commits (`tributary.files` in their commit info).
+async fn drift(
+    cfg: &TableConfig,
+    options: &HashMap<String, String>,
+    storage: &Storage,
+    table: &deltalake::DeltaTable,
+) -> Result<Option<Drift>> {
+    use futures::StreamExt;
+    let mut files: Vec<String> = Vec::new();
+    let mut history = table.history(Some(20));
+    while let Some(Ok(info)) = history.next().await {
+        let merged = info
+            .info
+            .get("tributary.files")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .filter(|f| f.ends_with(".parquet") && !files.iter().any(|g| g == f))
+            .map(str::to_string)
+            .collect::<Vec<_>>();
+        files.extend(merged);
+        if files.len() >= DRIFT_FILES {
+            break;
+        }
+    }
+    files.truncate(DRIFT_FILES);
+    let mut seen: std::collections::BTreeSet<String> = Default::default();
+    let mut compared = Vec::new();
+    for f in files {
+        let url = if f.contains("://") {
+            url::Url::parse(&f).ok()
+        } else {
+            url::Url::from_file_path(&f).ok()
+        };
+        let Some(url) = url else { continue };
+        let Ok(Some(columns)) = parquet_columns(storage, &url).await else {
+            // Gone (expired from the raw bucket) or unreadable: not compared.
+            continue;
+        };
+        for c in columns {
+            let c = cfg.rename_columns.get(&c).cloned().unwrap_or(c);
+            seen.insert(c.to_lowercase());
+        }
+        compared.push(f);
+    }
+    if compared.is_empty() {
+        return Ok(None);
+    }
+    let own = |c: &str| crate::plan::is_internal(c) || c == cfg.sequence_column;
+    let columns: Vec<String> = delta::arrow_schema(table)
+        .map(|s| s.fields().iter().map(|f| f.name().clone()).collect())
+        .unwrap_or_default();
+    let missing = columns
+        .iter()
+        .filter(|c| !own(c) && !seen.contains(&c.to_lowercase()))
+        .cloned()
+        .collect();
+    let first = delta::open_version(cfg.state_table()?, options, 0)
+        .await
+        .ok();
+    let added = first.and_then(|t| delta::arrow_schema(&t)).map(|s| {
+        columns
+            .iter()
+            .filter(|c| !own(c) && s.field_with_name(c).is_err())
+            .cloned()
+            .collect()
+    });
+    Ok(Some(Drift {
+        files: compared,
+        missing_from_recent_files: missing,
+        added_since_created: added,
+    }))
+}
+
+/// The column names of a Parquet object, from its footer (`None`: not Parquet).
+async fn parquet_columns(storage: &Storage, url: &url::Url) -> Result<Option<Vec<String>>> {
+    use object_store::ObjectStoreExt;
+    let store = storage.store(url)?;
+    let path = storage::object_path(url)?;
+    let meta = store
+        .head(&path)
+        .await
+        .map_err(|e| Error::storage(url.as_str(), e))?;
+    let footer = crate::stats::read_footer(store.as_ref(), &path, meta.size)
+        .await
+        .map_err(|e| Error::storage(url.as_str(), e))?;
+    Ok(footer.map(|m| {
+        m.file_metadata()
+            .schema_descr()
+            .root_schema()
+            .get_fields()
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect()
+    }))
 }
 
 /// Tombstones kept, and the newest order key among those applied. A delete's tombstone is

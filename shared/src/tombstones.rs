@@ -76,13 +76,45 @@ impl<'a> Tombstones<'a> {
         let table = delta::open_or_create(url, options, &name, &schema, &[], Default::default())
             .await?
             .0;
+        let label = format!("{} tombstones", cfg.name);
+        // A key column the batch widens (`int` to `bigint`): the recorded keys follow.
+        let (table, _) = Self::widen(cfg, &label, table, &schema).await?;
         Ok(Self {
             cfg,
             table,
-            label: format!("{} tombstones", cfg.name),
+            label,
             read_version: None,
             pending: TombstoneMap::new(),
         })
+    }
+
+    /// The tombstone table with its key columns widened to `schema`'s (retried on a
+    /// concurrent commit: tombstones are appended blindly, so only a concurrent widening or
+    /// creation can conflict).
+    async fn widen(
+        cfg: &TableConfig,
+        label: &str,
+        table: DeltaTable,
+        schema: &Schema,
+    ) -> Result<(DeltaTable, crate::widen::Widened)> {
+        let table = &table;
+        let widen = |n: u32| {
+            let mut table = table.clone();
+            async move {
+                if n > 1 {
+                    table
+                        .update_incremental(None)
+                        .await
+                        .map_err(|e| Error::delta(label, e))?;
+                }
+                let props = parquet::file::properties::WriterProperties::default();
+                crate::widen::widen(label, table, schema, props, &[]).await
+            }
+        };
+        Ok(Retry::new(label, cfg.max_commit_attempts)
+            .run("widen tombstone keys", widen)
+            .await?
+            .0)
     }
 
     /// Append the plan's deletes as pending, before the MERGE that applies them. Returns
@@ -105,29 +137,34 @@ impl<'a> Tombstones<'a> {
         let batch = self.tombstone_rows(&deletes, applied)?;
         // A blind append: delta-rs rebases it over concurrent appends. Only a concurrent
         // metadata commit (two writers creating the table at once) conflicts: refresh, retry.
-        let mut retry = Retry::new(&self.label, self.cfg.max_commit_attempts);
-        loop {
-            let res = self
-                .table
-                .clone()
-                .write(vec![batch.clone()])
-                .with_save_mode(SaveMode::Append)
-                // Tables from before APPLIED_COLUMN get it.
-                .with_schema_mode(SchemaMode::Merge)
-                .with_commit_properties(delta::tributary_commit(files))
-                .await
-                .map_err(|e| Error::delta(&self.label, e));
-            match res {
-                Ok(table) => {
-                    self.table = delta::settle(table).await?;
-                    return Ok(deletes.num_rows());
+        let (label, attempts) = (self.label.as_str(), self.cfg.max_commit_attempts);
+        let (base, batch) = (&self.table, &batch);
+        let append = |n: u32| {
+            let mut table = base.clone();
+            let batch = batch.clone();
+            async move {
+                if n > 1 {
+                    table
+                        .update_incremental(None)
+                        .await
+                        .map_err(|e| Error::delta(label, e))?;
                 }
-                Err(e) => {
-                    retry.on_error(e, "record tombstones").await?;
-                    self.refresh().await?;
-                }
+                let table = table
+                    .write(vec![batch])
+                    .with_save_mode(SaveMode::Append)
+                    // Tables from before APPLIED_COLUMN get it.
+                    .with_schema_mode(SchemaMode::Merge)
+                    .with_commit_properties(delta::tributary_commit(files))
+                    .await
+                    .map_err(|e| Error::delta(label, e))?;
+                delta::settle(table).await
             }
-        }
+        };
+        let (table, _) = Retry::new(label, attempts)
+            .run("record tombstones", append)
+            .await?;
+        self.table = table;
+        Ok(deletes.num_rows())
     }
 
     /// The deletes in the tombstone table's own columns and types (the first file may have

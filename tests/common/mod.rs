@@ -172,6 +172,25 @@ pub fn items_batch(changes: &[Change], with_op: bool) -> RecordBatch {
     RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).expect("batch")
 }
 
+/// [`items_batch`] with `id` and `val` as 32-bit integers (a source before its columns
+/// were widened to `bigint`); every value must fit.
+pub fn items_batch_int32(changes: &[Change], with_op: bool) -> RecordBatch {
+    let b = items_batch(changes, with_op);
+    let schema = b.schema();
+    let mut fields = Vec::new();
+    let mut cols = Vec::new();
+    for (f, c) in schema.fields().iter().zip(b.columns()) {
+        if f.name() == "id" || f.name() == "val" {
+            fields.push(Field::new(f.name(), DataType::Int32, true));
+            cols.push(cast(c, &DataType::Int32).expect("fits int32"));
+        } else {
+            fields.push(f.as_ref().clone());
+            cols.push(c.clone());
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).expect("batch")
+}
+
 pub fn items_parquet(changes: &[Change], with_op: bool) -> Bytes {
     demo::to_parquet(&items_batch(changes, with_op)).expect("parquet")
 }

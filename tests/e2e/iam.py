@@ -190,7 +190,8 @@ def _sqs(call, region, account):
 GLUE = {"CreateDatabase": ("DatabaseInput.Name", None), "GetTable": ("DatabaseName", "Name"),
         "CreateTable": ("DatabaseName", "TableInput.Name"), "UpdateTable": ("DatabaseName", "TableInput.Name"),
         "GetPartitions": ("DatabaseName", "TableName"), "BatchCreatePartition": ("DatabaseName", "TableName"),
-        "BatchDeletePartition": ("DatabaseName", "TableName")}
+        "BatchDeletePartition": ("DatabaseName", "TableName"),
+        "BatchUpdatePartition": ("DatabaseName", "TableName")}
 
 
 def _glue(call, region, account):

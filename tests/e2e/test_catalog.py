@@ -60,6 +60,13 @@ def partitions(glue, name):
     return {tuple(p["Values"]): p["StorageDescriptor"]["Location"] for page in pages for p in page["Partitions"]}
 
 
+def partition_columns(glue, name):
+    """Each registered partition's own columns, as (name, type)."""
+    pages = glue.client.get_paginator("get_partitions").paginate(DatabaseName=glue.database, TableName=name)
+    return {tuple(p["Values"]): [(c["Name"], c["Type"]) for c in p["StorageDescriptor"]["Columns"]]
+            for page in pages for p in page["Partitions"]}
+
+
 def routes(stack):
     _, rows = read_table(stack, TABLE)
     return {(route,) for route, _, _ in rows.values()}
@@ -125,6 +132,18 @@ def test_catalog_follows_the_table(aws, stack, poller, functions, glue, source):
     got = set(partitions(glue, f"{TABLE}_manifest"))
     assert ("K",) in got and ("B",) not in got and got == routes(stack), got
 
+    # A widened column (numeric(10,2) -> numeric(12,3), #26): the entries and every registered
+    # partition of the manifest entry take the new type (a partition keeps the columns it was
+    # registered with otherwise, and Athena reads a partition's files by them).
+    changes = source.update(lambda r: r["route_id"] == "C", destination="Reno")
+    upload(aws, stack, TABLE, [("2022/10/26/20221026-0000000012.parquet",
+                                with_column(changes, "fare", pa.decimal128(12, 3), decimal.Decimal("1.125")))])
+    converge(aws, stack, poller, TABLE, source.state(), "catalog: widened column", time.time())
+    cols = delta_columns(stack, TABLE)
+    assert ("fare", "decimal(12,3)") in cols and entry(glue, TABLE)[1] == cols, (entry(glue, TABLE)[1], cols)
+    parts = partition_columns(glue, f"{TABLE}_manifest")
+    assert parts and all(("fare", "decimal(12,3)") in c for c in parts.values()), parts
+
     # Entries deleted by hand: the maintenance run restores them, partitions included.
     glue.client.delete_table(DatabaseName=glue.database, Name=f"{TABLE}_manifest")
     glue.client.delete_table(DatabaseName=glue.database, Name=TABLE)
@@ -142,7 +161,7 @@ def test_catalog_follows_the_table(aws, stack, poller, functions, glue, source):
     assert manifest["partitions"] == {"in_catalog": len(routes(stack)), "in_table": len(routes(stack)),
                                       "differing": 0}, manifest
     assert st["rows"] == len(source.state()) and st["manifests"]["exact"], st
-    assert st["freshness"]["newest_file"] == "20221026-0000000011.parquet", st["freshness"]
+    assert st["freshness"]["newest_file"] == "20221026-0000000012.parquet", st["freshness"]
     glue.client.batch_delete_partition(DatabaseName=glue.database, TableName=f"{TABLE}_manifest",
                                        PartitionsToDelete=[{"Values": ["K"]}])
     manifest = next(e for e in status(stack, glue)["catalog"] if e["entry"].endswith(f".{TABLE}_manifest"))

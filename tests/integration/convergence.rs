@@ -60,6 +60,76 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: (cases() / 4).max(1), max_shrink_iters: 20, ..ProptestConfig::default() })]
+
+    /// #26: the source widens `id` and `val` from `int` to `bigint` part-way (the files
+    /// before the cut are 32-bit, the later ones 64-bit with values past 2^31), delivered
+    /// shuffled, duplicated and grouped at random: the table converges to the source's final
+    /// state, in the wider type, whatever order the narrow and wide files came in.
+    #[test]
+    fn a_column_widened_part_way_converges(
+        seed in any::<u64>(),
+        keys in 1i64..8,
+        changes in 2usize..20,
+        max_file in 1usize..5,
+        cut in 0usize..6,
+        dup_seed in any::<u64>(),
+    ) {
+        let rt = runtime();
+        let fx = Fixture::items();
+        let (load, mut files) = history(seed, keys, changes, max_file);
+        let cut = cut.min(files.len());
+        for f in files.iter_mut().skip(cut) {
+            for c in f.iter_mut() {
+                c.val += 1 << 40;
+            }
+        }
+        let mut urls = Vec::new();
+        if !load.is_empty() {
+            let b = items_batch_int32(&load, false);
+            urls.push(fx.put_batch("shop/items", "LOAD00000001.parquet", &b));
+        }
+        for (n, f) in files.iter().enumerate() {
+            let name = format!("2024/01/01/20240101-{:010}.parquet", n + 1);
+            let b = if n < cut { items_batch_int32(f, true) } else { items_batch(f, true) };
+            urls.push(fx.put_batch("shop/items", &name, &b));
+        }
+        let mut all = load.clone();
+        all.extend(files.iter().flatten().cloned());
+        let expected = model(&all);
+        let mut rng = StdRng::seed_from_u64(dup_seed);
+        let mut deliveries: Vec<url::Url> = Vec::new();
+        for u in &urls {
+            deliveries.push(u.clone());
+            if rng.random_bool(0.4) {
+                deliveries.push(u.clone());
+            }
+        }
+        deliveries.shuffle(&mut rng);
+        rt.block_on(async {
+            let mut i = 0;
+            while i < deliveries.len() {
+                let n = rng.random_range(1..=3).min(deliveries.len() - i);
+                fx.merge_ok(&deliveries[i..i + n]).await;
+                i += n;
+            }
+        });
+        let got = rt.block_on(fx.items_rows());
+        prop_assert_eq!(got, expected);
+        if cut < files.len() {
+            let types = rt.block_on(fx.query(
+                "curated/items",
+                "SELECT concat(arrow_typeof(id), ',', arrow_typeof(val)) FROM t LIMIT 1",
+            ));
+            if types.first().is_some_and(|b| b.num_rows() > 0) {
+                let t = column_text(&types);
+                prop_assert_eq!(t, vec!["Int64,Int64".to_string()]);
+            }
+        }
+    }
+}
+
 /// ≥ 8 invocations merging files of one table at the same time, every file delivered
 /// twice, in random order.
 #[test]

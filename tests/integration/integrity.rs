@@ -58,9 +58,10 @@ async fn maintain(fx: &Fixture) -> tributary::Result<maintenance::MaintenanceRep
 // ---- types ------------------------------------------------------------------------------
 
 /// Files of one batch that disagree on a new column's type: the first file (canonical order)
-/// sets it, a value that does not fit fails its file with row, column and value — never NULL.
+/// sets it; a later file of a wider type widens it (#26: `int` then `bigint`, every value
+/// kept); a value that fits neither fails its file with row, column and value — never NULL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conflicting_types_in_one_batch_fail_the_file_instead_of_nulling() {
+async fn conflicting_types_in_one_batch_widen_or_fail_the_file_instead_of_nulling() {
     let fx = Fixture::new(T_TABLE);
     let f1 = cdc(
         &fx,
@@ -90,19 +91,20 @@ async fn conflicting_types_in_one_batch_fail_the_file_instead_of_nulling() {
         .engine
         .process(&[f3.clone(), f2.clone(), f1.clone()])
         .await;
-    let e2 = Fixture::failure(&r, &f2).to_string();
-    assert!(
-        e2.contains("row 1, column `n`") && e2.contains("1099511627776"),
-        "{e2}"
-    );
+    assert_eq!(r.failures().count(), 1, "{:?}", r.files);
     let e3 = Fixture::failure(&r, &f3).to_string();
     assert!(e3.contains("column `n`") && e3.contains("abc"), "{e3}");
     assert_eq!(
         t_rows(&fx, "SELECT CAST(n AS VARCHAR) FROM t ORDER BY id").await,
-        vec!["5"]
+        vec!["5", "1099511627776"]
+    );
+    assert_eq!(
+        t_rows(&fx, "SELECT arrow_typeof(n) FROM t LIMIT 1").await,
+        vec!["Int64"]
     );
 
-    // The same files one per call (canonical order): the same table and the same failures.
+    // The same files one per call (canonical order): the same table and the same failures;
+    // the second call widens the table.
     let one = Fixture::new(T_TABLE);
     for (name, id, n) in [
         ("20240101-0000000001.parquet", 1, None),
@@ -114,46 +116,59 @@ async fn conflicting_types_in_one_batch_fail_the_file_instead_of_nulling() {
         };
         let f = cdc(&one, name, "I", id as u32, id, vec![("n", n)]);
         let r = one.engine.process(&[f]).await;
-        assert_eq!(r.failures().count(), usize::from(id == 2));
+        assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+        let widened: Vec<String> = r.tables.iter().flat_map(|t| t.widened.clone()).collect();
+        match id {
+            1 => assert!(widened.is_empty(), "{widened:?}"),
+            _ => assert_eq!(widened, vec!["n: Int32 -> Int64"]),
+        }
     }
     assert_eq!(
         t_rows(&one, "SELECT CAST(n AS VARCHAR) FROM t ORDER BY id").await,
-        vec!["5"]
+        vec!["5", "1099511627776"]
     );
 }
 
-/// The same for the key: a key that does not fit the key column's type is never written
-/// as NULL (a lost row and a NULL key before the fix).
+/// The same for the key: a key of a wider integer type widens the key column (#26); a key
+/// that fits neither type is never written as NULL (a lost row and a NULL key before #10).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_of_a_conflicting_type_is_never_nulled() {
+async fn a_key_of_a_conflicting_type_widens_the_key_or_fails_never_nulled() {
     let fx = Fixture::new(T_TABLE);
-    let narrow = fx.put_batch(
-        "t",
+    let key_file = |name: &str, t: u32, id: ArrayRef| {
+        fx.put_batch(
+            "t",
+            name,
+            &batch(vec![
+                ("Op", strings(&["I"])),
+                ("ts", strings(&[&ts(t)])),
+                ("id", id),
+            ]),
+        )
+    };
+    let narrow = key_file(
         "20240101-0000000001.parquet",
-        &batch(vec![
-            ("Op", strings(&["I"])),
-            ("ts", strings(&[&ts(1)])),
-            ("id", Arc::new(Int32Array::from(vec![1]))),
-        ]),
+        1,
+        Arc::new(Int32Array::from(vec![1])),
     );
-    let wide = fx.put_batch(
-        "t",
-        "20240101-0000000002.parquet",
-        &batch(vec![
-            ("Op", strings(&["I"])),
-            ("ts", strings(&[&ts(2)])),
-            ("id", ints(&[1 << 40])),
-        ]),
-    );
+    let wide = key_file("20240101-0000000002.parquet", 2, ints(&[1 << 40]));
     let r = fx.engine.process(&[narrow, wide.clone()]).await;
-    let e = Fixture::failure(&r, &wide).to_string();
+    assert_eq!(r.failures().count(), 0, "{:?}", r.files);
+    let fraction = key_file(
+        "20240101-0000000003.parquet",
+        3,
+        Arc::new(Float64Array::from(vec![1.5])),
+    );
+    let r = fx.engine.process(std::slice::from_ref(&fraction)).await;
+    let e = Fixture::failure(&r, &fraction);
+    assert_eq!(e.kind(), "type_change", "{e}");
+    let e = e.to_string();
     assert!(
-        e.contains("column `id`") && e.contains("1099511627776"),
+        e.contains("column `id`") && e.contains("1.5") && e.contains("reload the table"),
         "{e}"
     );
     assert_eq!(
-        t_rows(&fx, "SELECT CAST(id AS VARCHAR) FROM t").await,
-        vec!["1"]
+        t_rows(&fx, "SELECT CAST(id AS VARCHAR) AS v FROM t ORDER BY t.id").await,
+        vec!["1", "1099511627776"]
     );
 }
 

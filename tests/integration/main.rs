@@ -9,6 +9,7 @@
 //! - `large`: files larger than a slice, merged in slices;
 //! - `reload`: DMS table reloads;
 //! - `reupload`: CDC files overwritten after they were merged;
+//! - `widen`: source columns widened while replication runs (#26);
 //! - `maintenance`: compaction, vacuum, tombstones, manifests, maintenance racing merges.
 
 mod convergence;
@@ -20,3 +21,4 @@ mod merge;
 mod reload;
 mod reupload;
 mod types;
+mod widen;

@@ -508,7 +508,10 @@ async fn check_run(
             FileStatus::Failed { error, .. } => {
                 let m = error.to_string();
                 assert!(m.contains(&f.name), "the error must name the file: {m}");
-                assert!(["bad_input", "schema"].contains(&error.kind()), "{m}");
+                assert!(
+                    ["bad_input", "type_change", "schema"].contains(&error.kind()),
+                    "{m}"
+                );
                 for i in 0..ids.len() {
                     assert!(
                         !rows.contains_key(&ids.value(i)),

@@ -80,6 +80,7 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
         late_keys: u64,
         catalog_calls: u64,
         catalog_failed: u64,
+        widened: u64,
     }
     let mut by: BTreeMap<String, M> = BTreeMap::new();
     for f in &report.files {
@@ -102,7 +103,9 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
         m.blocked += t.blocked_by_tombstone as u64;
         m.attempts += t.commit_attempts as u64;
         m.duration_ms += t.duration_ms;
+        m.widened += t.widened.len() as u64;
         if let Some(h) = &t.history {
+            m.widened += h.widened.len() as u64;
             m.versions += h.versions_written as u64;
             m.late_keys += h.late_keys as u64;
         }
@@ -130,6 +133,7 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
                     ("HistoryLateKeys", COUNT, m.late_keys),
                     ("CatalogCalls", COUNT, m.catalog_calls),
                     ("CatalogSyncFailed", COUNT, m.catalog_failed),
+                    ("ColumnsWidened", COUNT, m.widened),
                 ],
             )
         })

@@ -18,6 +18,8 @@ use crate::error::{Error, Result};
 /// Largest batches Glue accepts.
 const CREATE_BATCH: usize = 100;
 const DELETE_BATCH: usize = 25;
+/// BatchUpdatePartition takes at most 100 entries.
+const UPDATE_BATCH: usize = 100;
 
 /// A Glue client that counts its calls.
 #[derive(Debug)]
@@ -274,6 +276,69 @@ impl Glue {
             partition_errors(&entry, "BatchCreatePartition", out.errors(), |code| {
                 code == "AlreadyExistsException"
             })?;
+        }
+        Ok(())
+    }
+
+    /// Give registered partitions the entry's columns and storage again (after the table's
+    /// schema changed: a partition keeps the columns it was registered with, and engines
+    /// read a partition's files by its own columns). Partitions gone meanwhile are fine.
+    pub(crate) async fn update_partitions(
+        &self,
+        database: &str,
+        d: &Desired,
+        parts: &[GluePartition],
+    ) -> Result<(), Failure> {
+        use aws_sdk_glue::types::BatchUpdatePartitionRequestEntry;
+        let entry = format!("{database}.{}", d.name);
+        for chunk in parts.chunks(UPDATE_BATCH) {
+            self.count();
+            let entries = chunk
+                .iter()
+                .map(|p| {
+                    let input = PartitionInput::builder()
+                        .set_values(Some(p.values.clone()))
+                        .storage_descriptor(storage(&entry, d, &p.location, None)?)
+                        .build();
+                    build(
+                        &entry,
+                        BatchUpdatePartitionRequestEntry::builder()
+                            .set_partition_value_list(Some(p.values.clone()))
+                            .partition_input(input)
+                            .build(),
+                    )
+                })
+                .collect::<Result<Vec<_>, Failure>>()?;
+            let out = self
+                .client
+                .batch_update_partition()
+                .database_name(database)
+                .table_name(&d.name)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| classify(&entry, "BatchUpdatePartition", e))?;
+            for e in out.errors() {
+                let code = e
+                    .error_detail()
+                    .and_then(|d| d.error_code())
+                    .unwrap_or_default();
+                if code == "EntityNotFoundException" {
+                    continue;
+                }
+                let message = e
+                    .error_detail()
+                    .and_then(|d| d.error_message())
+                    .unwrap_or_default();
+                return Err(Failure::Other(Box::new(Error::catalog(
+                    &entry,
+                    format!(
+                        "BatchUpdatePartition: partition {:?}: {code} {message}",
+                        e.partition_value_list()
+                    ),
+                    true,
+                ))));
+            }
         }
         Ok(())
     }

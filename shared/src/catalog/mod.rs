@@ -72,6 +72,8 @@ pub struct CatalogReport {
     pub entries_updated: usize,
     pub partitions_added: usize,
     pub partitions_removed: usize,
+    /// Registered partitions given the entry's new columns (after a schema change).
+    pub partitions_updated: usize,
     /// Why the sync failed (the commit stands; the next sync repairs the entries).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -85,6 +87,7 @@ impl CatalogReport {
         self.entries_updated += other.entries_updated;
         self.partitions_added += other.partitions_added;
         self.partitions_removed += other.partitions_removed;
+        self.partitions_updated += other.partitions_updated;
         if self.error.is_none() {
             self.error.clone_from(&other.error);
         }
@@ -584,7 +587,11 @@ impl<'a> EntrySync<'a> {
                 removed,
             } => {
                 if changed {
+                    let updated = report.entries_updated;
                     self.ensure(report).await?;
+                    if report.entries_updated > updated {
+                        self.update_partitions(kind, report).await?;
+                    }
                 }
                 self.add(added, report).await?;
                 self.remove(after, removed, report).await
@@ -669,9 +676,13 @@ impl<'a> EntrySync<'a> {
         report: &mut CatalogReport,
     ) -> Result<()> {
         let (glue, c, d) = (self.glue, self.c, self.d);
+        let updated = report.entries_updated;
         self.ensure(report).await?;
         if !matches!(kind, EntryKind::Manifest { .. }) {
             return Ok(());
+        }
+        if report.entries_updated > updated {
+            self.update_partitions(kind, report).await?;
         }
         let key = self.key();
         let have: BTreeMap<Vec<String>, String> = glue
@@ -712,6 +723,29 @@ impl<'a> EntrySync<'a> {
             .cloned()
             .collect();
         self.delete_rechecked(&latest, extra, report).await
+    }
+
+    /// After the entry was updated (its columns changed: a widened type, a new column): the
+    /// registered partitions of a manifest entry get the entry's columns too — a partition
+    /// keeps the columns it was registered with, and engines read its files by them.
+    async fn update_partitions(&self, kind: EntryKind, report: &mut CatalogReport) -> Result<()> {
+        if !matches!(kind, EntryKind::Manifest { .. }) {
+            return Ok(());
+        }
+        let (glue, c, d) = (self.glue, self.c, self.d);
+        let key = self.key();
+        let have = glue
+            .get_partitions(&c.database, &d.name)
+            .await
+            .map_err(|f| f.into_error(&key, "GetPartitions"))?;
+        if have.is_empty() {
+            return Ok(());
+        }
+        glue.update_partitions(&c.database, d, &have)
+            .await
+            .map_err(|f| f.into_error(&key, "BatchUpdatePartition"))?;
+        report.partitions_updated += have.len();
+        Ok(())
     }
 
     /// Delete partitions the table no longer has, then read the table again and register

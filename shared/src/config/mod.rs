@@ -148,6 +148,10 @@ pub struct TableConfig {
     pub sequence_by: Vec<String>,
     /// Source columns not written to the table (DMS metadata). `op_column` is always dropped.
     pub drop_columns: Vec<String>,
+    /// Columns renamed at the source: a file's column named like a key is read as the
+    /// table's column named by its value (`{ new_name = "old_name" }`), so the table, its
+    /// history and change log keep one column across the rename.
+    pub rename_columns: std::collections::BTreeMap<String, String>,
     pub op_column: String,
     /// The prefix of DMS's before-image columns (`add-before-image-columns`, e.g. `BI_`):
     /// a `U` whose before-image key differs from its key moves the row to the new key.
@@ -564,6 +568,17 @@ mod tests {
         );
         let e = err_with("drop_columns = [\"id\"]");
         assert!(e.contains("cannot also be dropped"), "{e}");
+        let e = err_with("rename_columns = { a = \"c\", b = \"c\" }");
+        assert!(e.contains("two names are mapped to the column `c`"), "{e}");
+        let e = err_with("rename_columns = { a = \"b\", b = \"c\" }");
+        assert!(e.contains("`b` is renamed itself"), "{e}");
+        let e = err_with("rename_columns = { id = \"key\" }");
+        assert!(
+            e.contains("settings name the table's column (`key`)"),
+            "{e}"
+        );
+        let e = err_with("rename_columns = { a = \"a\" }");
+        assert!(e.contains("renames nothing"), "{e}");
         let e = err_with("primary_kee = [\"x\"]");
         assert!(e.contains("unknown field"), "{e}");
         let two = test_table("a", "s3://b/raw/", "s3://c/a", "")

@@ -98,6 +98,8 @@ with_tuning_fields! {
         sequence_by: Vec<String>,
         #[serde(default)]
         drop_columns: Vec<String>,
+        #[serde(default)]
+        rename_columns: std::collections::BTreeMap<String, String>,
         #[serde(default = "default_format")]
         format: String,
         csv: Option<RawCsv>,
@@ -118,6 +120,42 @@ struct RawHistory {
     deletes: Option<String>,
     deleted_column: Option<String>,
     partition_by: Option<Vec<String>>,
+}
+
+/// `rename_columns = { <name in the files> = "<the table's column>" }`: each a real rename
+/// (two names), no two names onto one column, no chain, and the other settings name the
+/// table's columns (a renamed name is only ever seen in files).
+fn check_renames(t: &RawTable, op_column: &str) -> Result<(), String> {
+    let mut targets = std::collections::BTreeSet::new();
+    for (from, to) in &t.rename_columns {
+        let hint = "rename_columns maps a column's name in the files to the table's column: { <name in the files> = \"<table column>\" }";
+        if from.is_empty() || to.is_empty() || from == to {
+            return Err(format!(
+                "`rename_columns`: `{from}` = `{to}` renames nothing; {hint}"
+            ));
+        }
+        if !targets.insert(to.to_lowercase()) {
+            return Err(format!("`rename_columns`: two names are mapped to the column `{to}`; a file could carry both, and the table has one column"));
+        }
+        if t.rename_columns.contains_key(to) {
+            return Err(format!("`rename_columns`: `{to}` is renamed itself (`{from}` -> `{to}` -> …); map every name in the files straight to the table's column"));
+        }
+        if from == op_column {
+            return Err(format!(
+                "`rename_columns`: `{from}` is the operation column"
+            ));
+        }
+        let used = t
+            .primary_key
+            .iter()
+            .chain(&t.partition_by)
+            .chain(&t.sequence_by)
+            .chain(&t.drop_columns);
+        if let Some(c) = used.into_iter().find(|c| *c == from) {
+            return Err(format!("`rename_columns` renames `{c}` to `{to}`, but another setting names `{c}`: settings name the table's column (`{to}`)"));
+        }
+    }
+    Ok(())
 }
 
 fn default_format() -> String {
@@ -288,6 +326,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         partition_by: t.partition_by,
         sequence_by: t.sequence_by,
         drop_columns: t.drop_columns,
+        rename_columns: t.rename_columns,
         op_column,
         before_image_prefix,
         sequence_column,
@@ -398,6 +437,7 @@ fn check_columns(t: &RawTable, op_column: &str, sequence_column: &str) -> Msg<()
     if sequence_column.is_empty() {
         return Err("`sequence_column` is empty".into());
     }
+    check_renames(t, op_column)?;
     for c in t.primary_key.iter().chain(&t.partition_by) {
         if c == op_column || t.drop_columns.contains(c) {
             return Err(format!(

@@ -334,6 +334,17 @@ impl Engine {
         let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?
             + plan::hold_back(&mut plan, table, tombstones.pending())?;
         report.phases_ms.tombstones_read = ms_since(t);
+        // A column whose type the batch widens: the table takes the wider type first, once
+        // every check passed (its own commit; a conflict retries the attempt).
+        let (target, widened) = crate::widen::widen(
+            &table.name,
+            target,
+            &plan.table_schema(),
+            delta::writer_properties(table),
+            a.files,
+        )
+        .await?;
+        report.widen(&widened);
         delta::align_to_table(table, &mut plan, &target)?;
         #[cfg(test)]
         self.hooks

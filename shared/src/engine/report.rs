@@ -91,6 +91,11 @@ pub struct TableReport {
     pub slices: usize,
     /// How the (last) commit wrote the batch (`None`: nothing was written).
     pub write_path: Option<WritePath>,
+    /// Columns whose type the call widened before its commit (`column: from -> to`; a
+    /// commit of its own, docs/configuration.md "Types in the Delta table").
+    pub widened: Vec<String>,
+    /// Data files rewritten in the widened types.
+    pub files_rewritten_to_widen: usize,
 }
 
 /// How a commit wrote a batch: chosen once per commit, from the plan and the table.
@@ -108,6 +113,13 @@ pub enum WritePath {
 }
 
 impl TableReport {
+    /// A widening commit's columns and files into the report.
+    pub(crate) fn widen(&mut self, w: &crate::widen::Widened) {
+        self.widened
+            .extend(w.columns.iter().map(ToString::to_string));
+        self.files_rewritten_to_widen += w.files_rewritten;
+    }
+
     /// The (last) commit appended the rows.
     pub fn appended(&self) -> bool {
         self.write_path == Some(WritePath::Append)
@@ -168,6 +180,8 @@ impl TableReport {
             self.manifest_error.clone_from(&o.manifest_error);
         }
         self.manifests_caught_up |= o.manifests_caught_up;
+        self.widened.extend(o.widened.iter().cloned());
+        self.files_rewritten_to_widen += o.files_rewritten_to_widen;
         if let Some(h) = &o.history {
             match &mut self.history {
                 Some(mine) => {
@@ -177,6 +191,7 @@ impl TableReport {
                     mine.late_keys += h.late_keys;
                     mine.commit_attempts += h.commit_attempts;
                     mine.manifests_caught_up |= h.manifests_caught_up;
+                    mine.widened.extend(h.widened.iter().cloned());
                 }
                 None => self.history = Some(h.clone()),
             }
@@ -196,6 +211,7 @@ impl TableReport {
             updated = self.updated,
             deleted = self.deleted,
             skipped_stale = self.skipped_stale,
+            widened = self.widened.len(),
             duration_ms = self.duration_ms,
             report = %report,
             "merged"

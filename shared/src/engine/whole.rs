@@ -112,6 +112,12 @@ impl Engine {
         let mut kinds = view.props.sequence_kinds.clone();
         let first = admit_one(first, table, &view, &mut kinds)?;
         let base_plan = plan::plan(table, std::slice::from_ref(&first))?;
+        if let Some(schema) = &view.schema {
+            if !crate::widen::needed(schema, &base_plan.table_schema()).is_empty() {
+                // The widening commit rewrites the table: made by the slices' merge.
+                return Ok(Whole::Fallback("a column's type widens"));
+            }
+        }
         let mut c = self
             .prepare(table, &first, &base_plan, &kinds, start)
             .await?;
@@ -344,33 +350,55 @@ impl Engine {
         let files = [storage::display(file)];
         let mut slices = super::slices_of(table, &view, file, raw)?;
         while let Some(cs) = slices.next_slice()? {
-            let plan = plan::plan(table, std::slice::from_ref(&cs))?;
-            let mut retry = crate::retry::Retry::new(&table.name, table.max_commit_attempts);
-            target = loop {
-                tombstones.forget_read();
-                let mut p = plan.clone();
-                let res = super::recheck::recheck_tombstones(
-                    table,
-                    target.clone(),
-                    &mut p,
-                    tombstones,
-                    &files,
-                    report,
-                )
-                .await;
-                match res {
-                    Ok(t) => break t,
-                    Err(e) => {
-                        retry.on_error(e, "tombstone re-check").await?;
-                        target
-                            .update_incremental(None)
-                            .await
-                            .map_err(|e| crate::error::Error::delta(&table.name, e))?;
-                    }
-                }
+            let mut recheck = Rechecking {
+                table,
+                target,
+                plan: plan::plan(table, std::slice::from_ref(&cs))?,
+                tombstones: &mut *tombstones,
+                files: &files,
+                report: &mut *report,
             };
+            target = crate::retry::Retry::new(&table.name, table.max_commit_attempts)
+                .drive("tombstone re-check", &mut recheck)
+                .await?
+                .0;
         }
         Ok(target)
+    }
+}
+
+/// The tombstone re-check of one slice of an appended file, retried on conflicts (on the
+/// newest table each time).
+struct Rechecking<'a, 'b> {
+    table: &'a TableConfig,
+    target: DeltaTable,
+    plan: MergePlan,
+    tombstones: &'a mut Tombstones<'b>,
+    files: &'a [String],
+    report: &'a mut TableReport,
+}
+
+impl crate::retry::Attempts for Rechecking<'_, '_> {
+    type Out = DeltaTable;
+
+    async fn attempt(&mut self, n: u32) -> Result<DeltaTable> {
+        if n > 1 {
+            self.target
+                .update_incremental(None)
+                .await
+                .map_err(|e| crate::error::Error::delta(&self.table.name, e))?;
+        }
+        self.tombstones.forget_read();
+        let mut p = self.plan.clone();
+        super::recheck::recheck_tombstones(
+            self.table,
+            self.target.clone(),
+            &mut p,
+            self.tombstones,
+            self.files,
+            self.report,
+        )
+        .await
     }
 }
 

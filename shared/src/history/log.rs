@@ -115,30 +115,41 @@ pub(super) async fn append(
     files: &[String],
 ) -> Result<DeltaTable> {
     let label = cfg.label(crate::config::Managed::ChangeLog);
-    let mut retry = Retry::new(&label, cfg.max_commit_attempts);
-    loop {
+    let (label_ref, rows) = (&label, &rows);
+    let append = move |_: u32| async move {
+        let (label, rows) = (label_ref, rows.clone());
         let table = delta::open_or_create(
             &h.changes,
             options,
-            &label,
+            label,
             &rows.schema(),
             &[],
             Default::default(),
         )
         .await?
         .0;
-        let res = table
+        // A column the batch widens: the log takes the wider type first.
+        let (table, _) = crate::widen::widen(
+            label,
+            table,
+            &rows.schema(),
+            delta::writer_properties(cfg),
+            files,
+        )
+        .await?;
+        let t = table
             .write(vec![rows.clone()])
             .with_save_mode(SaveMode::Append)
             .with_schema_mode(SchemaMode::Merge)
             .with_commit_properties(delta::tributary_commit(files))
             .await
-            .map_err(|e| Error::delta(&label, e));
-        match res {
-            Ok(t) => return delta::settle(t).await,
-            Err(e) => retry.on_error(e, "record history changes").await?,
-        }
-    }
+            .map_err(|e| Error::delta(label, e))?;
+        delta::settle(t).await
+    };
+    Ok(Retry::new(&label, cfg.max_commit_attempts)
+        .run("record history changes", append)
+        .await?
+        .0)
 }
 
 /// A logged change: its row in a batch of log rows.

@@ -71,6 +71,8 @@ pub struct HistoryReport {
     /// The history's manifests were behind it (a crash or a failure between an earlier
     /// commit and its manifests) and were brought up to date, with its catalog entries.
     pub manifests_caught_up: bool,
+    /// Columns whose type the call widened in the history (`column: from -> to`).
+    pub widened: Vec<String>,
     /// The history entries' catalog sync (reported with the table's: `TableReport::catalog`).
     #[serde(skip)]
     pub(crate) catalog: Option<crate::catalog::CatalogReport>,
@@ -291,6 +293,16 @@ impl Attempt<'_> {
             self.changes.sets,
             delta::props(&table).sequence_kinds.as_deref(),
         )?;
+        // A column the batch widens: the history takes the wider type first (its own commit;
+        // a conflict retries the attempt).
+        let (table, widened) = crate::widen::widen(
+            &label,
+            table,
+            &Schema::new(self.columns.to_vec()),
+            delta::writer_properties(cfg),
+            self.changes.files,
+        )
+        .await?;
         let data = history_data_columns(cfg, h, &table, self.columns)?;
         let keys = key_batch(cfg, self.changes.sets, &data)?;
         let existing = delta::rows_with_keys(&table, &label, &cfg.primary_key, &keys).await?;
@@ -319,6 +331,7 @@ impl Attempt<'_> {
             versions_written: out.written,
             versions_removed: out.removed,
             late_keys: late.len(),
+            widened: widened.columns.iter().map(ToString::to_string).collect(),
             ..Default::default()
         };
         crate::commit::absorb(&mut report.catalog, created_report);

@@ -277,29 +277,34 @@ async fn ensure_table_properties(
     label: &str,
     cfg: &TableConfig,
 ) -> Result<()> {
-    let mut retry = Retry::new(label, cfg.max_commit_attempts);
-    loop {
-        let mut props = HashMap::new();
-        if !delta::has_checkpoint_interval(table) {
-            props.insert(
-                delta::CHECKPOINT_INTERVAL.to_string(),
-                delta::CHECKPOINT_EVERY.to_string(),
-            );
-        }
-        if !crate::applied::has_retention(table) {
-            props.extend(crate::applied::new_table_properties(cfg));
-        }
-        if props.is_empty() {
-            return Ok(());
-        }
-        match delta::set_properties(table.clone(), props).await {
-            Ok(t) => *table = t,
-            Err(e) => {
-                retry.on_error(e, "table properties").await?;
-                update(table, label).await?;
+    let base = &*table;
+    let set = |n: u32| {
+        let mut table = base.clone();
+        async move {
+            if n > 1 {
+                update(&mut table, label).await?;
+            }
+            let mut props = HashMap::new();
+            if !delta::has_checkpoint_interval(&table) {
+                props.insert(
+                    delta::CHECKPOINT_INTERVAL.to_string(),
+                    delta::CHECKPOINT_EVERY.to_string(),
+                );
+            }
+            if !crate::applied::has_retention(&table) {
+                props.extend(crate::applied::new_table_properties(cfg));
+            }
+            match props.is_empty() {
+                true => Ok(table),
+                false => delta::set_properties(table, props).await,
             }
         }
-    }
+    };
+    *table = Retry::new(label, cfg.max_commit_attempts)
+        .run("table properties", set)
+        .await?
+        .0;
+    Ok(())
 }
 
 /// Bring a loaded table to its newest version (delta-rs reads the commits since the last
@@ -396,35 +401,38 @@ async fn compact_table(
     partitions: &[Partition],
     target_size: u64,
 ) -> Result<(u64, usize)> {
-    let mut retry = Retry::new(
-        label,
-        COMPACTION_ATTEMPTS.min(table_cfg.max_commit_attempts),
-    );
-    loop {
-        let plan = compact::plan(table, partitions, target_size)?;
-        let compacted = plan.len();
-        #[cfg(test)]
-        crate::testing::global()
-            .reach(
-                crate::testing::Point::BeforeCompactionCommit,
-                label,
-                partitions.iter().map(|p| p.folder()).collect(),
-            )
-            .await;
-        let props = delta::writer_properties(table_cfg);
-        match compact::execute(table, plan, (target_size, props), guarded_commit()).await {
-            Ok((removed, state)) => {
-                if let Some(state) = state {
-                    table.state = Some(state);
-                }
-                return Ok((removed, compacted));
+    let base = &*table;
+    let compaction = |n: u32| {
+        let mut table = base.clone();
+        async move {
+            if n > 1 {
+                update(&mut table, label).await?;
             }
-            Err(e) => {
-                retry.on_error(e, "compaction").await?;
-                update(table, label).await?;
+            let plan = compact::plan(&table, partitions, target_size)?;
+            let compacted = plan.len();
+            #[cfg(test)]
+            crate::testing::global()
+                .reach(
+                    crate::testing::Point::BeforeCompactionCommit,
+                    label,
+                    partitions.iter().map(|p| p.folder()).collect(),
+                )
+                .await;
+            let props = delta::writer_properties(table_cfg);
+            let (removed, state) =
+                compact::execute(&table, plan, (target_size, props), guarded_commit()).await?;
+            if let Some(state) = state {
+                table.state = Some(state);
             }
+            Ok((removed, compacted, table))
         }
-    }
+    };
+    let attempts = COMPACTION_ATTEMPTS.min(table_cfg.max_commit_attempts);
+    let ((removed, compacted, t), _) = Retry::new(label, attempts)
+        .run("compaction", compaction)
+        .await?;
+    *table = t;
+    Ok((removed, compacted))
 }
 
 async fn vacuum(
@@ -523,17 +531,17 @@ async fn move_horizon(
     options: &std::collections::HashMap<String, String>,
     horizon: DateTime<Utc>,
 ) -> Result<()> {
-    let mut retry = Retry::new(&table_cfg.name, table_cfg.max_commit_attempts);
-    loop {
+    let set = |_: u32| async move {
         let t = delta::open(target, options).await?;
-        if !delta::exists(&t) || delta::props(&t).tombstone_horizon >= Some(horizon) {
-            return Ok(());
+        if delta::exists(&t) && delta::props(&t).tombstone_horizon < Some(horizon) {
+            delta::set_properties(t, TableProps::for_horizon(horizon)).await?;
         }
-        match delta::set_properties(t, TableProps::for_horizon(horizon)).await {
-            Ok(_) => return Ok(()),
-            Err(e) => retry.on_error(e, "tombstone horizon").await?,
-        }
-    }
+        Ok(())
+    };
+    Retry::new(&table_cfg.name, table_cfg.max_commit_attempts)
+        .run("tombstone horizon", set)
+        .await?;
+    Ok(())
 }
 
 async fn delete_tombstones_up_to(
@@ -543,8 +551,8 @@ async fn delete_tombstones_up_to(
     horizon: DateTime<Utc>,
 ) -> Result<usize> {
     let label = table_cfg.label(crate::config::Managed::Tombstones);
-    let mut retry = Retry::new(&label, 5);
-    loop {
+    let label = &label;
+    let expire = |_: u32| async move {
         let t = delta::open(tombstones, options).await?;
         let predicate = col(crate::tombstones::DELETED_AT_COLUMN).lt_eq(lit(
             deltalake::datafusion::scalar::ScalarValue::TimestampMicrosecond(
@@ -552,17 +560,18 @@ async fn delete_tombstones_up_to(
                 Some("UTC".into()),
             ),
         ));
-        let res = t
+        let (_, m) = t
             .delete()
             .with_predicate(predicate)
             .with_commit_properties(guarded_commit())
             .await
-            .map_err(|e| Error::delta(&label, e));
-        match res {
-            Ok((_, m)) => return Ok(m.num_deleted_rows.unwrap_or_default()),
-            Err(e) => retry.on_error(e, "tombstone expiry").await?,
-        }
-    }
+            .map_err(|e| Error::delta(label, e))?;
+        Ok(m.num_deleted_rows.unwrap_or_default())
+    };
+    Ok(Retry::new(label, 5)
+        .run("tombstone expiry", expire)
+        .await?
+        .0)
 }
 
 /// What a maintenance invocation asks for.

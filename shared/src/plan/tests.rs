@@ -90,7 +90,8 @@ fn the_latest_change_per_key_wins_across_files() {
 }
 
 #[test]
-fn admission_orders_files_and_refuses_values_that_do_not_fit() {
+fn admission_orders_files_widens_and_refuses_values_that_do_not_fit() {
+    use arrow::array::Float64Array;
     use ChangeOp::*;
     let narrow = cs(
         "20240101-1.parquet",
@@ -102,12 +103,12 @@ fn admission_orders_files_and_refuses_values_that_do_not_fit() {
         &[(Insert, "1 b", 2)],
         vec![("n", Arc::new(Int64Array::from(vec![1i64 << 40])))],
     );
-    let fits = cs(
+    let fraction = cs(
         "20240101-3.parquet",
         &[(Insert, "1 c", 3)],
-        vec![("n", Arc::new(Int64Array::from(vec![7])))],
+        vec![("n", Arc::new(Float64Array::from(vec![2.5])))],
     );
-    let a = admit(vec![fits, wide, narrow], &key(), None, None);
+    let a = admit(vec![fraction, wide, narrow], &key(), None, None);
     let names: Vec<String> = a
         .admitted
         .iter()
@@ -115,13 +116,42 @@ fn admission_orders_files_and_refuses_values_that_do_not_fit() {
         .collect();
     assert_eq!(
         names,
-        vec!["20240101-1.parquet", "20240101-3.parquet"],
+        vec!["20240101-1.parquet", "20240101-2.parquet"],
         "canonical order, the misfit out"
     );
     assert_eq!(a.rejected.len(), 1);
-    assert!(a.rejected[0].1.to_string().contains("1099511627776"));
+    let e = &a.rejected[0].1;
+    assert_eq!(e.kind(), "type_change", "{e}");
+    assert!(e.to_string().contains("2.5"), "{e}");
+    // The wider file widened the column: the narrower one admitted before it too.
+    for c in &a.admitted {
+        assert_eq!(
+            c.data.column_by_name("n").unwrap().data_type(),
+            &DataType::Int64
+        );
+    }
+    // A refused file widens nothing.
+    let narrow = cs(
+        "20240101-4.parquet",
+        &[(Insert, "1 d", 4)],
+        vec![("n", Arc::new(Int32Array::from(vec![5])))],
+    );
+    let bad_wide = cs(
+        "20240101-5.parquet",
+        &[(Insert, "1 e", 5)],
+        vec![
+            ("n", Arc::new(Int64Array::from(vec![1i64 << 40]))),
+            ("m", Arc::new(Float64Array::from(vec![0.5]))),
+        ],
+    );
+    let table = arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new("n", DataType::Int32, true),
+        arrow::datatypes::Field::new("m", DataType::Int64, true),
+    ]);
+    let a = admit(vec![bad_wide, narrow], &key(), Some(&table), None);
+    assert_eq!(a.rejected.len(), 1);
     assert_eq!(
-        a.admitted[1].data.column_by_name("n").unwrap().data_type(),
+        a.admitted[0].data.column_by_name("n").unwrap().data_type(),
         &DataType::Int32
     );
     // the sequence kinds of the table are checked

@@ -373,18 +373,23 @@ fn to_change_set(
     table_schema: Option<&Schema>,
     first_row: usize,
 ) -> Result<ChangeSet> {
+    let raw = renamed_columns(f.name, raw, cfg)?;
     let (raw, absent) = take_absent(raw, cfg)?;
     // Every rule below judges values, not their layout.
     let raw = plain_columns(f.name, raw)?;
     check_column_names(f.name, &raw.schema(), cfg)?;
     let ops = parse_ops(f, &raw, cfg)?;
-    let absent = absent_rows(f, &absent, &ops)?;
+    let mut absent = absent_rows(f, &absent, &ops)?;
+    for (column, _) in &mut absent {
+        if let Some(to) = cfg.rename_columns.get(column.as_str()) {
+            column.clone_from(to);
+        }
+    }
     check_keys(f.name, &raw, cfg)?;
     let ordering = order_keys(f, &raw, cfg, first_row)?;
     let data = curated_columns(f.name, &raw, cfg, table_schema)?;
     let (data, ops, ordering) = key_moves(f.name, &raw, cfg, data, ops, ordering)?;
     // The deletes of moved keys (appended after the file's rows) lack no column.
-    let mut absent = absent;
     for (_, rows) in &mut absent {
         rows.resize(data.num_rows(), false);
     }
@@ -599,6 +604,48 @@ fn plain_columns(file: &str, raw: RecordBatch) -> Result<RecordBatch> {
             format!("cannot assemble the decoded columns: {e}"),
         )
     })
+}
+
+/// The file's columns under the table's names (`rename_columns`). A file that carries both
+/// a renamed column and the column it is renamed to fails: one of the two would be lost.
+fn renamed_columns(file: &str, raw: RecordBatch, cfg: &TableConfig) -> Result<RecordBatch> {
+    if cfg.rename_columns.is_empty() {
+        return Ok(raw);
+    }
+    let schema = raw.schema();
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| cfg.rename_columns.contains_key(f.name()))
+    {
+        return Ok(raw);
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    for f in schema.fields() {
+        match cfg.rename_columns.get(f.name()) {
+            Some(to) => {
+                if schema
+                    .fields()
+                    .iter()
+                    .any(|g| g.name().eq_ignore_ascii_case(to))
+                {
+                    return Err(Error::bad_input(
+                        file,
+                        Location::Column(f.name().clone()),
+                        format!("the file has both `{}` and `{to}`, and `rename_columns` reads `{}` as the table's column `{to}`: one of the two would be lost; fix the file or the setting", f.name(), f.name()),
+                    ));
+                }
+                fields.push(f.as_ref().clone().with_name(to));
+            }
+            None => fields.push(f.as_ref().clone()),
+        }
+    }
+    RecordBatch::try_new_with_options(
+        Arc::new(Schema::new(fields)),
+        raw.columns().to_vec(),
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(raw.num_rows())),
+    )
+    .map_err(Error::arrow)
 }
 
 /// Column names must be unique (also ignoring case: Delta and its readers match names
@@ -960,10 +1007,12 @@ fn curated_columns(
         })?;
         let mut c = convert(file, f.name(), raw.column(i), &delta)?;
         let target = match table_schema.and_then(|s| s.field_with_name(f.name()).ok()) {
+            // A lossless widening of the table's type: kept (the table widens, `widen`).
+            Some(tf) if coerce::is_widening(tf.data_type(), &delta) => delta.clone(),
             Some(tf) => tf.data_type().clone(),
-            None => delta,
+            None => delta.clone(),
         };
-        c = convert(file, f.name(), &c, &target)?;
+        c = convert(file, f.name(), &c, &target).map_err(|e| type_change(e, &delta, &target))?;
         if cfg.primary_key.contains(f.name()) {
             // Again in the table's type: text `NaN` or `-0` into a float key column.
             c = key_column(file, f.name(), c)?;
@@ -1009,6 +1058,49 @@ pub(crate) fn convert(file: &str, column: &str, a: &ArrayRef, to: &DataType) -> 
         };
         Error::bad_input(file, location, e.describe(a.data_type(), to))
     })
+}
+
+/// A value that does not convert to the table's type, in a file whose column has another
+/// (non-text) type than the table's: a type change that is not a widening
+/// ([`Error::TypeChange`]). Text (CSV) that does not convert is a bad value, as before.
+pub(crate) fn type_change(e: Error, file_type: &DataType, table_type: &DataType) -> Error {
+    let text = matches!(
+        file_type,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    );
+    match e {
+        Error::BadInput {
+            file,
+            location,
+            message,
+        } if !text && file_type != table_type => {
+            let (column, row) = match &location {
+                Location::Row {
+                    row,
+                    column: Some(c),
+                } => (c.clone(), Some(*row)),
+                Location::Column(c) => (c.clone(), None),
+                _ => {
+                    return Error::BadInput {
+                        file,
+                        location,
+                        message,
+                    }
+                }
+            };
+            Error::TypeChange {
+                file,
+                column,
+                row,
+                change: Box::new(crate::error::TypeChange {
+                    table_type: table_type.to_string(),
+                    file_type: file_type.to_string(),
+                    reason: message,
+                }),
+            }
+        }
+        e => e,
+    }
 }
 
 /// Build a Utf8 array from strings (helper for planning).

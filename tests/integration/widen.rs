@@ -1,0 +1,576 @@
+//! #26: a source column widened while replication runs (`int` → `bigint`, `real` → `double
+//! precision`, `numeric(10,2)` → `numeric(12,3)`, an integer into a decimal) arrives in
+//! wider types. The table takes the wider type — its data files rewritten in it, in one
+//! commit — and so do the history, its change log and the tombstones' keys; every value,
+//! old and new, reads back exactly. A change that is not a lossless widening fails the file
+//! by name (kind `type_change`), with the way forward, and leaves the table as it was.
+
+use std::sync::Arc;
+
+use tributary::deltalake::arrow::array::{
+    ArrayRef, Decimal128Array, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array,
+};
+use tributary::deltalake::arrow::datatypes::DataType;
+use tributary::{delta, manifest};
+use tributary_tests::*;
+
+const TABLE: &str = r#"
+[[table]]
+name = "t"
+source = "raw/t/"
+target = "curated/t"
+primary_key = ["id"]
+partition_by = ["p"]
+sequence_by = ["ts"]
+drop_columns = ["ts"]
+change_data_feed = true
+[table.history]
+target = "curated/t_history"
+"#;
+
+fn ts(s: u32) -> String {
+    format!("2024-01-01 00:00:{s:02}.000000")
+}
+
+fn dec(v: &[i128], p: u8, s: i8) -> ArrayRef {
+    Arc::new(
+        Decimal128Array::from(v.to_vec())
+            .with_precision_and_scale(p, s)
+            .expect("decimal"),
+    )
+}
+
+/// The types of the table's columns, as `column: type` (sorted).
+async fn types(fx: &Fixture, rel: &str, columns: &[&str]) -> Vec<String> {
+    let t = delta::open(&fx.url(rel), &Default::default())
+        .await
+        .expect("open");
+    let schema = t.snapshot().expect("snapshot").snapshot().arrow_schema();
+    columns
+        .iter()
+        .map(|c| {
+            let f = schema.field_with_name(c).expect("column");
+            format!("{c}: {}", f.data_type())
+        })
+        .collect()
+}
+
+/// The Arrow type of `column` in every live data file of the table (as written in Parquet).
+async fn file_types(fx: &Fixture, rel: &str, column: &str) -> Vec<DataType> {
+    let t = delta::open(&fx.url(rel), &Default::default())
+        .await
+        .expect("open");
+    let mut out = Vec::new();
+    for f in manifest::live_files(&t).expect("files") {
+        let path = fx.path(rel).join(&f.path);
+        let file = std::fs::File::open(&path).expect("data file");
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .expect("parquet");
+        if let Ok(field) = reader.schema().field_with_name(column) {
+            out.push(field.data_type().clone());
+        }
+    }
+    out
+}
+
+/// `tributary status` of the fixture's table.
+async fn status(fx: &Fixture) -> tributary::status::TableStatus {
+    tributary::status::table_status(
+        &fx.engine.config().tables[0],
+        &Default::default(),
+        fx.engine.storage(),
+        None,
+        chrono::Utc::now(),
+    )
+    .await
+    .expect("status")
+}
+
+/// The current table's change data feed from its first version, one text per change.
+async fn change_feed(fx: &Fixture, expr: &str) -> Vec<String> {
+    use tributary::deltalake::datafusion::prelude::SessionContext;
+    use tributary::deltalake::delta_datafusion::DeltaCdfTableProvider;
+    let t = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .expect("open");
+    let provider = DeltaCdfTableProvider::try_new(t.scan_cdf().with_starting_version(0))
+        .expect("cdf provider");
+    let ctx = SessionContext::new();
+    ctx.register_table("cdf", Arc::new(provider))
+        .expect("register");
+    let batches = ctx
+        .sql(&format!("SELECT {expr} FROM cdf"))
+        .await
+        .expect("sql")
+        .collect()
+        .await
+        .expect("read the change data feed");
+    column_text(&batches)
+}
+
+async fn text(fx: &Fixture, rel: &str, sql: &str) -> Vec<String> {
+    column_text(&fx.query(rel, sql).await)
+}
+
+/// The issue's reproduction, for every widening at once: a full load in the narrow types
+/// (`id`, `n` int, `f` float, `d` decimal(10,2), `i` smallint), then a CDC file in the wide
+/// ones with values only they hold (`n = 2^40`, a key past 2^31) and a delete. Before #26 the
+/// CDC file failed ("cannot be represented exactly as Int32"), and so did every later one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn widened_source_columns_widen_the_table_history_and_tombstones_exactly() {
+    let fx = Fixture::new(TABLE);
+    let load = fx.put_batch(
+        "t",
+        "LOAD00000001.parquet",
+        &batch(vec![
+            ("ts", strings(&[&ts(0), &ts(0), &ts(0)])),
+            ("id", Arc::new(Int32Array::from(vec![1, 2, 3]))),
+            ("p", strings(&["a", "b", "a"])),
+            ("n", Arc::new(Int32Array::from(vec![10, 20, i32::MAX]))),
+            ("f", Arc::new(Float32Array::from(vec![0.1f32, 2.5, -1e30]))),
+            ("d", dec(&[123, -9_999_999_999, 0], 10, 2)),
+            ("i", Arc::new(Int16Array::from(vec![1, i16::MIN, i16::MAX]))),
+        ]),
+    );
+    fx.merge_ok(&[load]).await;
+    let before = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .expect("open")
+        .version();
+    let big = 1i64 << 40;
+    let wide = fx.put_batch(
+        "t",
+        "20240101-0000000001.parquet",
+        &batch(vec![
+            ("Op", strings(&["U", "I", "D"])),
+            ("ts", strings(&[&ts(1), &ts(1), &ts(1)])),
+            ("id", Arc::new(Int64Array::from(vec![2, big, 3]))),
+            ("p", strings(&["b", "a", "a"])),
+            ("n", Arc::new(Int64Array::from(vec![big, -big, 0]))),
+            ("f", Arc::new(Float64Array::from(vec![0.1f64, 1e300, 0.0]))),
+            ("d", dec(&[12_345, 999_999_999_999, 0], 12, 3)),
+            ("i", dec(&[123_456_789_012, 1, 0], 12, 0)),
+        ]),
+    );
+    let r = fx.merge_ok(std::slice::from_ref(&wide)).await;
+    let t = &r.tables[0];
+    let mut widened = t.widened.clone();
+    widened.sort();
+    assert_eq!(
+        widened,
+        vec![
+            "d: Decimal128(10, 2) -> Decimal128(12, 3)",
+            "f: Float32 -> Float64",
+            "i: Int16 -> Decimal128(12, 0)",
+            "id: Int32 -> Int64",
+            "n: Int32 -> Int64",
+        ]
+    );
+    assert!(t.files_rewritten_to_widen >= 2, "{t:?}");
+    let h = t.history.as_ref().expect("history report");
+    assert_eq!(h.widened.len(), 5, "{h:?}");
+    assert_eq!(
+        t.version,
+        before.map(|v| v + 2),
+        "one commit widens, one merges"
+    );
+
+    // Every value exactly: the loaded ones in the wider type, the new ones as they came.
+    assert_eq!(
+        text(
+            &fx,
+            "curated/t",
+            "SELECT concat_ws('|', id, p, n, f, d, i) FROM t ORDER BY id"
+        )
+        .await,
+        vec![
+            format!("1|a|10|{}|1.230|1", 0.1f32 as f64),
+            format!("2|b|{big}|0.1|12.345|123456789012"),
+            format!("{big}|a|{}|1e300|999999999.999|1", -big),
+        ]
+    );
+    let cols = ["id", "n", "f", "d", "i"];
+    let want = vec![
+        "id: Int64",
+        "n: Int64",
+        "f: Float64",
+        "d: Decimal128(12, 3)",
+        "i: Decimal128(12, 0)",
+    ];
+    assert_eq!(types(&fx, "curated/t", &cols).await, want);
+    assert_eq!(types(&fx, "curated/t_history", &cols).await, want);
+    assert_eq!(
+        types(&fx, "curated/t_history/_tributary_changes", &cols).await,
+        want
+    );
+    assert_eq!(
+        types(&fx, "curated/t/_tributary_tombstones", &["id"]).await,
+        vec!["id: Int64"]
+    );
+    // No data file of the old type stays behind (readers without Delta's type widening
+    // read the files' own types).
+    for (rel, column) in [
+        ("curated/t", "n"),
+        ("curated/t", "id"),
+        ("curated/t_history", "n"),
+    ] {
+        let found = file_types(&fx, rel, column).await;
+        assert!(!found.is_empty(), "{rel}");
+        assert!(
+            found.iter().all(|t| t == &DataType::Int64),
+            "{rel} {column}: {found:?}"
+        );
+    }
+    // The history keeps the old version in the wide type.
+    assert_eq!(
+        text(
+            &fx,
+            "curated/t_history",
+            "SELECT concat_ws('|', id, n) FROM t WHERE id = 2 ORDER BY \"__START_AT\""
+        )
+        .await,
+        vec!["2|20".to_string(), format!("2|{big}")]
+    );
+
+    // The change data feed reads across the widening, every change in the new type (the
+    // widening commit itself changes no row: `dataChange = false`).
+    let mut feed = change_feed(&fx, "concat_ws('|', _change_type, id, n)").await;
+    feed.sort();
+    let mut want_feed = vec![
+        "insert|1|10".to_string(),
+        "insert|2|20".to_string(),
+        format!("insert|3|{}", i32::MAX),
+        "update_preimage|2|20".to_string(),
+        format!("update_postimage|2|{big}"),
+        format!("insert|{big}|{}", -big),
+        format!("delete|3|{}", i32::MAX),
+    ];
+    want_feed.sort();
+    assert_eq!(feed, want_feed);
+
+    // A late file in the old types converts into the wide ones; a tombstone in the wide key
+    // type still blocks a late insert of the deleted key.
+    let late = fx.put_batch(
+        "t",
+        "20240101-0000000000.parquet",
+        &batch(vec![
+            ("Op", strings(&["I", "I"])),
+            ("ts", strings(&[&ts(0), &ts(0)])),
+            ("id", Arc::new(Int32Array::from(vec![4, 3]))),
+            ("p", strings(&["a", "a"])),
+            ("n", Arc::new(Int32Array::from(vec![40, 30]))),
+            ("f", Arc::new(Float32Array::from(vec![4.0f32, 3.0]))),
+            ("d", dec(&[400, 300], 10, 2)),
+            ("i", Arc::new(Int16Array::from(vec![4, 3]))),
+        ]),
+    );
+    let r = fx.merge_ok(&[late]).await;
+    assert!(r.tables[0].widened.is_empty());
+    assert_eq!(
+        text(
+            &fx,
+            "curated/t",
+            "SELECT concat_ws('|', id, n, d) FROM t ORDER BY id"
+        )
+        .await,
+        vec![
+            "1|10|1.230".to_string(),
+            format!("2|{big}|12.345"),
+            "4|40|4.000".to_string(),
+            format!("{big}|{}|999999999.999", -big),
+        ]
+    );
+    assert_eq!(types(&fx, "curated/t", &cols).await, want);
+}
+
+/// A change that is not a lossless widening — a fraction into an integer column, a decimal
+/// with fewer digits before the point — fails the file by name (`type_change`: the column,
+/// both types, the row, the way forward), not retryable, and nothing of the file is applied.
+/// A narrower file whose values fit is merged into the wider column as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_change_that_is_not_a_widening_fails_by_name_and_leaves_the_table() {
+    let fx = Fixture::new(TABLE);
+    let base = fx.put_batch(
+        "t",
+        "20240101-0000000001.parquet",
+        &batch(vec![
+            ("Op", strings(&["I"])),
+            ("ts", strings(&[&ts(1)])),
+            ("id", Arc::new(Int64Array::from(vec![1]))),
+            ("p", strings(&["a"])),
+            ("n", Arc::new(Int64Array::from(vec![7]))),
+            ("d", dec(&[1234], 10, 2)),
+        ]),
+    );
+    fx.merge_ok(&[base]).await;
+    let table = fx.url("curated/t");
+    let version = || async {
+        delta::open(&table, &Default::default())
+            .await
+            .expect("open")
+            .version()
+    };
+    let v = version().await;
+    let file = |name: &str, n: ArrayRef, d: ArrayRef| {
+        fx.put_batch(
+            "t",
+            name,
+            &batch(vec![
+                ("Op", strings(&["U", "U"])),
+                ("ts", strings(&[&ts(2), &ts(2)])),
+                ("id", Arc::new(Int64Array::from(vec![1, 1]))),
+                ("p", strings(&["a", "a"])),
+                ("n", n),
+                ("d", d),
+            ]),
+        )
+    };
+    let fraction = file(
+        "20240101-0000000002.parquet",
+        Arc::new(Float64Array::from(vec![8.0, 8.5])),
+        dec(&[1234, 1234], 10, 2),
+    );
+    let fewer_digits = file(
+        "20240101-0000000003.parquet",
+        Arc::new(Int64Array::from(vec![8, 8])),
+        dec(&[12_300, 12_345_678_901], 11, 4),
+    );
+    let r = fx
+        .engine
+        .process(&[fraction.clone(), fewer_digits.clone()])
+        .await;
+    assert_eq!(r.failures().count(), 2, "{:?}", r.files);
+    for (f, column, from, to, row) in [
+        (&fraction, "n", "Int64", "Float64", "row 2"),
+        (
+            &fewer_digits,
+            "d",
+            "Decimal128(10, 2)",
+            "Decimal128(11, 4)",
+            "row 2",
+        ),
+    ] {
+        let e = Fixture::failure(&r, f);
+        assert_eq!(e.kind(), "type_change", "{e}");
+        assert!(!e.is_retryable());
+        let m = e.to_string();
+        for want in [
+            format!("column `{column}` is {from} in the table but {to} in the file"),
+            row.to_string(),
+            "reload the table".to_string(),
+            tributary::storage::display(f),
+        ] {
+            assert!(m.contains(&want), "{want:?} missing from: {m}");
+        }
+    }
+    assert_eq!(version().await, v, "nothing committed");
+
+    // Narrower than the table, values that fit: merged, the table keeps its types.
+    let narrow = fx.put_batch(
+        "t",
+        "20240101-0000000004.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("ts", strings(&[&ts(4)])),
+            ("id", Arc::new(Int32Array::from(vec![1]))),
+            ("p", strings(&["a"])),
+            ("n", Arc::new(Int32Array::from(vec![9]))),
+            ("d", dec(&[99], 4, 1)),
+        ]),
+    );
+    let r = fx.merge_ok(&[narrow]).await;
+    assert!(r.tables[0].widened.is_empty());
+    assert_eq!(
+        text(&fx, "curated/t", "SELECT concat_ws('|', id, n, d) FROM t").await,
+        vec!["1|9|9.90"]
+    );
+    assert_eq!(
+        types(&fx, "curated/t", &["id", "n", "d"]).await,
+        vec!["id: Int64", "n: Int64", "d: Decimal128(10, 2)"]
+    );
+}
+
+/// A widening rewrites every live data file of a table with many (several partitions,
+/// several commits) in one commit, and the rows are the same rows after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_widening_rewrites_every_data_file_in_one_commit() {
+    let fx = Fixture::new(TABLE);
+    let parts = ["a", "b", "c", "d"];
+    for k in 0..6i32 {
+        let ids: Vec<i32> = (0..50).map(|i| k * 50 + i).collect();
+        let n = ids.len();
+        fx.merge_ok(&[fx.put_batch(
+            "t",
+            &format!("20240101-00000000{k:02}.parquet"),
+            &batch(vec![
+                ("Op", strings(&vec!["I"; n])),
+                ("ts", strings(&vec![ts(k as u32).as_str(); n])),
+                ("id", Arc::new(Int32Array::from(ids.clone()))),
+                (
+                    "p",
+                    strings(
+                        &ids.iter()
+                            .map(|i| parts[*i as usize % 4])
+                            .collect::<Vec<_>>(),
+                    ),
+                ),
+                ("n", Arc::new(Int32Array::from(ids.clone()))),
+            ]),
+        )])
+        .await;
+    }
+    let url = fx.url("curated/t");
+    let live = live_files(&url).await;
+    assert!(live >= 8, "{live} files");
+    let sum = "SELECT CAST(count(*) AS VARCHAR) || ':' || CAST(sum(n) AS VARCHAR) FROM t";
+    let rows_before = text(&fx, "curated/t", sum).await;
+    let r = fx
+        .merge_ok(&[fx.put_batch(
+            "t",
+            "20240101-0000000099.parquet",
+            &batch(vec![
+                ("Op", strings(&["U"])),
+                ("ts", strings(&[&ts(59)])),
+                ("id", Arc::new(Int32Array::from(vec![0]))),
+                ("p", strings(&["a"])),
+                ("n", Arc::new(Int64Array::from(vec![0]))),
+            ]),
+        )])
+        .await;
+    assert_eq!(r.tables[0].widened, vec!["n: Int32 -> Int64"]);
+    assert_eq!(r.tables[0].files_rewritten_to_widen, live);
+    assert_eq!(text(&fx, "curated/t", sum).await, rows_before);
+    let found = file_types(&fx, "curated/t", "n").await;
+    assert!(found.iter().all(|t| t == &DataType::Int64), "{found:?}");
+}
+
+/// #26 item 3: a column renamed at the source arrives under its new name, a dropped one stops
+/// arriving. Without a setting, the table gains the new column and keeps the old one — and
+/// `tributary status` names both (`drift`). With `rename_columns = { amount = "amt" }` the
+/// table, its history and its change log keep one column; a file with both names fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renamed_and_dropped_columns_show_as_drift_and_rename_columns_keeps_one_column() {
+    let files = |fx: &Fixture| {
+        let load = fx.put_batch(
+            "t",
+            "LOAD00000001.parquet",
+            &batch(vec![
+                ("ts", strings(&[&ts(0)])),
+                ("id", Arc::new(Int64Array::from(vec![1]))),
+                ("p", strings(&["a"])),
+                ("amt", Arc::new(Int64Array::from(vec![10]))),
+                ("gone", strings(&["x"])),
+            ]),
+        );
+        let renamed = fx.put_batch(
+            "t",
+            "20240101-0000000001.parquet",
+            &batch(vec![
+                ("Op", strings(&["U"])),
+                ("ts", strings(&[&ts(1)])),
+                ("id", Arc::new(Int64Array::from(vec![1]))),
+                ("p", strings(&["a"])),
+                ("amount", Arc::new(Int64Array::from(vec![11]))),
+            ]),
+        );
+        [load, renamed]
+    };
+
+    // No setting: two columns, and the status says so.
+    let plain = Fixture::new(TABLE);
+    for f in files(&plain) {
+        plain.merge_ok(&[f]).await;
+    }
+    assert_eq!(
+        text(
+            &plain,
+            "curated/t",
+            "SELECT concat_ws('|', id, amt, amount, gone) FROM t"
+        )
+        .await,
+        vec!["1|10|11|x"]
+    );
+    let drift = status(&plain).await.drift.expect("drift");
+    assert_eq!(drift.files.len(), 2, "{drift:?}");
+    assert_eq!(drift.missing_from_recent_files, Vec::<String>::new());
+    assert_eq!(
+        drift.added_since_created,
+        Some(vec!["amount".to_string()]),
+        "{drift:?}"
+    );
+    // Once the recent files are all from after the change, the old columns show as missing.
+    for k in 2..7u32 {
+        let later = plain.put_batch(
+            "t",
+            &format!("20240101-000000000{k}.parquet"),
+            &batch(vec![
+                ("Op", strings(&["U"])),
+                ("ts", strings(&[&ts(k)])),
+                ("id", Arc::new(Int64Array::from(vec![1]))),
+                ("p", strings(&["a"])),
+                ("amount", Arc::new(Int64Array::from(vec![10 + k as i64]))),
+            ]),
+        );
+        plain.merge_ok(&[later]).await;
+    }
+    let drift = status(&plain).await.drift.expect("drift");
+    assert_eq!(drift.files.len(), 5, "{drift:?}");
+    assert!(drift.files.iter().all(|f| !f.contains("LOAD")), "{drift:?}");
+    assert_eq!(
+        drift.missing_from_recent_files,
+        vec!["amt".to_string(), "gone".to_string()]
+    );
+    let cfg = TABLE.replace(
+        "change_data_feed = true",
+        "change_data_feed = true\nrename_columns = { amount = \"amt\" }",
+    );
+
+    // rename_columns: one column, in the table, the history and the change log.
+    let renamed = Fixture::new(&cfg);
+    for f in files(&renamed) {
+        renamed.merge_ok(&[f]).await;
+    }
+    assert_eq!(
+        text(
+            &renamed,
+            "curated/t",
+            "SELECT concat_ws('|', id, amt, gone) FROM t"
+        )
+        .await,
+        vec!["1|11|x"]
+    );
+    for rel in [
+        "curated/t",
+        "curated/t_history",
+        "curated/t_history/_tributary_changes",
+    ] {
+        let t = delta::open(&renamed.url(rel), &Default::default())
+            .await
+            .expect("open");
+        let schema = t.snapshot().expect("snapshot").snapshot().arrow_schema();
+        assert!(
+            schema.field_with_name("amount").is_err(),
+            "{rel}: {schema:?}"
+        );
+    }
+    let drift = status(&renamed).await.drift.expect("drift");
+    assert_eq!(drift.added_since_created, Some(vec![]), "{drift:?}");
+    let both = renamed.put_batch(
+        "t",
+        "20240101-0000000003.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("ts", strings(&[&ts(3)])),
+            ("id", Arc::new(Int64Array::from(vec![1]))),
+            ("p", strings(&["a"])),
+            ("amt", Arc::new(Int64Array::from(vec![13]))),
+            ("amount", Arc::new(Int64Array::from(vec![14]))),
+        ]),
+    );
+    let r = renamed.engine.process(std::slice::from_ref(&both)).await;
+    let e = Fixture::failure(&r, &both).to_string();
+    assert!(
+        e.contains("both `amount` and `amt`") && e.contains("rename_columns"),
+        "{e}"
+    );
+}
