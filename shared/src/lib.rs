@@ -18,9 +18,15 @@
 //! 5. state: `tombstones` (deletes that stop late upserts reviving rows) and `applied`
 //!    (the files a table applied: full loads, CDC files by digest);
 //! 6. the commit pipeline's shared part, `commit` (the table before and after a commit, the
-//!    post-commit observers), [`catalog`] (Glue entries) and [`history`] (SCD type 2);
-//! 7. `engine` ([`Engine`]): routing, screening, batching, large files, bad-file isolation;
-//! 8. operations: [`reload`] (DMS table reloads), [`maintenance`], [`status`], [`demo`].
+//!    post-commit observers), [`catalog`] (Glue entries), [`history`] (SCD type 2), and
+//!    `report` (what a merge call and each commit report);
+//! 7. `sink`: the table format behind the engine — the `Sink` trait (a table's view, the
+//!    files it applied, one commit per batch, a large file appended whole) and its Delta
+//!    Lake implementation (`sink::delta`: the commit pipeline), plus an in-memory test
+//!    double;
+//! 8. `engine` ([`Engine`]): routing, reading, screening, batching, large files, bad-file
+//!    isolation — through a `Sink` only;
+//! 9. operations: [`reload`] (DMS table reloads), [`maintenance`], [`status`], [`demo`].
 //!
 //! Above them, not in this crate: the Lambda adapter (`tributary-lambda`,
 //! `functions/lambda-common`) — event payloads to object URIs, the configuration in force,
@@ -44,8 +50,10 @@ mod model;
 mod plan;
 mod props;
 pub mod reload;
+mod report;
 mod retry;
 mod rewrite;
+mod sink;
 mod source;
 mod stats;
 pub mod status;

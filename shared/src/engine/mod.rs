@@ -7,44 +7,37 @@
 //!   ──re-check tombstones──▶ manifests ──▶ report
 //! ```
 
-mod batch;
-mod recheck;
-mod report;
-mod whole;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use deltalake::DeltaTable;
 use futures::stream::{self, StreamExt};
 use url::Url;
 
 use crate::catalog::Catalog;
 use crate::config::{Config, TableConfig};
-use crate::delta;
 use crate::error::{Error, Result};
 use crate::plan;
 use crate::props::TableProps;
+use crate::sink::delta::DeltaSink;
+use crate::sink::{Sink, View, Whole};
 use crate::source::{self, ChangeSet, FileClass};
 use crate::storage::{self, Storage};
 
-pub(crate) use batch::Batch;
-pub use report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath};
+pub use crate::report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath};
+pub(crate) use crate::sink::delta::TableView;
+pub(crate) use crate::sink::Batch;
 
-/// The merge engine: configuration, storage and delta-rs options, built once.
+/// The merge engine: configuration, storage and the table format's sink (Delta Lake),
+/// built once.
 #[derive(Debug, Clone)]
 pub struct Engine {
     config: Arc<Config>,
     storage: Arc<Storage>,
-    options: Arc<HashMap<String, String>>,
-    catalog: Arc<Catalog>,
+    sink: DeltaSink,
     local_s3_root: Option<Arc<std::path::PathBuf>>,
     /// Why files no table owns fail instead of being ignored (a newer configuration is
     /// refused: they may belong to a table it adds).
     unowned: Option<Arc<str>>,
-    /// Test code run at [`crate::testing::Point`]s of this engine's merges.
-    #[cfg(test)]
-    pub(crate) hooks: crate::testing::Hooks,
 }
 
 /// Files read for a call.
@@ -56,36 +49,22 @@ pub(crate) struct ReadFiles {
     pub(crate) failed: Vec<(Url, Error)>,
 }
 
-/// What the reader needs to know about the Delta table, read once per call.
-pub(crate) struct TableView {
-    pub(crate) table: DeltaTable,
-    pub(crate) schema: Option<arrow::datatypes::SchemaRef>,
-    pub(crate) props: TableProps,
-}
-
-impl TableView {
-    pub(crate) async fn open(cfg: &TableConfig, options: &HashMap<String, String>) -> Result<Self> {
-        let table = delta::open(cfg.state_table()?, options).await?;
-        Ok(TableView {
-            schema: delta::arrow_schema(&table),
-            props: delta::props(&table),
-            table,
-        })
-    }
-}
-
 impl Engine {
     pub fn new(config: Config) -> Self {
+        let storage = Arc::new(Storage::new());
         Self {
             config: Arc::new(config),
-            storage: Arc::new(Storage::new()),
-            options: Arc::new(storage::delta_storage_options()),
-            catalog: Arc::new(Catalog::from_env()),
+            sink: DeltaSink::new(storage.clone()),
+            storage,
             local_s3_root: None,
             unowned: None,
-            #[cfg(test)]
-            hooks: Default::default(),
         }
+    }
+
+    /// The hooks of this engine's commits (tests).
+    #[cfg(test)]
+    pub(crate) fn hooks(&self) -> &crate::testing::Hooks {
+        &self.sink.hooks
     }
 
     /// This engine, failing (retryably) the files no table owns instead of ignoring them,
@@ -120,13 +99,13 @@ impl Engine {
     /// Keep the Glue Data Catalog with this client (default: configured from the
     /// environment on first use).
     pub fn with_catalog(mut self, catalog: Catalog) -> Self {
-        self.catalog = Arc::new(catalog);
+        self.sink.catalog = Arc::new(catalog);
         self
     }
 
     /// The catalog client (maintenance and `tributary catalog sync` reconcile with it).
     pub fn catalog(&self) -> &Catalog {
-        &self.catalog
+        &self.sink.catalog
     }
 
     /// The URL a file is actually read from (see [`Engine::with_local_s3_root`]).
@@ -179,12 +158,28 @@ impl Engine {
 
     /// Delta storage options (endpoint overrides) used for every table.
     pub fn storage_options(&self) -> &HashMap<String, String> {
-        &self.options
+        &self.sink.options
     }
 
     /// Merge these files. Files of one table go into one commit; tables are independent;
     /// a bad file fails alone. Never panics on input; every file gets an outcome.
     pub async fn process(&self, files: &[Url]) -> ProcessReport {
+        self.process_into(&self.sink, files).await
+    }
+
+    /// One batch into a table through the Delta sink (a reload's one commit).
+    pub(crate) async fn merge_batch(
+        &self,
+        table: &TableConfig,
+        batch: &Batch<'_>,
+        loaded: Option<deltalake::DeltaTable>,
+    ) -> Result<TableReport> {
+        self.sink.commit(table, batch, loaded).await
+    }
+
+    /// [`Engine::process`] into the tables of `sink` (the engine's own is Delta Lake; the
+    /// tests run the same pipeline on a test double).
+    pub(crate) async fn process_into<S: Sink>(&self, sink: &S, files: &[Url]) -> ProcessReport {
         let (by_table, routed) = self.route(files);
         let mut report = ProcessReport {
             files: routed,
@@ -193,7 +188,7 @@ impl Engine {
         let results = stream::iter(by_table)
             .map(|(name, files)| async move {
                 match self.config.table(&name) {
-                    Some(table) => self.process_table(table, files).await,
+                    Some(table) => self.process_table(sink, table, files).await,
                     None => (vec![], vec![]),
                 }
             })
@@ -263,13 +258,14 @@ impl Engine {
         (by_table, outcomes)
     }
 
-    async fn process_table(
+    async fn process_table<S: Sink>(
         &self,
+        sink: &S,
         table: &TableConfig,
         files: Vec<Url>,
     ) -> (Vec<FileOutcome>, Vec<TableReport>) {
         let mut outcomes = Vec::new();
-        let view = match TableView::open(table, &self.options).await {
+        let view = match sink.view(table).await {
             Ok(v) => v,
             Err(e) => {
                 let e = Arc::new(e);
@@ -323,11 +319,11 @@ impl Engine {
                 // (the group before changed it).
                 let v = match view.take() {
                     Some(v) => Ok(v),
-                    None => TableView::open(table, &self.options).await,
+                    None => sink.view(table).await,
                 };
                 match v {
                     Ok(v) => {
-                        let (r, o) = self.merge_group(table, v, sets).await;
+                        let (r, o) = self.merge_group(sink, table, v, sets).await;
                         reports.extend(r);
                         outcomes.extend(o);
                     }
@@ -351,7 +347,7 @@ impl Engine {
         }
         // Large files after the others, one at a time, slice by slice.
         for (file, raw) in large {
-            match self.merge_large(table, &file, &raw).await {
+            match self.merge_large(sink, table, &file, &raw).await {
                 Ok((r, o)) => {
                     reports.extend(r);
                     outcomes.extend(o);
@@ -367,13 +363,14 @@ impl Engine {
 
     /// Screen, admit and merge one group of a table's small files (one commit, or one per
     /// file when a bad one must be isolated) on `view`.
-    async fn merge_group(
+    async fn merge_group<S: Sink>(
         &self,
+        sink: &S,
         table: &TableConfig,
-        view: TableView,
+        view: View<S::Table>,
         sets: Vec<ChangeSet>,
     ) -> (Vec<TableReport>, Vec<FileOutcome>) {
-        let (sets, mut outcomes) = self.screen(table, &view, sets).await;
+        let (sets, mut outcomes) = crate::sink::screen(sink, table, &view, sets).await;
         let admission = plan::admit(
             sets,
             &table.primary_key,
@@ -392,8 +389,9 @@ impl Engine {
             kinds: admission.kinds.clone(),
             delete_unmatched_below: None,
         };
-        let loaded = delta::exists(&view.table).then_some(view.table);
-        let (reports, merged) = self.merge_or_isolate(table, batch, loaded).await;
+        let (reports, merged) = self
+            .merge_or_isolate(sink, table, batch, view.loaded())
+            .await;
         outcomes.extend(merged);
         (reports, outcomes)
     }
@@ -406,27 +404,28 @@ impl Engine {
     /// applies nothing twice (order keys). A full-load file is recorded as applied with its
     /// last slice. The report (`None` when screening settled the file) and the file's
     /// outcome.
-    async fn merge_large(
+    async fn merge_large<S: Sink>(
         &self,
+        sink: &S,
         table: &TableConfig,
         file: &Url,
         raw: &source::RawFile,
     ) -> Result<(Option<TableReport>, Vec<FileOutcome>)> {
-        match self.append_whole(table, file, raw).await? {
-            whole::Whole::Done(r, outcomes) => return Ok((r.map(|r| *r), outcomes)),
-            whole::Whole::Fallback(why) => {
+        match sink.append_whole(table, file, raw).await? {
+            Whole::Done(r, outcomes) => return Ok((r.map(|r| *r), outcomes)),
+            Whole::Fallback(why) => {
                 tracing::info!(table = %table.name, file = %storage::display(file), why, "not appendable as a whole")
             }
         }
         tracing::info!(table = %table.name, file = %storage::display(file), slice_rows = table.slice_rows, "more rows than a slice: checking the whole file, then merging it slice by slice");
-        let mut view = TableView::open(table, &self.options).await?;
-        let counts = match self.check_large(table, &view, file, raw).await? {
+        let mut view = sink.view(table).await?;
+        let counts = match self.check_large(sink, table, &view, file, raw).await? {
             Checked::Counts(c) => c,
             Checked::Settled(outcomes) => return Ok((None, outcomes)),
         };
         let mut total: Option<TableReport> = None;
         let mut commits = 0;
-        let mut slices = slices_of(table, &view, file, raw)?;
+        let mut slices = crate::sink::slices_of(table, &view, file, raw)?;
         while let Some(cs) = slices.next_slice()? {
             let admission = plan::admit(
                 vec![cs],
@@ -442,14 +441,13 @@ impl Engine {
                 kinds: admission.kinds.clone(),
                 delete_unmatched_below: None,
             };
-            let loaded = delta::exists(&view.table).then_some(view.table);
-            let r = self.merge_batch(table, &batch, loaded).await?;
+            let r = sink.commit(table, &batch, view.loaded()).await?;
             commits += 1;
             match &mut total {
                 Some(t) => t.absorb(&r),
                 None => total = Some(r),
             }
-            view = TableView::open(table, &self.options).await?;
+            view = sink.view(table).await?;
         }
         let outcome = FileOutcome {
             file: file.clone(),
@@ -468,21 +466,22 @@ impl Engine {
 
     /// The checking pass of [`Self::merge_large`]: every slice screened (the first) and
     /// admitted as a merge would: the file's counts, or what screening settled it as.
-    async fn check_large(
+    async fn check_large<S: Sink>(
         &self,
+        sink: &S,
         table: &TableConfig,
-        view: &TableView,
+        view: &View<S::Table>,
         file: &Url,
         raw: &source::RawFile,
     ) -> Result<Checked> {
         let checking = std::time::Instant::now();
-        let mut slices = slices_of(table, view, file, raw)?;
+        let mut slices = crate::sink::slices_of(table, view, file, raw)?;
         let mut counts = source::FileCounts::default();
         let mut first = true;
         while let Some(mut cs) = slices.next_slice()? {
             if first {
                 first = false;
-                match self.screen(table, view, vec![cs]).await {
+                match crate::sink::screen(sink, table, view, vec![cs]).await {
                     (mut kept, _) if kept.len() == 1 => cs = kept.remove(0),
                     (_, settled) => return Ok(Checked::Settled(settled)),
                 }
@@ -530,11 +529,11 @@ impl Engine {
     /// Read and parse files (8 at a time): the change sets, the files larger than a slice
     /// (to merge in slices; with `sliced` false every file is read whole), and the files
     /// that failed.
-    pub(crate) async fn read_files(
+    pub(crate) async fn read_files<T>(
         &self,
         table: &TableConfig,
         files: &[Url],
-        view: &TableView,
+        view: &View<T>,
         sliced: bool,
     ) -> ReadFiles {
         let read = stream::iter(files.iter().cloned())
@@ -561,62 +560,17 @@ impl Engine {
         out
     }
 
-    /// Refuse files that cannot be applied safely: written before the tombstone horizon
-    /// (they could revive a deleted row), or full-load files of a reload not applied yet.
-    /// Files of a generation older than the table's are already reflected by the reload
-    /// that replaced it: they are done, with nothing to change.
-    /// The files kept, and the outcomes of those screening settled.
-    async fn screen(
-        &self,
-        table: &TableConfig,
-        view: &TableView,
-        sets: Vec<ChangeSet>,
-    ) -> (Vec<ChangeSet>, Vec<FileOutcome>) {
-        let mut kept = Vec::with_capacity(sets.len());
-        let mut outcomes = Vec::new();
-        for cs in sets {
-            // A file of a generation older than the table's: a reload already reflects it.
-            if cs.generation < view.props.generation() {
-                tracing::info!(table = %table.name, file = %storage::display(&cs.file), generation = cs.generation, current = view.props.generation(), "older than the table's full load (a reload reflects it); nothing to change");
-                outcomes.extend(merged(table, std::slice::from_ref(&cs)));
-                continue;
-            }
-            let verdict =
-                match crate::tombstones::check_horizon(table, &view.props, &cs.file, cs.written) {
-                    Ok(()) => {
-                        match crate::applied::check_load_file(table, &view.table, &view.props, &cs)
-                            .await
-                        {
-                            Ok(()) => {
-                                let id = crate::applied::Identity::of(&cs);
-                                crate::applied::check(table, &view.table, &id).await
-                            }
-                            Err(e) => Err(e),
-                        }
-                    }
-                    Err(e) => Err(e),
-                };
-            match verdict {
-                Ok(()) => kept.push(cs),
-                Err(e) => {
-                    log_failure(&table.name, &cs.file, &e);
-                    outcomes.push(FileOutcome::failed(cs.file, &table.name, Arc::new(e)));
-                }
-            }
-        }
-        (kept, outcomes)
-    }
-
     /// Merge the batch; if that fails for a reason a single file can cause, merge the
     /// files one by one (canonical order) so only the culprit fails.
-    async fn merge_or_isolate(
+    async fn merge_or_isolate<S: Sink>(
         &self,
+        sink: &S,
         table: &TableConfig,
         batch: Batch<'_>,
-        loaded: Option<DeltaTable>,
+        loaded: Option<S::Table>,
     ) -> (Vec<TableReport>, Vec<FileOutcome>) {
         let mut outcomes = Vec::new();
-        match self.merge_batch(table, &batch, loaded).await {
+        match sink.commit(table, &batch, loaded).await {
             Ok(r) => {
                 outcomes.extend(merged(table, batch.changes));
                 (vec![r], outcomes)
@@ -629,7 +583,7 @@ impl Engine {
                         changes: std::slice::from_ref(cs),
                         ..batch.clone()
                     };
-                    match self.merge_batch(table, &one, None).await {
+                    match sink.commit(table, &one, None).await {
                         Ok(r) => {
                             reports.push(r);
                             outcomes.extend(merged(table, one.changes));
@@ -666,104 +620,15 @@ enum Checked {
     Settled(Vec<FileOutcome>),
 }
 
-/// What screening decided a file on ([`Engine::screen`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Screened {
-    id: crate::applied::Identity,
-    written: Option<chrono::DateTime<chrono::Utc>>,
-    generation: u32,
-}
-
-impl Screened {
-    pub(crate) fn of(cs: &ChangeSet) -> Self {
-        Screened {
-            id: crate::applied::Identity::of(cs),
-            written: cs.written,
-            generation: cs.generation,
-        }
-    }
-}
-
-/// The screening of files, checked again against the table a commit is about to be based
-/// on: a DMS reload (a newer generation) or a tombstone horizon moved since would make them
-/// inapplicable — a reload deletes rows without tombstones, so an older file committed
-/// after it could bring them back.
-pub(crate) fn rescreen<'a>(
-    table: &TableConfig,
-    props: &TableProps,
-    files: impl IntoIterator<Item = &'a Screened>,
-) -> Result<()> {
-    for f in files {
-        crate::tombstones::check_horizon(table, props, &f.id.file, f.written)?;
-        if f.generation < props.generation() {
-            return Err(Error::Reloaded {
-                table: table.name.clone(),
-                file: storage::display(&f.id.file),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// [`rescreen`]'s check that needs the log: no other version of a file was applied since
-/// it was screened (a concurrent writer; see `applied`).
-pub(crate) async fn rescreen_contents(
-    table: &TableConfig,
-    target: &DeltaTable,
-    files: &[Screened],
-) -> Result<()> {
-    for f in files {
-        crate::applied::check(table, target, &f.id).await?;
-    }
-    Ok(())
-}
-
 /// The table named for files no table owns (logs, metrics).
 const UNOWNED: &str = "(unowned)";
 
-/// A large file opened for reading in the table's slices.
-fn slices_of(
-    table: &TableConfig,
-    view: &TableView,
-    file: &Url,
-    raw: &source::RawFile,
-) -> Result<source::Slices> {
-    source::Slices::open(
-        file,
-        raw,
-        table,
-        view.schema.as_deref(),
-        &view.props,
-        table.slice_rows,
-        table.slice_bytes,
-    )
-}
-
 fn log_failure(table: &str, file: &Url, e: &Error) {
-    tracing::error!(table = %table, file = %storage::display(file), error = %e, kind = e.kind(), retryable = e.is_retryable(), "file not merged");
+    FileOutcome::log_failure(table, file, e)
 }
 
 fn merged(table: &TableConfig, sets: &[ChangeSet]) -> Vec<FileOutcome> {
-    sets.iter()
-        .map(|c| {
-            tracing::info!(
-                table = %table.name,
-                file = %storage::display(&c.file),
-                rows = c.counts.rows,
-                inserts = c.counts.inserts,
-                updates = c.counts.updates,
-                deletes = c.counts.deletes,
-                "file merged"
-            );
-            FileOutcome {
-                file: c.file.clone(),
-                status: FileStatus::Merged {
-                    table: table.name.clone(),
-                    counts: c.counts,
-                },
-            }
-        })
-        .collect()
+    FileOutcome::merged(table, sets)
 }
 
 #[cfg(test)]

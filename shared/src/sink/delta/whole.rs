@@ -13,7 +13,7 @@ use deltalake::kernel::Action;
 use deltalake::DeltaTable;
 use url::Url;
 
-use super::{Engine, TableReport, TableView};
+use super::{DeltaSink, TableReport, TableView, Whole};
 use crate::config::TableConfig;
 use crate::delta::{self, KeyRange};
 use crate::error::Result;
@@ -21,15 +21,6 @@ use crate::plan::{self, MergePlan};
 use crate::source::{self, ChangeSet, FileCounts};
 use crate::storage;
 use crate::tombstones::Tombstones;
-
-/// How a whole-file append ended.
-pub(super) enum Whole {
-    /// Applied in one commit (the report), or settled by screening (`None`); the file's
-    /// outcome.
-    Done(Option<Box<TableReport>>, Vec<super::FileOutcome>),
-    /// Not appendable as a whole: merge it slice by slice.
-    Fallback(&'static str),
-}
 
 /// What the pass has written so far.
 struct Written {
@@ -88,9 +79,9 @@ impl Written {
     }
 }
 
-impl Engine {
+impl DeltaSink {
     /// Try to apply a large file as one append (see the module documentation).
-    pub(super) async fn append_whole(
+    pub(super) async fn append_file_whole(
         &self,
         table: &TableConfig,
         file: &Url,
@@ -167,7 +158,7 @@ impl Engine {
             true => self.catalog.created(table, false, &target).await,
             false => None,
         };
-        // Before the metadata commits below, as a merge's (`Engine::try_merge`).
+        // Before the metadata commits below, as a merge's (`DeltaSink::try_merge`).
         let before = super::batch::Before::of(table, &target)?;
         let target = crate::delta::record_kinds(target, kinds.as_deref()).await?;
         let target = super::batch::enable_change_data_feed(table, target).await?;
@@ -464,7 +455,7 @@ impl Pass<'_, '_> {
     /// when the file cannot be appended whole.
     async fn run(
         &mut self,
-        engine: &Engine,
+        engine: &DeltaSink,
         c: &mut Commit<'_>,
         first: ChangeSet,
         base_plan: MergePlan,

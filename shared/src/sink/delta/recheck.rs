@@ -5,7 +5,7 @@
 //! row. After committing upserts, read the tombstones of our keys again and delete what a
 //! newer tombstone supersedes. The deleting writer records its tombstones after its MERGE
 //! and then, if the table moved since its read, applies its deletes again
-//! (`Engine::reapply_deletes`): one of the two writers always sees the other.
+//! (`DeltaSink::reapply_deletes`): one of the two writers always sees the other.
 
 use deltalake::DeltaTable;
 

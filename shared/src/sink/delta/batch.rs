@@ -10,7 +10,7 @@ use deltalake::kernel::Transaction;
 use deltalake::DeltaTable;
 
 use super::recheck::recheck_tombstones;
-use super::{Engine, TableReport, WritePath};
+use super::{Batch, DeltaSink, TableReport, WritePath};
 use crate::config::TableConfig;
 use crate::delta::{self, MergeExtras};
 use crate::error::Result;
@@ -18,40 +18,8 @@ use crate::plan::{self, MergePlan};
 use crate::props::TableProps;
 use crate::retry::Retry;
 use crate::rewrite::Applied;
-use crate::source::{ChangeSet, SeqKind};
-use crate::storage;
+use crate::source::SeqKind;
 use crate::tombstones::Tombstones;
-
-/// What one commit applies.
-#[derive(Debug, Clone)]
-pub(crate) struct Batch<'a> {
-    /// Admitted change sets (see [`plan::admit`]).
-    pub changes: &'a [ChangeSet],
-    /// The sequence kinds the batch establishes: recorded on a table that has none.
-    pub kinds: Option<Vec<SeqKind>>,
-    /// A reload: delete rows below this order key that no change matches.
-    pub delete_unmatched_below: Option<String>,
-}
-
-impl Batch<'_> {
-    /// A report of the batch's files and rows, nothing applied yet.
-    fn report(&self, table: &TableConfig) -> TableReport {
-        TableReport {
-            table: table.name.clone(),
-            files: self.changes.len(),
-            source_rows: self.changes.iter().map(|c| c.counts.rows).sum(),
-            ..Default::default()
-        }
-    }
-
-    /// The batch's files, as logs and commits name them.
-    fn file_names(&self) -> Vec<String> {
-        self.changes
-            .iter()
-            .map(|c| storage::display(&c.file))
-            .collect()
-    }
-}
 
 fn ms_since(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
@@ -59,9 +27,9 @@ fn ms_since(t: Instant) -> u64 {
 
 pub(crate) use crate::commit::{Before, Committed};
 
-/// A batch's MERGE attempts ([`Engine::try_merge`]).
+/// A batch's MERGE attempts ([`DeltaSink::try_merge`]).
 struct Merging<'a, 'b> {
-    engine: &'a Engine,
+    engine: &'a DeltaSink,
     table: &'a TableConfig,
     attempt: &'a Attempt<'b>,
     /// The table the files were screened on, for the first attempt.
@@ -88,7 +56,7 @@ impl crate::retry::Attempts for Merging<'_, '_> {
     }
 }
 
-/// The deletes of a batch applied again on the newest table ([`Engine::reapply_deletes`]).
+/// The deletes of a batch applied again on the newest table ([`DeltaSink::reapply_deletes`]).
 struct DeletesAgain<'a> {
     table: &'a TableConfig,
     after: DeltaTable,
@@ -121,7 +89,7 @@ struct Attempt<'a> {
     extras: &'a MergeExtras,
 }
 
-impl Engine {
+impl DeltaSink {
     /// Plan and commit one batch. Retries commit conflicts with jittered backoff,
     /// re-reading the table (and tombstones) each time; the table loaded by the caller
     /// serves the first attempt (if stale, the commit conflicts and the retry reloads).

@@ -44,6 +44,38 @@ impl FileOutcome {
             },
         }
     }
+
+    /// The change sets' files merged (each logged `file merged`).
+    pub(crate) fn merged(
+        table: &crate::config::TableConfig,
+        sets: &[crate::source::ChangeSet],
+    ) -> Vec<FileOutcome> {
+        sets.iter()
+            .map(|c| {
+                tracing::info!(
+                    table = %table.name,
+                    file = %crate::storage::display(&c.file),
+                    rows = c.counts.rows,
+                    inserts = c.counts.inserts,
+                    updates = c.counts.updates,
+                    deletes = c.counts.deletes,
+                    "file merged"
+                );
+                FileOutcome {
+                    file: c.file.clone(),
+                    status: FileStatus::Merged {
+                        table: table.name.clone(),
+                        counts: c.counts,
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Log a file that is not merged (its outcome says why).
+    pub(crate) fn log_failure(table: &str, file: &Url, e: &Error) {
+        tracing::error!(table = %table, file = %crate::storage::display(file), error = %e, kind = e.kind(), retryable = e.is_retryable(), "file not merged");
+    }
 }
 
 /// One table's commit(s) in a call.

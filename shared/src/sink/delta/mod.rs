@@ -1,0 +1,121 @@
+//! Delta Lake, the table format tributary writes: the [`Sink`] the engine merges through.
+//!
+//! - `batch`: the commit pipeline of a batch — plan, tombstones (pending, then confirmed),
+//!   the write path chosen once (append, copy-on-write rewrite, delta-rs MERGE), retries with
+//!   re-screening, the history, and the post-commit observers (`crate::commit::publish`);
+//! - `whole`: a large file appended whole in one commit;
+//! - `recheck`: the post-commit tombstone re-check.
+
+mod batch;
+mod recheck;
+mod whole;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use deltalake::DeltaTable;
+use url::Url;
+
+use super::{rescreen, screen, slices_of, Batch, Screened, Sink, View, Whole};
+use crate::catalog::Catalog;
+use crate::config::TableConfig;
+use crate::delta;
+use crate::error::Result;
+use crate::report::{FileOutcome, FileStatus, TableReport, WritePath};
+use crate::source::{self, ChangeSet};
+use crate::storage::Storage;
+
+pub(crate) use batch::{Before, Committed};
+
+/// A Delta table as a call reads it.
+pub(crate) type TableView = View<DeltaTable>;
+
+impl View<DeltaTable> {
+    /// The table's state table (the current table, or the history of a history-only one).
+    pub(crate) async fn open(cfg: &TableConfig, options: &HashMap<String, String>) -> Result<Self> {
+        let table = delta::open(cfg.state_table()?, options).await?;
+        Ok(View {
+            schema: delta::arrow_schema(&table),
+            props: delta::props(&table),
+            table,
+        })
+    }
+}
+
+/// The Delta Lake sink: delta-rs options, the storage the tables live on, the Glue catalog
+/// the commits' observers keep in step.
+#[derive(Debug, Clone)]
+pub(crate) struct DeltaSink {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) options: Arc<HashMap<String, String>>,
+    pub(crate) catalog: Arc<Catalog>,
+    /// Test code run at [`crate::testing::Point`]s of this sink's commits.
+    #[cfg(test)]
+    pub(crate) hooks: crate::testing::Hooks,
+}
+
+impl DeltaSink {
+    pub(crate) fn new(storage: Arc<Storage>) -> Self {
+        DeltaSink {
+            storage,
+            options: Arc::new(crate::storage::delta_storage_options()),
+            catalog: Arc::new(Catalog::from_env()),
+            #[cfg(test)]
+            hooks: Default::default(),
+        }
+    }
+
+    /// Screening of change sets on a view (see [`super::screen`]).
+    async fn screen(
+        &self,
+        table: &TableConfig,
+        view: &TableView,
+        sets: Vec<ChangeSet>,
+    ) -> (Vec<ChangeSet>, Vec<FileOutcome>) {
+        screen(self, table, view, sets).await
+    }
+}
+
+impl Sink for DeltaSink {
+    type Table = DeltaTable;
+
+    async fn view(&self, cfg: &TableConfig) -> Result<TableView> {
+        TableView::open(cfg, &self.options).await
+    }
+
+    async fn check_applied(&self, cfg: &TableConfig, view: &TableView, cs: &ChangeSet) -> Result<()> {
+        crate::applied::check_load_file(cfg, &view.table, &view.props, cs).await?;
+        crate::applied::check(cfg, &view.table, &crate::applied::Identity::of(cs)).await
+    }
+
+    async fn commit(
+        &self,
+        cfg: &TableConfig,
+        batch: &Batch<'_>,
+        loaded: Option<DeltaTable>,
+    ) -> Result<TableReport> {
+        self.merge_batch(cfg, batch, loaded).await
+    }
+
+    async fn append_whole(
+        &self,
+        cfg: &TableConfig,
+        file: &Url,
+        raw: &source::RawFile,
+    ) -> Result<Whole> {
+        self.append_file_whole(cfg, file, raw).await
+    }
+}
+
+/// [`rescreen`]'s check that needs the log: no other version of a file was applied since
+/// it was screened (a concurrent writer; see `applied`).
+pub(crate) async fn rescreen_contents(
+    table: &TableConfig,
+    target: &DeltaTable,
+    files: &[Screened],
+) -> Result<()> {
+    for f in files {
+        crate::applied::check(table, target, &f.id).await?;
+    }
+    Ok(())
+}
