@@ -836,7 +836,9 @@ async fn the_engine_merges_into_another_table_format() {
             ],
         )
         .unwrap();
-        let url = source.join(&format!("20240101-00000000{n:02}.parquet")).unwrap();
+        let url = source
+            .join(&format!("20240101-00000000{n:02}.parquet"))
+            .unwrap();
         storage
             .put(&url, crate::demo::to_parquet(&batch).unwrap())
             .await

@@ -289,3 +289,24 @@ fn a_key_converted_to_another_files_type_is_checked_again() {
         .value(0);
     assert!(z == 0.0 && z.is_sign_positive(), "-0 is stored as 0: {z}");
 }
+
+/// Text `NaN` into a float key column of the table is a NaN key: refused when admission
+/// converts the file's column to the table's type (files are read in their own types).
+#[test]
+fn text_nan_into_a_float_key_column_fails_the_file() {
+    let mut file = cs(
+        "LOAD00000001.parquet",
+        &[(ChangeOp::Insert, "0 a", 1), (ChangeOp::Insert, "0 b", 2)],
+        vec![],
+    );
+    file.data = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, true)])),
+        vec![Arc::new(StringArray::from(vec!["1.5", "NaN"]))],
+    )
+    .unwrap();
+    let table = Schema::new(vec![Field::new("id", DataType::Float64, true)]);
+    let a = admit(vec![file], &key(), Some(&table), None);
+    assert!(a.admitted.is_empty());
+    let e = a.rejected[0].1.to_string();
+    assert!(e.contains("row 2, column `id`") && e.contains("NaN"), "{e}");
+}

@@ -118,7 +118,10 @@ impl Sink for MemorySink {
             .map_err(Error::arrow)?;
         let keys = KeyEncoder::new(&plan.batch.schema(), &cfg.primary_key)?.encode(&plan.batch)?;
         let ops = plan.ops()?;
-        let seq = plan.column(&cfg.sequence_column)?.as_string::<i32>().clone();
+        let seq = plan
+            .column(&cfg.sequence_column)?
+            .as_string::<i32>()
+            .clone();
         let mut tables = self.lock()?;
         let t = tables.entry(cfg.name.clone()).or_default();
         if t.kinds.is_none() {
@@ -157,12 +160,7 @@ impl Sink for MemorySink {
         Ok(report)
     }
 
-    async fn append_whole(
-        &self,
-        _: &TableConfig,
-        _: &Url,
-        _: &source::RawFile,
-    ) -> Result<Whole> {
+    async fn append_whole(&self, _: &TableConfig, _: &Url, _: &source::RawFile) -> Result<Whole> {
         Ok(Whole::Fallback("the memory sink appends nothing whole"))
     }
 }

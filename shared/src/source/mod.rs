@@ -205,7 +205,6 @@ pub(crate) struct Slices {
     last_modified: Option<DateTime<Utc>>,
     digest: Option<Digest>,
     cfg: TableConfig,
-    table_schema: Option<Schema>,
     slice_rows: usize,
     slice_bytes: usize,
     batches: std::iter::Peekable<Batches>,
@@ -216,8 +215,8 @@ pub(crate) struct Slices {
 
 impl Slices {
     /// Open a file for reading in slices of `slice_rows` rows / `slice_bytes` decoded bytes.
-    /// `table_schema` is what the Delta table says, when it exists: columns it has are
-    /// converted to its types.
+    /// `table_schema` is what the Delta table says, when it exists: CSV columns without a
+    /// declared type take its types (Parquet columns keep theirs until admission).
     pub(crate) fn open(
         file: &Url,
         raw: &RawFile,
@@ -281,7 +280,6 @@ impl Slices {
             last_modified: raw.last_modified,
             digest: raw.digest,
             cfg: cfg.clone(),
-            table_schema: table_schema.cloned(),
             slice_rows: slice_rows.max(1),
             slice_bytes: slice_bytes.max(1),
             batches: batches.peekable(),
@@ -337,14 +335,8 @@ impl Slices {
             kind: self.kind,
             generation: self.generation,
         };
-        let mut cs = to_change_set(
-            &info,
-            batch,
-            &self.cfg,
-            self.table_schema.as_ref(),
-            first_row,
-        )
-        .map_err(|e| e.shift_rows(first_row))?;
+        let mut cs = to_change_set(&info, batch, &self.cfg, first_row)
+            .map_err(|e| e.shift_rows(first_row))?;
         cs.written = self.written;
         cs.last_modified = self.last_modified;
         cs.digest = self.digest;
@@ -370,7 +362,6 @@ fn to_change_set(
     f: &FileInfo<'_>,
     raw: RecordBatch,
     cfg: &TableConfig,
-    table_schema: Option<&Schema>,
     first_row: usize,
 ) -> Result<ChangeSet> {
     let raw = renamed_columns(f.name, raw, cfg)?;
@@ -387,7 +378,7 @@ fn to_change_set(
     }
     check_keys(f.name, &raw, cfg)?;
     let ordering = order_keys(f, &raw, cfg, first_row)?;
-    let data = curated_columns(f.name, &raw, cfg, table_schema)?;
+    let data = curated_columns(f.name, &raw, cfg)?;
     let (data, ops, ordering) = key_moves(f.name, &raw, cfg, data, ops, ordering)?;
     // The deletes of moved keys (appended after the file's rows) lack no column.
     for (_, rows) in &mut absent {
@@ -978,16 +969,14 @@ fn order_keys(
     })
 }
 
-/// Curated columns, converted exactly to their Delta types, then to the table's types where
-/// the table has the column. Always by way of the Delta type, so that a value reaches the
-/// table the same way whether the table had the column when the file was read or a file of
-/// the same batch created it (`plan::admit`).
-fn curated_columns(
-    file: &str,
-    raw: &RecordBatch,
-    cfg: &TableConfig,
-    table_schema: Option<&Schema>,
-) -> Result<RecordBatch> {
+/// Curated columns, converted exactly to their Delta types. The conversion to the table's
+/// types (or the batch's, or a widening of them) is admission's (`plan::admit`), made in
+/// the files' order against the type each column has at that file: so a value reaches the
+/// table the same way whether the table had the column when the file was read, a file of
+/// the same batch created it, or an earlier file of the batch widened it — however the files
+/// are grouped into calls (converted to the table's type here, a `Boolean` would have become
+/// the `int` 1 and then the widened `decimal` 1; read after the widening, it is refused).
+fn curated_columns(file: &str, raw: &RecordBatch, cfg: &TableConfig) -> Result<RecordBatch> {
     let schema = raw.schema();
     let mut fields = Vec::new();
     let mut columns = Vec::new();
@@ -1006,18 +995,10 @@ fn curated_columns(
             )
         })?;
         let mut c = convert(file, f.name(), raw.column(i), &delta)?;
-        let target = match table_schema.and_then(|s| s.field_with_name(f.name()).ok()) {
-            // A lossless widening of the table's type: kept (the table widens, `widen`).
-            Some(tf) if coerce::is_widening(tf.data_type(), &delta) => delta.clone(),
-            Some(tf) => tf.data_type().clone(),
-            None => delta.clone(),
-        };
-        c = convert(file, f.name(), &c, &target).map_err(|e| type_change(e, &delta, &target))?;
         if cfg.primary_key.contains(f.name()) {
-            // Again in the table's type: text `NaN` or `-0` into a float key column.
             c = key_column(file, f.name(), c)?;
         }
-        fields.push(Field::new(f.name(), target, true));
+        fields.push(Field::new(f.name(), delta, true));
         columns.push(c);
     }
     for p in &cfg.partition_by {
@@ -1238,8 +1219,7 @@ mod tests {
             kind: FileKind::FullLoad,
             generation: 1,
         };
-        let change_set =
-            |id: ArrayRef| to_change_set(&info, batch(vec![("id", id)]), &cfg, None, 0);
+        let change_set = |id: ArrayRef| to_change_set(&info, batch(vec![("id", id)]), &cfg, 0);
         let null_entry: ArrayRef = Arc::new(
             DictionaryArray::<Int32Type>::try_new(
                 Int32Array::from(vec![0, 1]),
@@ -1282,26 +1262,6 @@ mod tests {
             cs.data.column_by_name("id").unwrap().data_type(),
             &DataType::Utf8
         );
-    }
-
-    /// Text `NaN` into a float key column of the table is a NaN key.
-    #[test]
-    fn text_nan_into_a_float_key_column_fails_the_file() {
-        let cfg = table("");
-        let schema = Schema::new(vec![Field::new("id", DataType::Float64, true)]);
-        let b = batch(vec![(
-            "id",
-            Arc::new(StringArray::from(vec!["1.5", "NaN"])) as ArrayRef,
-        )]);
-        let e = read(
-            "LOAD00000001.parquet",
-            crate::demo::to_parquet(&b).unwrap(),
-            &cfg,
-            Some(&schema),
-        )
-        .expect_err("a NaN key must fail the file")
-        .to_string();
-        assert!(e.contains("row 2, column `id`") && e.contains("NaN"), "{e}");
     }
 
     /// Issue #23, CSV: every CSV value is text parsed into the column's type, so a

@@ -25,8 +25,6 @@ use crate::report::{FileOutcome, FileStatus, TableReport, WritePath};
 use crate::source::{self, ChangeSet};
 use crate::storage::Storage;
 
-pub(crate) use batch::{Before, Committed};
-
 /// A Delta table as a call reads it.
 pub(crate) type TableView = View<DeltaTable>;
 
@@ -83,7 +81,12 @@ impl Sink for DeltaSink {
         TableView::open(cfg, &self.options).await
     }
 
-    async fn check_applied(&self, cfg: &TableConfig, view: &TableView, cs: &ChangeSet) -> Result<()> {
+    async fn check_applied(
+        &self,
+        cfg: &TableConfig,
+        view: &TableView,
+        cs: &ChangeSet,
+    ) -> Result<()> {
         crate::applied::check_load_file(cfg, &view.table, &view.props, cs).await?;
         crate::applied::check(cfg, &view.table, &crate::applied::Identity::of(cs)).await
     }
