@@ -175,6 +175,49 @@ def backed_off(aws, out, resolve, merge, prefix):
     return calls + merge.calls()
 
 
+def forward_backed_off(aws, out, resolve, merge, key, body):
+    """A merge-queue message whose forwarding to the FIFO queue fails is backed off on the
+    merge queue (ChangeMessageVisibilityBatch there, the delay of a first receive): the FIFO
+    queue is taken away (SendMessageBatch fails: no such queue), then made again with the
+    same name and attributes, and the message forwarded and merged. Returns the merge
+    function's calls."""
+    read_only = {"QueueArn", "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+                 "ApproximateNumberOfMessagesDelayed", "CreatedTimestamp", "LastModifiedTimestamp"}
+    attrs = aws.sqs.get_queue_attributes(QueueUrl=out["TableQueueUrl"], AttributeNames=["All"])["Attributes"]
+    name = urlparse(out["TableQueueUrl"]).path.rsplit("/", 1)[-1]
+    aws.sqs.delete_queue(QueueUrl=out["TableQueueUrl"])
+    route = Poller(aws, None, merge.functions, out["MergeQueueUrl"], out["MergeQueueArn"])
+    fifo = Poller(aws, None, merge.functions, out["TableQueueUrl"], resolve.arn("TableQueue"))
+    try:
+        aws.s3.put_object(Bucket=out["RawBucket"], Key=key, Body=body)
+        failed, deadline = [], time.time() + 60
+        while not failed and time.time() < deadline:
+            messages = route.receive(10, wait=1)
+            if messages:
+                failed = [m for m in messages if m["MessageId"] in route.deliver(messages)]
+        assert failed, "the forwarding did not fail"
+    finally:
+        url = aws.sqs.create_queue(QueueName=name, Attributes={k: v for k, v in attrs.items() if k not in read_only})["QueueUrl"]
+        assert urlparse(url).path == urlparse(out["TableQueueUrl"]).path, url
+    calls = merge.calls()
+    changes = [json.loads(c.body) for c in calls if c.service == "sqs"
+               and c.headers.get("x-amz-target") == "AmazonSQS.ChangeMessageVisibilityBatch"]
+    entries = [e for c in changes for e in c["Entries"]]
+    assert [urlparse(c["QueueUrl"]).path for c in changes] == [urlparse(out["MergeQueueUrl"]).path], changes
+    assert [(e["ReceiptHandle"], e["VisibilityTimeout"]) for e in entries] == [(failed[0]["ReceiptHandle"], 1)], entries
+    deadline, merged = time.time() + 60, False
+    while not merged and time.time() < deadline:
+        messages = route.receive(10, wait=1)
+        if messages:
+            assert not route.deliver(messages), "forwarding failed again"
+        messages = fifo.receive(10, wait=0)
+        if messages:
+            assert not fifo.deliver(messages), "the forwarded file did not merge"
+            merged = True
+    assert merged, "the backed-off message was not forwarded within a minute"
+    return calls + merge.calls()
+
+
 def lambda_service_calls(resolve):
     """What AWS does with the function roles besides the binaries' own calls: the SQS
     pollers of the event source mappings (what Lambda's documentation lists:
@@ -232,9 +275,6 @@ DEFAULT_KEY_POLICY = {"Version": "2012-10-17", "Statement": [
 
 # Granted for calls these scenarios do not make: (statement, action) -> why.
 UNEXERCISED = {
-    ("ConsumeMergeQueue", "sqs:ChangeMessageVisibility"):
-        "the backoff of a merge-queue message whose forwarding to the FIFO queue fails "
-        "(backed_off exercises the FIFO queue's; no SendMessageBatch fails here)",
     ("ReadWriteCuratedTables", "s3:AbortMultipartUpload"):
         "a multipart upload that fails is aborted (object_store); no upload fails here",
 }
@@ -368,6 +408,10 @@ def test_two_stacks_and_the_pipeline_through_the_templates_resources(aws, stacks
         # A retryable failure backs its FIFO message off (a short visibility change, not the
         # queue's 5,400 s): a file no table owns while the newest configuration does not load.
         merge_calls += backed_off(aws, out, resolve, merge, prefix.replace("/tmpl/", "/nobody/"))
+        # So is a merge-queue message whose forwarding fails (on the merge queue); the file
+        # is delivered again (its contents: a re-delivery, nothing changes).
+        key, body = files[-1]
+        merge_calls += forward_backed_off(aws, out, resolve, merge, prefix + key, body)
         assert any(c.status == 404 and c.path.endswith(gone_key) for c in merge_calls), "the gone file was not read"
 
         # Maintenance as the state machine runs it, then a DMS reload (the full load written again).
