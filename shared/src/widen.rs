@@ -10,8 +10,9 @@
 //! The commit declares a read of the whole table, so it conflicts with any concurrent commit
 //! that added or removed files (whose files it would not have rewritten); the caller's retry
 //! reads the table again. A partition column needs no rewrite (its values live in the log).
-//! The rewrite streams one data file at a time, a batch at a time (memory of one row group
-//! and the writer's buffer), into files of the table's usual size.
+//! The rewrite streams one data file at a time, a batch at a time, one partition at a time
+//! (memory: a row group and one partition's unwritten output), into files of the table's
+//! usual size.
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use deltalake::datafile::writer::DeltaWriter;
@@ -108,25 +109,39 @@ pub(crate) async fn widen(
     let mut files_rewritten = 0;
     if rewrite {
         let store = table.log_store().object_store(None);
-        let config =
-            crate::delta::writer_config_for(snapshot, new_arrow.clone(), Some(properties), None);
-        let mut writer = DeltaWriter::new(store.clone(), config);
-        let live: Vec<_> = snapshot.log_data().iter().collect();
-        for f in live {
-            let partition = Partition::of(&f, &partition_columns);
-            let mut batches = crate::datafile::stream(store.clone(), &f, &new_arrow, &partition)
-                .await
-                .map_err(|e| e.into_error(label))?;
-            while let Some(b) = batches.next().await {
-                let b = b.map_err(|e| e.into_error(label))?;
-                writer.write(&b).await.map_err(delta_err)?;
-            }
-            actions.push(Action::Remove(f.remove_action(false)));
-            files_rewritten += 1;
+        // One partition at a time, its writer closed before the next: what is held is one
+        // partition's unwritten output, not the table's.
+        let mut by_partition: std::collections::BTreeMap<Partition, Vec<_>> = Default::default();
+        for f in snapshot.log_data().iter() {
+            by_partition
+                .entry(Partition::of(&f, &partition_columns))
+                .or_default()
+                .push(f);
         }
-        for mut add in writer.close().await.map_err(delta_err)? {
-            add.data_change = false;
-            actions.push(Action::Add(add));
+        for (partition, files) in by_partition {
+            let config = crate::delta::writer_config_for(
+                snapshot,
+                new_arrow.clone(),
+                Some(properties.clone()),
+                None,
+            );
+            let mut writer = DeltaWriter::new(store.clone(), config);
+            for f in files {
+                let mut batches =
+                    crate::datafile::stream(store.clone(), &f, &new_arrow, &partition)
+                        .await
+                        .map_err(|e| e.into_error(label))?;
+                while let Some(b) = batches.next().await {
+                    let b = b.map_err(|e| e.into_error(label))?;
+                    writer.write(&b).await.map_err(delta_err)?;
+                }
+                actions.push(Action::Remove(f.remove_action(false)));
+                files_rewritten += 1;
+            }
+            for mut add in writer.close().await.map_err(delta_err)? {
+                add.data_change = false;
+                actions.push(Action::Add(add));
+            }
         }
     }
     let operation = DeltaOperation::Write {
