@@ -126,6 +126,14 @@ fn root_store(
     Ok(store)
 }
 
+/// Bring a loaded table to its newest version (after a lost commit race).
+pub(crate) async fn refresh(table: &mut DeltaTable, label: &str) -> Result<()> {
+    table
+        .update_incremental(None)
+        .await
+        .map_err(|e| Error::delta(label, e))
+}
+
 /// Whether the handle points at an existing table.
 pub fn exists(table: &DeltaTable) -> bool {
     table.version().is_some()

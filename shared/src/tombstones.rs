@@ -102,10 +102,7 @@ impl<'a> Tombstones<'a> {
             let mut table = table.clone();
             async move {
                 if n > 1 {
-                    table
-                        .update_incremental(None)
-                        .await
-                        .map_err(|e| Error::delta(label, e))?;
+                    delta::refresh(&mut table, label).await?;
                 }
                 let props = parquet::file::properties::WriterProperties::default();
                 crate::widen::widen(label, table, schema, props, &[]).await
@@ -144,10 +141,7 @@ impl<'a> Tombstones<'a> {
             let batch = batch.clone();
             async move {
                 if n > 1 {
-                    table
-                        .update_incremental(None)
-                        .await
-                        .map_err(|e| Error::delta(label, e))?;
+                    delta::refresh(&mut table, label).await?;
                 }
                 let table = table
                     .write(vec![batch])

@@ -15,6 +15,25 @@ fn cases() -> u32 {
         .unwrap_or(200)
 }
 
+/// Every file delivered once, some twice (40 %), shuffled, in calls of one to three files.
+async fn deliver_shuffled(fx: &Fixture, urls: &[url::Url], seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut deliveries: Vec<url::Url> = Vec::new();
+    for u in urls {
+        deliveries.push(u.clone());
+        if rng.random_bool(0.4) {
+            deliveries.push(u.clone());
+        }
+    }
+    deliveries.shuffle(&mut rng);
+    let mut i = 0;
+    while i < deliveries.len() {
+        let n = rng.random_range(1..=3).min(deliveries.len() - i);
+        fx.merge_ok(&deliveries[i..i + n]).await;
+        i += n;
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 50, ..ProptestConfig::default() })]
 
@@ -38,23 +57,7 @@ proptest! {
         };
         let (load, files) = history(seed, keys, changes, max_file);
         let (urls, expected) = land(&fx, &load, &files);
-        let mut rng = StdRng::seed_from_u64(dup_seed);
-        let mut deliveries: Vec<url::Url> = Vec::new();
-        for u in &urls {
-            deliveries.push(u.clone());
-            if rng.random_bool(0.4) {
-                deliveries.push(u.clone());
-            }
-        }
-        deliveries.shuffle(&mut rng);
-        rt.block_on(async {
-            let mut i = 0;
-            while i < deliveries.len() {
-                let n = rng.random_range(1..=3).min(deliveries.len() - i);
-                fx.merge_ok(&deliveries[i..i + n]).await;
-                i += n;
-            }
-        });
+        rt.block_on(deliver_shuffled(&fx, &urls, dup_seed));
         let got = rt.block_on(fx.items_rows());
         prop_assert_eq!(got, expected);
     }
@@ -98,23 +101,7 @@ proptest! {
         let mut all = load.clone();
         all.extend(files.iter().flatten().cloned());
         let expected = model(&all);
-        let mut rng = StdRng::seed_from_u64(dup_seed);
-        let mut deliveries: Vec<url::Url> = Vec::new();
-        for u in &urls {
-            deliveries.push(u.clone());
-            if rng.random_bool(0.4) {
-                deliveries.push(u.clone());
-            }
-        }
-        deliveries.shuffle(&mut rng);
-        rt.block_on(async {
-            let mut i = 0;
-            while i < deliveries.len() {
-                let n = rng.random_range(1..=3).min(deliveries.len() - i);
-                fx.merge_ok(&deliveries[i..i + n]).await;
-                i += n;
-            }
-        });
+        rt.block_on(deliver_shuffled(&fx, &urls, dup_seed));
         let got = rt.block_on(fx.items_rows());
         prop_assert_eq!(got, expected);
         if cut < files.len() {
