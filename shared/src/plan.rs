@@ -193,12 +193,13 @@ pub(crate) fn admit(
     let table_columns = types.len();
     let mut widened = Vec::new();
     for cs in changes {
-        let file = cs.file.clone();
+        // Rows in errors are the file's (a slice of a large file starts further on).
+        let (file, offset) = (cs.file.clone(), cs.first_row);
         match check_kinds(&cs, &mut out.kinds)
             .and_then(|()| unify(cs, key, &mut types, table_columns, &mut widened))
         {
             Ok(cs) => out.admitted.push(cs),
-            Err(e) => out.rejected.push((file, e)),
+            Err(e) => out.rejected.push((file, e.shift_rows(offset))),
         }
     }
     if !widened.is_empty() {
@@ -207,10 +208,10 @@ pub(crate) fn admit(
         // follow before the commit (`widen`).
         let admitted = std::mem::take(&mut out.admitted);
         for cs in admitted {
-            let file = cs.file.clone();
+            let (file, offset) = (cs.file.clone(), cs.first_row);
             match in_types(cs, &types) {
                 Ok(cs) => out.admitted.push(cs),
-                Err(e) => out.rejected.push((file, e)),
+                Err(e) => out.rejected.push((file, e.shift_rows(offset))),
             }
         }
     }

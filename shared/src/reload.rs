@@ -103,7 +103,8 @@ pub async fn reload(engine: &Engine, table_name: &str) -> Result<ReloadReport> {
         kinds: admission.kinds.clone(),
         delete_unmatched_below: Some(order::generation_floor(generation)),
     };
-    let merge = engine.merge_batch(cfg, &batch, Some(view.table)).await?;
+    // Boxed: a reload future inside the maintenance function's nears rustc's layout depth limit.
+    let merge = Box::pin(engine.merge_batch(cfg, &batch, Some(view.table))).await?;
     Ok(ReloadReport {
         table: cfg.name.clone(),
         generation,

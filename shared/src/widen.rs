@@ -58,7 +58,20 @@ pub(crate) fn needed(table: &Schema, wanted: &Schema) -> Vec<Widening> {
 /// in one commit (see the module documentation). Returns the table at the new version and
 /// what was widened (empty: nothing to do, no commit). `label` names the table in errors and
 /// logs; `files` are the source files the caller is about to merge (the commit info).
-pub(crate) async fn widen(
+///
+/// Boxed: it sits deep in every commit's future (a reload's in the maintenance function
+/// reaches rustc's layout depth limit otherwise), and it is the rare path.
+pub(crate) fn widen<'a>(
+    label: &'a str,
+    table: DeltaTable,
+    wanted: &'a Schema,
+    properties: parquet::file::properties::WriterProperties,
+    files: &'a [String],
+) -> futures::future::BoxFuture<'a, Result<(DeltaTable, Widened)>> {
+    Box::pin(widen_table(label, table, wanted, properties, files))
+}
+
+async fn widen_table(
     label: &str,
     table: DeltaTable,
     wanted: &Schema,

@@ -91,6 +91,47 @@ async fn a_file_larger_than_a_slice_merges_in_slices_with_the_same_result() {
     assert_eq!(whole.items_rows().await, want);
 }
 
+/// A value of another type that does not fit the table's column, in a late slice: the
+/// error (kind `type_change`, found when admission converts the slice) names the file's row,
+/// not the slice's (3500, not 3500 − 3 × 1024), and nothing of the file is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_change_in_a_late_slice_names_the_files_row() {
+    use std::sync::Arc;
+    use tributary::deltalake::arrow::array::{ArrayRef, Float64Array, Int64Array};
+    let (load, cdc) = scenario(4000);
+    let fx = sliced();
+    fx.merge_ok(&[fx.put_items("LOAD00000001.parquet", &load)])
+        .await;
+    let before = fx.items_rows().await;
+    let mut vals: Vec<f64> = cdc.iter().map(|c| c.val as f64).collect();
+    vals[3499] = 0.5;
+    let ops: Vec<String> = cdc.iter().map(|c| c.op.to_string()).collect();
+    let tss: Vec<&str> = cdc.iter().map(|c| c.ts.as_str()).collect();
+    let parts: Vec<&str> = cdc.iter().map(|c| c.part.as_str()).collect();
+    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(cdc.iter().map(|c| c.id)));
+    let b = batch(vec![
+        (
+            "Op",
+            strings(&ops.iter().map(String::as_str).collect::<Vec<_>>()),
+        ),
+        ("ts", strings(&tss)),
+        ("id", ids),
+        ("part", strings(&parts)),
+        ("val", Arc::new(Float64Array::from(vals))),
+    ]);
+    let bad = fx.put_batch("shop/items", "20240101-1000000000.parquet", &b);
+    let r = fx.engine.process(std::slice::from_ref(&bad)).await;
+    let e = Fixture::failure(&r, &bad);
+    assert_eq!(e.kind(), "type_change", "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("row 3500 does not fit") && msg.contains("0.5"),
+        "{msg}"
+    );
+    assert!(r.tables.is_empty(), "nothing committed");
+    assert_eq!(fx.items_rows().await, before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_row_in_a_late_slice_fails_the_file_before_any_slice_is_applied() {
     let (load, mut cdc) = scenario(4000);

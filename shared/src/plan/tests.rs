@@ -42,6 +42,7 @@ fn cs(name: &str, rows: &[(ChangeOp, &str, i64)], cols: Vec<(&str, ArrayRef)>) -
         counts: FileCounts::default(),
         absent: Vec::new(),
         partial: false,
+        first_row: 0,
     }
 }
 

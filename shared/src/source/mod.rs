@@ -121,6 +121,9 @@ pub(crate) struct ChangeSet {
     /// A slice of a large file other than its last (see [`Slices`]): the file is not
     /// applied until its last slice is (a full-load file is recorded with that one).
     pub partial: bool,
+    /// The file's rows before this change set's first (a slice's offset): rows named in
+    /// errors about `data` are shifted by it, so they are the file's rows.
+    pub first_row: usize,
 }
 
 impl ChangeSet {
@@ -341,6 +344,7 @@ impl Slices {
         cs.last_modified = self.last_modified;
         cs.digest = self.digest;
         cs.partial = self.batches.peek().is_some();
+        cs.first_row = first_row;
         Ok(Some(cs))
     }
 }
@@ -410,6 +414,7 @@ fn to_change_set(
         counts,
         absent,
         partial: false,
+        first_row: 0,
     })
 }
 
