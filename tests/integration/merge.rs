@@ -578,7 +578,7 @@ async fn sqs_batch_reports_only_the_bad_message_as_failed() {
         {"messageId":"bad","eventSource":"aws:sqs","body": s3("dms/shop/items/20240101+2.parquet")},
         {"messageId":"test","eventSource":"aws:sqs","body": "{\"Event\":\"s3:TestEvent\"}"}
     ]});
-    let handled = tributary_lambda::events::handle(&engine, &event)
+    let handled = tributary_lambda::handler::handle(&engine, &event)
         .await
         .unwrap();
     assert_eq!(
@@ -729,7 +729,7 @@ async fn unowned_failure(
     file: &str,
 ) -> String {
     let engine = live.engine_for(event).await.unwrap();
-    let handled = tributary_lambda::events::handle(&engine, event)
+    let handled = tributary_lambda::handler::handle(&engine, event)
         .await
         .unwrap();
     let f = &handled.report.files[0];

@@ -1,11 +1,13 @@
 //! The Lambda adapter the two function crates share (`functions/merge`,
 //! `functions/maintenance`), kept out of the core library `tributary` so that it builds and
-//! tests without any Lambda crate: event payloads ([`events`]), the configuration in force
+//! tests without any Lambda crate: event payloads ([`events`]), the merge handler
+//! ([`handler`]: merge, dead-letter, respond), the configuration in force
 //! ([`live`]), FIFO forwarding and dead-lettering ([`queues`]), CloudWatch metrics
 //! ([`metrics`]), what both binaries do at cold start ([`run`]), and the typed errors a
 //! handler returns ([`FunctionError`], mapped to the runtime's diagnostic).
 
 pub mod events;
+pub mod handler;
 pub mod live;
 pub mod metrics;
 pub mod queues;

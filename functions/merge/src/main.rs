@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::Value;
 use tributary::Engine;
 use tributary_lambda::queues::Queues;
-use tributary_lambda::{self as lambda, events, metrics, FunctionError};
+use tributary_lambda::{self as lambda, handler, metrics, FunctionError};
 
 /// The queues, read from the environment once per cold start.
 static QUEUES: OnceLock<Queues> = OnceLock::new();
@@ -38,7 +38,7 @@ async fn handle(
     if queues.forwards(&event) {
         return queues.forward(&engine, &event).await;
     }
-    let handled = events::handle_with(&engine, Some(queues), &event).await?;
+    let handled = handler::handle_with(&engine, Some(queues), &event).await?;
     for line in metrics::emf(&handled.report, lambda::now_ms()) {
         println!("{line}");
     }

@@ -1,0 +1,208 @@
+//! The merge handler: an invocation's payload parsed (`crate::events`), every announced file
+//! merged, the messages that failed worked out — FIFO messages with files that cannot be
+//! merged moved to the dead-letter queue when `crate::queues` says so — and the response.
+
+use std::collections::HashMap;
+
+use aws_lambda_events::event::sqs::SqsBatchResponse;
+use serde_json::Value;
+use url::Url;
+
+use tributary::{Engine, FileStatus, ProcessReport};
+
+use crate::events::{parse, Trigger};
+use crate::FunctionError;
+
+/// What the merge handler did with one invocation.
+#[derive(Debug)]
+pub struct Handled {
+    pub trigger: Trigger,
+    pub report: ProcessReport,
+    /// Message ids to report as failed (SQS), with reasons and whether trying again may
+    /// succeed (a retryable error, or a dead-lettering that failed): those are retried after
+    /// a short, growing delay ([`crate::queues::Queues::back_off`]).
+    pub failed_messages: Vec<(Option<String>, String, bool)>,
+    /// FIFO messages with files that cannot be merged (not retryable): those files were
+    /// moved to the dead-letter queue (the message's other files merged) so that they do not
+    /// hold up their table: (message id, reason).
+    pub dead_lettered: Vec<(String, String)>,
+}
+
+impl Handled {
+    /// The failed messages to retry after a short delay rather than the queue's visibility
+    /// timeout: those reported failed whose failure is retryable (the others fail the same
+    /// way again; dead-lettered messages are not reported failed).
+    pub fn to_back_off(&self) -> Vec<String> {
+        self.failed_messages
+            .iter()
+            .filter(|(_, _, retryable)| *retryable)
+            .filter_map(|(id, ..)| id.clone())
+            .collect()
+    }
+
+    /// The Lambda response: for SQS a partial batch response; otherwise `null` when
+    /// everything merged and an error naming the files when anything failed (so Lambda
+    /// retries it).
+    pub fn response(&self) -> Result<Value, FunctionError> {
+        match self.trigger {
+            Trigger::Sqs => {
+                let mut r = SqsBatchResponse::default();
+                for id in self
+                    .failed_messages
+                    .iter()
+                    .filter_map(|(id, ..)| id.as_ref())
+                {
+                    r.add_failure(id.clone());
+                }
+                Ok(serde_json::to_value(r)?)
+            }
+            _ if self.failed_messages.is_empty() => Ok(Value::Null),
+            _ => Err(FunctionError::Files {
+                count: self.failed_messages.len(),
+                reasons: self
+                    .failed_messages
+                    .iter()
+                    .map(|(_, r, _)| r.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            }),
+        }
+    }
+}
+
+/// Parse the event, merge every announced file, and work out which messages failed.
+pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, FunctionError> {
+    handle_with(engine, None, event).await
+}
+
+/// [`handle`], moving FIFO messages that cannot be merged to the dead-letter queue when
+/// `queues` says so (see [`crate::queues`]).
+pub async fn handle_with(
+    engine: &Engine,
+    queues: Option<&crate::queues::Queues>,
+    event: &Value,
+) -> Result<Handled, FunctionError> {
+    let inv = parse(event).map_err(FunctionError::Event)?;
+    let mut all = Vec::new();
+    for m in &inv.messages {
+        if let Ok(objs) = &m.objects {
+            all.extend(objs.iter().cloned());
+        }
+    }
+    let report = engine.process(&all).await;
+    let errors: HashMap<&Url, (String, bool)> = report
+        .files
+        .iter()
+        .filter_map(|f| match &f.status {
+            FileStatus::Failed { error, .. } => {
+                Some((&f.file, (error.to_string(), error.is_retryable())))
+            }
+            _ => None,
+        })
+        .collect();
+    let errors: HashMap<Url, &(String, bool)> = all
+        .iter()
+        .filter_map(|o| errors.get(&engine.resolve(o)).map(|e| (o.clone(), e)))
+        .collect();
+    let dead_letters = queues.is_some_and(|q| q.dead_letters(event));
+    let mut failed = Vec::new();
+    let mut dead_lettered = Vec::new();
+    for m in &inv.messages {
+        match &m.objects {
+            Err(reason) => {
+                tracing::error!(message_id = ?m.id, error = %reason, "cannot understand message");
+                // Not retryable: the same body fails again (SQS redelivers it after the
+                // queue's timeout, then dead-letters it).
+                failed.push((m.id.clone(), reason.clone(), false));
+            }
+            Ok(objs) => {
+                let (bad, errs): (Vec<Url>, Vec<&(String, bool)>) = objs
+                    .iter()
+                    .filter_map(|o| errors.get(o).map(|e| (o.clone(), *e)))
+                    .unzip();
+                if errs.is_empty() {
+                    continue;
+                }
+                let reason = errs
+                    .iter()
+                    .map(|(e, _)| e.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let retryable = errs.iter().any(|(_, r)| *r);
+                if let (true, false, Some(q), Some(id)) = (dead_letters, retryable, queues, &m.id) {
+                    match q.dead_letter(event, id, &bad, &reason).await {
+                        Ok(()) => {
+                            tracing::error!(message_id = %id, error = %reason, "moved to the dead-letter queue (cannot be merged; its table goes on)");
+                            dead_lettered.push((id.clone(), reason));
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::error!(message_id = %id, error = %e, "could not move the message to the dead-letter queue; reporting it failed");
+                            // The move, not the file, failed: tried again soon.
+                            failed.push((m.id.clone(), reason, true));
+                            continue;
+                        }
+                    }
+                }
+                failed.push((m.id.clone(), reason, retryable));
+            }
+        }
+    }
+    Ok(Handled {
+        trigger: inv.trigger,
+        report,
+        failed_messages: failed,
+        dead_lettered,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn retryable_failures_are_backed_off_and_the_others_not() {
+        let engine = Engine::new(
+            tributary::Config::from_toml(
+                "[[table]]\nname = \"t\"\nsource = \"s3://raw/dms/s/t/\"\ntarget = \"s3://c/t\"\nprimary_key = [\"id\"]\n",
+                "t",
+                None,
+            )
+            .unwrap(),
+        )
+        // A file no table owns while the newest configuration does not load: retryable.
+        .failing_unowned("the newer configuration does not load");
+        let s3 = |key: &str| {
+            json!({"Records":[{"eventSource":"aws:s3","eventName":"ObjectCreated:Put",
+                "s3":{"bucket":{"name":"raw"},"object":{"key":key}}}]})
+            .to_string()
+        };
+        let ev = json!({"Records":[
+            {"messageId":"unowned","eventSource":"aws:sqs","body": s3("dms/other/x.parquet")},
+            {"messageId":"unreadable","eventSource":"aws:sqs","body": "not json"},
+            {"messageId":"empty","eventSource":"aws:sqs","body": "{\"Event\":\"s3:TestEvent\"}"}
+        ]});
+        let handled = handle(&engine, &ev).await.unwrap();
+        let failed: Vec<(Option<&str>, bool)> = handled
+            .failed_messages
+            .iter()
+            .map(|(id, _, r)| (id.as_deref(), *r))
+            .collect();
+        assert_eq!(
+            failed,
+            vec![(Some("unowned"), true), (Some("unreadable"), false)]
+        );
+        assert_eq!(handled.to_back_off(), vec!["unowned".to_string()]);
+        let dead = Handled {
+            trigger: Trigger::Sqs,
+            report: handled.report,
+            failed_messages: vec![(Some("a".into()), "x".into(), false)],
+            dead_lettered: vec![("b".into(), "y".into())],
+        };
+        assert!(
+            dead.to_back_off().is_empty(),
+            "not retryable, or dead-lettered"
+        );
+    }
+}
