@@ -320,7 +320,8 @@ impl DeltaSink {
             .await;
         let read_version = target.version();
         let t = Instant::now();
-        let target = write(table, target, &plan, a, report).await?;
+        let (target, path, counts) = write(table, target, &plan, a).await?;
+        record(report, path, &counts);
         report.phases_ms.merge = ms_since(t);
         report.blocked_by_tombstone = blocked;
         let t = Instant::now();
@@ -466,17 +467,16 @@ impl Chosen {
     }
 }
 
-/// Commit the plan on the path chosen for it ([`Chosen`]); the report gets the path as it
-/// was taken and the counts. A rewrite that meets a data file tributary cannot read itself
-/// (a type it does not convert, a storage hiccup) is made by delta-rs's MERGE instead,
-/// which reads it its own way.
+/// Commit the plan on the path chosen for it ([`Chosen`]): the table after it, the path as
+/// it was taken, and the counts. A rewrite that meets a data file tributary cannot read
+/// itself (a type it does not convert, a storage hiccup) is made by delta-rs's MERGE
+/// instead, which reads it its own way.
 async fn write(
     table: &TableConfig,
     target: DeltaTable,
     plan: &MergePlan,
     a: &Attempt<'_>,
-    report: &mut TableReport,
-) -> Result<DeltaTable> {
+) -> Result<(DeltaTable, WritePath, Applied)> {
     let (target, path, counts) = match Chosen::of(table, &target, plan, a.extras).await? {
         Chosen::Append(predicate) => {
             let rows = plan.batch.num_rows();
@@ -499,8 +499,7 @@ async fn write(
         },
         Chosen::Merge => merge(table, target, plan, a).await?,
     };
-    record(report, path, &counts);
-    Ok(target)
+    Ok((target, path, counts))
 }
 
 /// delta-rs's MERGE of the plan.
