@@ -476,6 +476,36 @@ async fn run_maintain(config: &str, force: bool, tables: &[String]) -> Result<()
         progress.advance(1, 0);
     }
     progress.clear();
+    // Then, as the scheduled run does, the watermarks and the groups' cuts.
+    let request = tributary::maintenance::Request {
+        tables: tables.to_vec(),
+        cuts: true,
+        ..Default::default()
+    };
+    let summary = tributary::maintenance::handle(&engine, &request).await?;
+    for g in summary.watermarks.iter().flat_map(|w| &w.groups) {
+        match g.cut {
+            Some(c) => out!(
+                "group {}: cut {} published to {}{}",
+                g.group,
+                c.to_rfc3339(),
+                g.published_at,
+                g.held_by
+                    .as_ref()
+                    .map(|t| format!(" (held by table {t})"))
+                    .unwrap_or_default()
+            ),
+            None => out!(
+                "group {}: no cut yet (a table has no watermark) — published to {}",
+                g.group,
+                g.published_at
+            ),
+        }
+    }
+    for (t, e) in &summary.failed {
+        err!("FAILED {t}: {e}");
+    }
+    failed += summary.failed.len();
     if failed > 0 {
         bail!("maintenance failed for {failed} table(s)");
     }

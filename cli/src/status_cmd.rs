@@ -9,6 +9,16 @@ pub(crate) async fn run(config: &str, tables: &[String], json: bool) -> Result<(
     let engine = Engine::from_config_location(config).await?;
     engine.config().require_tables(tables, "status")?;
     let now = Utc::now();
+    let cuts = tributary::cut::compute(
+        engine.config(),
+        engine.storage(),
+        engine.storage_options(),
+        tables,
+        false,
+        true,
+        now,
+    )
+    .await;
     let mut all = Vec::new();
     for cfg in engine
         .config()
@@ -25,6 +35,13 @@ pub(crate) async fn run(config: &str, tables: &[String], json: bool) -> Result<(
             now,
         )
         .await?;
+        let mut st = st;
+        st.cuts = cuts
+            .groups
+            .iter()
+            .filter(|g| g.tables.iter().any(|t| t.table == cfg.name))
+            .cloned()
+            .collect();
         if !json {
             print(&st, now);
         }
@@ -132,6 +149,44 @@ fn print(st: &TableStatus, now: DateTime<Utc>) {
         }
     };
     out!("  freshness   {fresh}");
+    if let Some(w) = &st.watermark {
+        let at = match (w.watermark, w.lag_seconds(now)) {
+            (Some(t), Some(lag)) => format!("{} ({})", t.to_rfc3339(), ago(lag)),
+            _ => "none yet".to_string(),
+        };
+        let state = match &w.held_by {
+            Some(h) => format!(
+                "held by {} (written {}): {}",
+                h.file,
+                h.written.to_rfc3339(),
+                h.reason
+            ),
+            None if w.caught_up => "every file under the source is applied".to_string(),
+            None => "-".to_string(),
+        };
+        out!("  watermark   {at}; {state}");
+    }
+    for g in &st.cuts {
+        let at = match (g.cut, g.lag_seconds) {
+            (Some(c), Some(lag)) => format!("{} ({})", c.to_rfc3339(), ago(lag)),
+            _ => "none yet".to_string(),
+        };
+        let version = g
+            .tables
+            .iter()
+            .find(|t| t.table == st.table)
+            .and_then(|t| t.version)
+            .map_or_else(
+                || "-".to_string(),
+                |v| format!("read this table at version {v}"),
+            );
+        let held = g
+            .held_by
+            .as_ref()
+            .map(|t| format!("; held by table {t}"))
+            .unwrap_or_default();
+        out!("  group {}  cut {at}; {version}{held}", g.group);
+    }
     if st.history_only {
         out!("  tombstones  none kept (history table only: its change log keeps the deletes)");
     } else {

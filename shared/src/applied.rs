@@ -140,7 +140,7 @@ fn millis(ms: i64) -> String {
 pub(crate) const TXN_RETENTION: &str = "delta.setTransactionRetentionDuration";
 
 /// Application-transaction id that records a CDC file.
-fn app_id(cfg: &TableConfig, file: &Url) -> String {
+pub(crate) fn app_id(cfg: &TableConfig, file: &Url) -> String {
     let key = storage::display(file);
     let base = storage::display(&cfg.source);
     format!("tributary.file/{}", key.strip_prefix(&base).unwrap_or(&key))

@@ -1,7 +1,8 @@
 //! What every commit of a managed table shares, whichever writer made it (a batch MERGE, a
 //! whole-file append, a history MERGE): the table as the writer first read it, the table
 //! after, and the post-commit observers that follow the commit — the manifests, the Glue
-//! entries, then the manifests' version marker — in one place ([`publish`]).
+//! entries, then the manifests' version marker — in one place ([`publish`]), after the
+//! table's watermark (`watermark`).
 //!
 //! The observers never fail the merge (it is committed): a failure is logged and reported,
 //! and the version marker, not moved, makes the next merge of the table catch up
@@ -15,6 +16,7 @@ use crate::delta;
 use crate::error::Result;
 use crate::manifest;
 use crate::storage::Storage;
+use crate::watermark::{self, Progress};
 
 /// Which of a configured table's Delta tables with manifests and a catalog entry a commit
 /// is on.
@@ -29,6 +31,14 @@ pub(crate) enum Output {
 impl Output {
     fn is_history(self) -> bool {
         self == Output::History
+    }
+
+    /// Whether this is the table that keeps `cfg`'s state (its file records, its watermark).
+    fn is_state(self, cfg: &TableConfig) -> bool {
+        match self {
+            Output::Current => cfg.target.is_some(),
+            Output::History => cfg.target.is_none(),
+        }
     }
 
     fn label(self) -> &'static str {
@@ -100,6 +110,12 @@ pub(crate) struct Published {
     pub(crate) catalog: Option<CatalogReport>,
     pub(crate) manifests_ms: u64,
     pub(crate) catalog_ms: u64,
+    /// The table's watermark after the commit (on the table that keeps the state: the
+    /// current table, or the history table of a table that keeps only its history).
+    pub(crate) watermark: Option<Progress>,
+    /// Why the watermark could not be computed or recorded.
+    pub(crate) watermark_error: Option<String>,
+    pub(crate) watermark_ms: u64,
 }
 
 /// After a commit (or none): the manifests of the partitions it touched — and of those
@@ -114,6 +130,23 @@ pub(crate) async fn publish(
     m: &Committed,
 ) -> Published {
     let mut out = Published::default();
+    // The watermark first: its commit (when it moves) is then part of what the manifests'
+    // marker records, and the next merge does not take it for a commit they are behind.
+    let t = std::time::Instant::now();
+    let mut after = m.after.clone();
+    if output.is_state(cfg) {
+        match watermark::advance(storage, cfg, after.clone(), chrono::Utc::now()).await {
+            Ok((table, p)) => {
+                after = table;
+                out.watermark = Some(p);
+            }
+            Err(e) => {
+                tracing::error!(table = %cfg.name, error = %e, "watermark not recorded; the next merge of the table or the maintenance run moves it");
+                out.watermark_error = Some(e.to_string());
+            }
+        }
+    }
+    out.watermark_ms = t.elapsed().as_millis() as u64;
     let t = std::time::Instant::now();
     let (mut behind, mut pending) = (manifest::Behind::No, None);
     if cfg.manifests {
@@ -121,7 +154,7 @@ pub(crate) async fn publish(
             version: b.version,
             files: &b.files,
         });
-        match manifest::catch_up(storage, m.after.clone(), since).await {
+        match manifest::catch_up(storage, after.clone(), since).await {
             Ok((w, b, p)) => {
                 out.manifests_written = w.written;
                 out.manifests_deleted = w.deleted;
@@ -140,11 +173,11 @@ pub(crate) async fn publish(
         let history = output.is_history();
         if let Some(b) = &m.before {
             let r = catalog
-                .after_commit(cfg, history, b.schema.as_ref(), &b.files, &m.after)
+                .after_commit(cfg, history, b.schema.as_ref(), &b.files, &after)
                 .await;
             absorb(&mut out.catalog, r);
         }
-        let r = catalog.catch_up(cfg, history, &behind, &m.after).await;
+        let r = catalog.catch_up(cfg, history, &behind, &after).await;
         absorb(&mut out.catalog, r);
         out.catalog_ms = t.elapsed().as_millis() as u64;
     }

@@ -287,13 +287,19 @@ pub(crate) async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Opti
 
 /// Commit only application transaction ids (no data change), e.g. to record that files were
 /// applied when their rows changed nothing.
-pub(crate) async fn commit_txns(
+pub(crate) async fn commit_txns(table: DeltaTable, txns: Vec<Transaction>) -> Result<DeltaTable> {
+    commit_txns_with(table, txns, None).await
+}
+
+/// [`commit_txns`], with one more entry in the commit info.
+pub(crate) async fn commit_txns_with(
     mut table: DeltaTable,
     txns: Vec<Transaction>,
+    info: Option<(&str, serde_json::Value)>,
 ) -> Result<DeltaTable> {
     let label = table.table_url().to_string();
     let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
-    CommitBuilder::from(tributary_commit(&[]).with_application_transactions(txns))
+    CommitBuilder::from(tributary_commit_with(&[], info).with_application_transactions(txns))
         .build(
             Some(snapshot),
             table.log_store(),
@@ -319,12 +325,23 @@ pub(crate) async fn commit_txns(
 /// merge. The maintenance run cleans the log once per run instead (`cleanup_metadata`, with
 /// the table's `delta.logRetentionDuration`).
 pub(crate) fn tributary_commit(files: &[String]) -> CommitProperties {
+    tributary_commit_with(files, None)
+}
+
+/// [`tributary_commit`] with one more entry in the commit info.
+pub(crate) fn tributary_commit_with(
+    files: &[String],
+    info: Option<(&str, serde_json::Value)>,
+) -> CommitProperties {
     let mut meta = vec![(
         "engineInfo".to_string(),
         serde_json::Value::String(format!("tributary/{}", env!("CARGO_PKG_VERSION"))),
     )];
     if !files.is_empty() {
         meta.push(("tributary.files".to_string(), serde_json::json!(files)));
+    }
+    if let Some((k, v)) = info {
+        meta.push((k.to_string(), v));
     }
     CommitProperties::default()
         .with_metadata(meta)

@@ -37,6 +37,7 @@ pub mod catalog;
 mod coerce;
 mod commit;
 pub mod config;
+pub mod cut;
 mod datafile;
 pub mod delta;
 pub mod demo;
@@ -61,6 +62,7 @@ pub mod storage;
 #[cfg(test)]
 mod testing;
 mod tombstones;
+pub mod watermark;
 mod widen;
 
 pub use config::{Config, Managed, TableConfig};

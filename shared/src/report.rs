@@ -128,6 +128,12 @@ pub struct TableReport {
     pub widened: Vec<String>,
     /// Data files rewritten in the widened types.
     pub files_rewritten_to_widen: usize,
+    /// The table's watermark after the call (`crate::watermark`): every CDC file written up
+    /// to it is applied; `held_by` names the first file that is not.
+    pub watermark: Option<crate::watermark::Progress>,
+    /// Why the watermark could not be computed or recorded (the merge stands; the next
+    /// merge or the maintenance run moves it).
+    pub watermark_error: Option<String>,
 }
 
 /// How a commit wrote a batch: chosen once per commit, from the plan and the table.
@@ -174,6 +180,7 @@ pub struct Phases {
     pub manifests: u64,
     pub history: u64,
     pub catalog: u64,
+    pub watermark: u64,
 }
 
 /// Result of one [`crate::Engine::process`] call.
@@ -214,6 +221,12 @@ impl TableReport {
         self.manifests_caught_up |= o.manifests_caught_up;
         self.widened.extend(o.widened.iter().cloned());
         self.files_rewritten_to_widen += o.files_rewritten_to_widen;
+        if o.watermark.is_some() {
+            self.watermark.clone_from(&o.watermark);
+        }
+        if o.watermark_error.is_some() {
+            self.watermark_error.clone_from(&o.watermark_error);
+        }
         if let Some(h) = &o.history {
             match &mut self.history {
                 Some(mine) => {

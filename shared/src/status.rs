@@ -54,6 +54,12 @@ pub struct TableStatus {
     /// Schema drift: the table's columns against its recent source files (`None`: no
     /// Parquet source file in the last commits to compare with).
     pub drift: Option<Drift>,
+    /// The table's watermark (`crate::watermark`) as its records and its source show it now:
+    /// every CDC file written up to it is applied; `held_by` names the first file that is
+    /// not.
+    pub watermark: Option<crate::watermark::Progress>,
+    /// The cuts of the groups the table is in (`crate::cut`; filled by `tributary status`).
+    pub cuts: Vec<crate::cut::GroupCut>,
 }
 
 /// The table's columns against the source files its last commits merged (their Parquet
@@ -132,8 +138,15 @@ pub async fn table_status(
         change_data_feed: false,
         history_only: cfg.target.is_none(),
         drift: None,
+        watermark: None,
+        cuts: Vec::new(),
     };
     let table = delta::open(cfg.state_table()?, options).await?;
+    st.watermark = Some(
+        crate::watermark::progress(storage, cfg, &table, now)
+            .await?
+            .0,
+    );
     if !delta::exists(&table) {
         return Ok(st);
     }

@@ -372,13 +372,49 @@ impl Storage {
     /// All objects under a prefix (recursively) with their metadata, sorted by key. A
     /// prefix that does not exist lists nothing.
     pub(crate) async fn list_meta(&self, prefix: &Url) -> Result<Vec<Listed>> {
+        self.list_meta_after(prefix, None).await
+    }
+
+    /// [`Storage::list_meta`] of the keys after `after` only (S3's `start-after`: the
+    /// listing starts there instead of at the prefix's first key).
+    pub(crate) async fn list_meta_after(
+        &self,
+        prefix: &Url,
+        after: Option<&Url>,
+    ) -> Result<Vec<Listed>> {
         let store = self.store(prefix)?;
         let path = object_path(prefix)?;
-        let metas: Vec<ObjectMeta> = match store.list(Some(&path)).try_collect().await {
+        let listed = match after {
+            Some(a) => {
+                let offset = object_path(a)?;
+                store
+                    .list_with_offset(Some(&path), &offset)
+                    .try_collect()
+                    .await
+            }
+            None => store.list(Some(&path)).try_collect().await,
+        };
+        let metas: Vec<ObjectMeta> = match listed {
             Ok(m) => m,
             Err(deltalake::ObjectStoreError::NotFound { .. }) => vec![],
             Err(e) => return Err(Error::storage(display(prefix), e)),
         };
+        Ok(self.listed(prefix, metas))
+    }
+
+    /// The objects directly under a prefix (not in its sub-folders), sorted by key.
+    pub(crate) async fn list_shallow(&self, prefix: &Url) -> Result<Vec<Listed>> {
+        let store = self.store(prefix)?;
+        let path = object_path(prefix)?;
+        let metas = match store.list_with_delimiter(Some(&path)).await {
+            Ok(r) => r.objects,
+            Err(deltalake::ObjectStoreError::NotFound { .. }) => vec![],
+            Err(e) => return Err(Error::storage(display(prefix), e)),
+        };
+        Ok(self.listed(prefix, metas))
+    }
+
+    fn listed(&self, prefix: &Url, metas: Vec<ObjectMeta>) -> Vec<Listed> {
         let mut out: Vec<Listed> = metas
             .into_iter()
             .map(|m| {
@@ -391,7 +427,7 @@ impl Storage {
             })
             .collect();
         out.sort_by(|a, b| a.url.path().cmp(b.url.path()));
-        Ok(out)
+        out
     }
 }
 

@@ -10,6 +10,7 @@
 //! - `reload`: DMS table reloads;
 //! - `reupload`: CDC files overwritten after they were merged;
 //! - `widen`: source columns widened while replication runs (#26);
+//! - `watermark`: watermarks and group cuts (#27);
 //! - `maintenance`: compaction, vacuum, tombstones, manifests, maintenance racing merges.
 
 mod convergence;
@@ -21,4 +22,5 @@ mod merge;
 mod reload;
 mod reupload;
 mod types;
+mod watermark;
 mod widen;

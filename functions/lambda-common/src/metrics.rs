@@ -46,6 +46,31 @@ fn document(table: &str, now_ms: i64, metrics: &[(&str, &str, u64)]) -> Value {
     Value::Object(doc)
 }
 
+/// A `WatermarkLagSeconds` document (`now − watermark`, `tributary::watermark`): per table
+/// (dimension `Table`), or per group (dimension `Group`, and without dimension: what the
+/// template's `WatermarkLagAlarm` watches, its Maximum over the groups). A table's own lag
+/// grows while its source has no changes; its group's cut counts it as caught up
+/// (`tributary::cut`), so the alarm is on the groups.
+fn lag_document(dimension: &str, name: &str, now_ms: i64, lag_seconds: f64) -> Value {
+    let dimensions = if dimension == "Group" {
+        json!([["Group"], []])
+    } else {
+        json!([[dimension]])
+    };
+    json!({
+        "_aws": {
+            "Timestamp": now_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": namespace(),
+                "Dimensions": dimensions,
+                "Metrics": [{"Name": "WatermarkLagSeconds", "Unit": "Seconds"}],
+            }]
+        },
+        dimension: name,
+        "WatermarkLagSeconds": lag_seconds.max(0.0),
+    })
+}
+
 /// The document counting one rejected configuration change (`ConfigRejected`, no
 /// dimension): an uploaded configuration that does not load, while the previous one stays
 /// in force.
@@ -114,6 +139,15 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
             m.catalog_failed += u64::from(c.error.is_some());
         }
     }
+    let now = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(now_ms).unwrap_or_default();
+    let lags: Vec<Value> = report
+        .tables
+        .iter()
+        .filter_map(|t| {
+            let lag = t.watermark.as_ref()?.lag_seconds(now)?;
+            Some(lag_document("Table", &t.table, now_ms, lag))
+        })
+        .collect();
     by.into_iter()
         .map(|(table, m)| {
             document(
@@ -137,6 +171,7 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
                 ],
             )
         })
+        .chain(lags)
         .collect()
 }
 
@@ -177,12 +212,76 @@ pub fn maintenance_emf(summary: &Summary, now_ms: i64) -> Vec<Value> {
                 ],
             )
         }))
+        .chain(watermark_lags(summary, now_ms))
         .collect()
+}
+
+/// `WatermarkLagSeconds` of every table and group the run computed a watermark for.
+fn watermark_lags(summary: &Summary, now_ms: i64) -> Vec<Value> {
+    let Some(w) = &summary.watermarks else {
+        return Vec::new();
+    };
+    let now = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(now_ms).unwrap_or_default();
+    let tables = w.tables.iter().filter_map(|(t, p)| {
+        p.lag_seconds(now)
+            .map(|lag| lag_document("Table", t, now_ms, lag))
+    });
+    let groups = w.groups.iter().filter_map(|g| {
+        g.cut.map(|c| {
+            lag_document(
+                "Group",
+                &g.group,
+                now_ms,
+                (now - c).num_milliseconds() as f64 / 1000.0,
+            )
+        })
+    });
+    tables.chain(groups).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watermark_lag_is_per_table_and_per_group_and_the_alarm_watches_the_groups() {
+        let t = lag_document("Table", "orders", 7, 12.5);
+        assert_eq!(t["WatermarkLagSeconds"], 12.5);
+        assert_eq!(t["Table"], "orders");
+        assert_eq!(
+            t["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["Table"]])
+        );
+        let g = lag_document("Group", "dms", 7, 90.0);
+        assert_eq!(g["Group"], "dms");
+        // without dimension: the Maximum over groups, what WatermarkLagAlarm watches
+        assert_eq!(
+            g["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["Group"], []])
+        );
+        assert_eq!(
+            g["_aws"]["CloudWatchMetrics"][0]["Metrics"],
+            json!([{"Name": "WatermarkLagSeconds", "Unit": "Seconds"}])
+        );
+        let template =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml"))
+                .expect("template");
+        let alarm = template
+            .split("  WatermarkLagAlarm:")
+            .nth(1)
+            .and_then(|s| s.split("\n\n").next())
+            .expect("the template has WatermarkLagAlarm");
+        assert!(alarm.contains("MetricName: WatermarkLagSeconds"), "{alarm}");
+        assert!(alarm.contains("Statistic: Maximum"), "{alarm}");
+        assert!(
+            !alarm.contains("Dimensions"),
+            "the alarm watches the metric without dimension: {alarm}"
+        );
+        assert!(
+            alarm.contains("Threshold: !Ref WatermarkLagAlarmSeconds"),
+            "{alarm}"
+        );
+    }
 
     #[test]
     fn documents_declare_every_metric_they_carry() {

@@ -30,6 +30,21 @@ pub struct Config {
     /// Where it was loaded from (for messages).
     pub origin: String,
     pub tables: Vec<TableConfig>,
+    /// Groups of tables read together at one watermark (`[[group]]`; default: one per DMS
+    /// task folder).
+    pub groups: Vec<GroupConfig>,
+}
+
+/// Tables read together at one watermark (`crate::cut`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupConfig {
+    pub name: String,
+    pub tables: Vec<String>,
+    /// Where the group's cut is published (a JSON object).
+    pub cut: Url,
+    /// DMS's `CdcMaxBatchInterval`: a table whose every file is applied is taken to be
+    /// caught up to the group's newest watermark less this.
+    pub batch_interval: Duration,
 }
 
 /// The codec of the data files tributary writes.
@@ -369,11 +384,12 @@ impl Config {
     /// Parse and validate a configuration text. Relative paths in `source`, `target` and
     /// `tombstones` are resolved against `base_dir` (the config file's folder) when given.
     pub fn from_toml(text: &str, origin: &str, base_dir: Option<&Path>) -> Result<Config> {
-        let tables = raw::parse(text, base_dir).map_err(|m| Error::config(origin, m))?;
+        let (tables, groups) = raw::parse(text, base_dir).map_err(|m| Error::config(origin, m))?;
         locations::check(&tables).map_err(|m| Error::config(origin, m))?;
         Ok(Config {
             origin: origin.to_string(),
             tables,
+            groups,
         })
     }
 
@@ -419,6 +435,15 @@ impl Config {
                 ));
             }
         }
+        if let Some(g) = self.groups.iter().find(|g| !inside(&g.cut)) {
+            return Err(Error::config(
+                &self.origin,
+                format!(
+                    "group `{}`: its cut {} is outside {root}, the only place the functions may write (stack parameter TablesPrefix); set the group's `cut` under it",
+                    g.name, g.cut
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -457,6 +482,96 @@ pub(crate) fn test_table(name: &str, source: &str, target: &str, extra: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TWO: &str = r#"
+[[table]]
+name = "orders"
+source = "s3://raw/dms/shop/orders/"
+target = "s3://cur/delta/orders"
+primary_key = ["id"]
+
+[[table]]
+name = "customers"
+source = "s3://raw/dms/shop/customers/"
+target = "s3://cur/delta/customers"
+primary_key = ["id"]
+
+[[table]]
+name = "audit"
+source = "s3://raw/other/log/audit/"
+target = "s3://cur/delta/audit"
+primary_key = ["id"]
+"#;
+
+    #[test]
+    fn tables_of_one_dms_task_folder_form_a_group_by_default() {
+        let c = Config::from_toml(TWO, "test", None).unwrap();
+        let names: Vec<(&str, Vec<&str>, &str)> = c
+            .groups
+            .iter()
+            .map(|g| {
+                (
+                    g.name.as_str(),
+                    g.tables.iter().map(String::as_str).collect(),
+                    g.cut.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                (
+                    "dms",
+                    vec!["orders", "customers"],
+                    "s3://cur/delta/_tributary_cuts/dms.json"
+                ),
+                (
+                    "other",
+                    vec!["audit"],
+                    "s3://cur/delta/_tributary_cuts/other.json"
+                ),
+            ]
+        );
+        assert_eq!(c.groups[0].batch_interval, Duration::from_secs(60));
+        c.check_within(&Url::parse("s3://cur/delta/").unwrap())
+            .unwrap();
+    }
+
+    #[test]
+    fn configured_groups_are_checked() {
+        let ok = format!(
+            "{TWO}\n[[group]]\nname = \"all\"\ntables = [\"orders\", \"audit\"]\nbatch_interval_seconds = 30\n"
+        );
+        let c = Config::from_toml(&ok, "test", None).unwrap();
+        assert_eq!(c.groups.len(), 1, "only the configured groups");
+        assert_eq!(c.groups[0].batch_interval, Duration::from_secs(30));
+        for (extra, says) in [
+            ("[[group]]\nname = \"g\"\ntables = [\"nope\"]\n", "`nope`, which is not configured"),
+            ("[[group]]\nname = \"g\"\ntables = []\n", "`tables` is empty"),
+            (
+                "[[group]]\nname = \"g\"\ntables = [\"orders\"]\nbatch_interval_seconds = -1\n",
+                "`batch_interval_seconds` must be",
+            ),
+            (
+                "[[group]]\nname = \"g\"\ntables = [\"orders\"]\n[[group]]\nname = \"g\"\ntables = [\"audit\"]\n",
+                "used twice",
+            ),
+        ] {
+            let e = Config::from_toml(&format!("{TWO}\n{extra}"), "test", None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{e}");
+        }
+        let outside = format!(
+            "{TWO}\n[[group]]\nname = \"g\"\ntables = [\"orders\"]\ncut = \"s3://cur/elsewhere/g.json\"\n"
+        );
+        let c = Config::from_toml(&outside, "test", None).unwrap();
+        let e = c
+            .check_within(&Url::parse("s3://cur/delta/").unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("group `g`") && e.contains("TablesPrefix"), "{e}");
+    }
 
     #[test]
     fn parses_the_sample_events_config_with_defaults() {

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use url::Url;
 
 use super::{
-    CatalogConfig, ColumnSpec, CsvOptions, Format, HistoryConfig, HistoryDeletes,
+    CatalogConfig, ColumnSpec, CsvOptions, Format, GroupConfig, HistoryConfig, HistoryDeletes,
     MaintenanceConfig, ParquetCompression, TableConfig, Track, CHANGES_DIR,
     DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
 };
@@ -35,7 +35,22 @@ struct RawConfig {
     defaults: RawDefaults,
     #[serde(default, rename = "table")]
     tables: Vec<RawTable>,
+    #[serde(default, rename = "group")]
+    groups: Vec<RawGroup>,
 }
+
+/// `[[group]]`: tables read together at one watermark (`crate::cut`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: String,
+    tables: Vec<String>,
+    cut: Option<String>,
+    batch_interval_seconds: Option<f64>,
+}
+
+/// Default `batch_interval_seconds`: DMS's default `CdcMaxBatchInterval`.
+const DEFAULT_BATCH_INTERVAL_SECONDS: f64 = 60.0;
 
 /// The fields `[defaults]` may set for every table, declared once for both structs (serde
 /// cannot `flatten` them into the table together with `deny_unknown_fields`).
@@ -215,7 +230,10 @@ struct RawColumn {
 }
 
 /// Parse the text into resolved tables (cross-table checks are `locations::check`).
-pub(super) fn parse(text: &str, base_dir: Option<&Path>) -> Msg<Vec<TableConfig>> {
+pub(super) fn parse(
+    text: &str,
+    base_dir: Option<&Path>,
+) -> Msg<(Vec<TableConfig>, Vec<GroupConfig>)> {
     let raw: RawConfig =
         toml::from_str(text).map_err(|e| format!("not valid TOML for tributary: {e}"))?;
     if raw.tables.is_empty() {
@@ -238,7 +256,160 @@ pub(super) fn parse(text: &str, base_dir: Option<&Path>) -> Msg<Vec<TableConfig>
         }
         tables.push(table);
     }
-    Ok(tables)
+    let groups = if raw.groups.is_empty() {
+        default_groups(&tables)
+    } else {
+        let mut names = HashSet::new();
+        let mut out = Vec::new();
+        for g in raw.groups {
+            let name = g.name.clone();
+            let group =
+                resolve_group(g, &tables, base_dir).map_err(|m| format!("group `{name}`: {m}"))?;
+            if !names.insert(group.name.clone()) {
+                return Err(format!(
+                    "group name `{}` is used twice; names must be unique",
+                    group.name
+                ));
+            }
+            out.push(group);
+        }
+        out
+    };
+    Ok((tables, groups))
+}
+
+fn resolve_group(g: RawGroup, tables: &[TableConfig], base_dir: Option<&Path>) -> Msg<GroupConfig> {
+    check_name(&g.name)?;
+    if g.tables.is_empty() {
+        return Err("`tables` is empty: name the tables read together".into());
+    }
+    let mut members = Vec::new();
+    for t in &g.tables {
+        if !tables.iter().any(|c| &c.name == t) {
+            return Err(format!(
+                "`tables` names `{t}`, which is not configured (tables: {})",
+                tables
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if !members.contains(t) {
+            members.push(t.clone());
+        }
+    }
+    let interval = g
+        .batch_interval_seconds
+        .unwrap_or(DEFAULT_BATCH_INTERVAL_SECONDS);
+    if !(interval.is_finite() && interval >= 0.0) {
+        return Err("`batch_interval_seconds` must be a number of seconds, 0 or more (DMS's CdcMaxBatchInterval; default 60)".into());
+    }
+    let chosen: Vec<&TableConfig> = tables
+        .iter()
+        .filter(|t| members.contains(&t.name))
+        .collect();
+    let cut = match &g.cut {
+        Some(c) => resolve_uri(c, base_dir).map_err(|m| format!("`cut`: {m}"))?,
+        None => default_cut(&g.name, &chosen).ok_or_else(|| {
+            "the tables are not under one location, so there is no default for `cut`: give the JSON object's location (e.g. cut = \"s3://my-curated-bucket/delta/_tributary_cuts/<group>.json\")".to_string()
+        })?,
+    };
+    Ok(GroupConfig {
+        name: g.name,
+        tables: members,
+        cut,
+        batch_interval: std::time::Duration::from_secs_f64(interval),
+    })
+}
+
+/// Without `[[group]]`: one group per DMS task folder (`bucketFolder`: the tables' sources
+/// less their `<schema>/<table>/`), named after its last folder (or the bucket).
+fn default_groups(tables: &[TableConfig]) -> Vec<GroupConfig> {
+    let mut by_folder: Vec<(Url, Vec<String>)> = Vec::new();
+    for t in tables {
+        let mut folder = t.source.clone();
+        let segments: Vec<String> = t
+            .source
+            .path_segments()
+            .map(|s| s.filter(|x| !x.is_empty()).map(str::to_string).collect())
+            .unwrap_or_default();
+        let keep = segments.len().saturating_sub(2);
+        folder.set_path(&format!(
+            "/{}",
+            segments[..keep]
+                .iter()
+                .map(|s| format!("{s}/"))
+                .collect::<String>()
+        ));
+        match by_folder.iter_mut().find(|(f, _)| *f == folder) {
+            Some((_, names)) => names.push(t.name.clone()),
+            None => by_folder.push((folder, vec![t.name.clone()])),
+        }
+    }
+    let mut used = HashSet::new();
+    let mut out = Vec::new();
+    for (folder, names) in by_folder {
+        let last = folder
+            .path_segments()
+            .and_then(|mut s| s.rfind(|x| !x.is_empty()).map(str::to_string))
+            .or_else(|| folder.host_str().map(str::to_string))
+            .unwrap_or_else(|| "default".into());
+        let mut name: String = last
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let mut n = 2;
+        while !used.insert(name.clone()) {
+            name = format!("{last}-{n}");
+            n += 1;
+        }
+        let chosen: Vec<&TableConfig> = tables.iter().filter(|t| names.contains(&t.name)).collect();
+        let Some(cut) = default_cut(&name, &chosen) else {
+            continue;
+        };
+        out.push(GroupConfig {
+            name,
+            tables: names,
+            cut,
+            batch_interval: std::time::Duration::from_secs_f64(DEFAULT_BATCH_INTERVAL_SECONDS),
+        });
+    }
+    out
+}
+
+/// `<the folder holding the tables>/_tributary_cuts/<group>.json`, when they share one.
+fn default_cut(group: &str, tables: &[&TableConfig]) -> Option<Url> {
+    let mut common: Option<(Url, Vec<String>)> = None;
+    for t in tables {
+        let u = t.state_table().ok()?;
+        let segs: Vec<String> = u
+            .path_segments()?
+            .filter(|x| !x.is_empty())
+            .map(str::to_string)
+            .collect();
+        let parent = segs[..segs.len().saturating_sub(1)].to_vec();
+        common = Some(match common {
+            None => (u.clone(), parent),
+            Some((c, p)) => {
+                if c.scheme() != u.scheme() || c.host_str() != u.host_str() {
+                    return None;
+                }
+                let n = p.iter().zip(&parent).take_while(|(a, b)| a == b).count();
+                (c, p[..n].to_vec())
+            }
+        });
+    }
+    let (mut u, segs) = common?;
+    let path: String = segs.iter().map(|s| format!("/{s}")).collect();
+    u.set_path(&format!("{path}/_tributary_cuts/{group}.json"));
+    Some(u)
 }
 
 fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableConfig> {

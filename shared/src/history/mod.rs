@@ -73,6 +73,11 @@ pub struct HistoryReport {
     pub manifests_caught_up: bool,
     /// Columns whose type the call widened in the history (`column: from -> to`).
     pub widened: Vec<String>,
+    /// The watermark, when the history table keeps the table's state (no current table).
+    #[serde(skip)]
+    pub(crate) watermark: Option<crate::watermark::Progress>,
+    #[serde(skip)]
+    pub(crate) watermark_error: Option<String>,
     /// The history entries' catalog sync (reported with the table's: `TableReport::catalog`).
     #[serde(skip)]
     pub(crate) catalog: Option<crate::catalog::CatalogReport>,
@@ -131,6 +136,8 @@ pub(crate) async fn apply(
     let p = crate::commit::publish(storage, catalog, cfg, crate::commit::Output::History, &w).await;
     r.manifests_caught_up = p.caught_up;
     r.manifest_error = p.manifest_error;
+    r.watermark = p.watermark;
+    r.watermark_error = p.watermark_error;
     crate::commit::absorb(&mut r.catalog, p.catalog);
     Ok(r)
 }

@@ -585,6 +585,9 @@ pub struct Request {
     /// Only list the configured tables (`{"list": true}`): the scheduled state machine
     /// maintains each in an invocation of its own.
     pub list: bool,
+    /// Only move every table's watermark and publish the groups' cuts (`{"cuts": true}`):
+    /// the scheduled state machine's last step, after the tables' upkeep.
+    pub cuts: bool,
 }
 
 impl Request {
@@ -609,6 +612,9 @@ impl Request {
             if v.get("list").and_then(|f| f.as_bool()) == Some(true) {
                 r.list = true;
             }
+            if v.get("cuts").and_then(|f| f.as_bool()) == Some(true) {
+                r.cuts = true;
+            }
         }
         r.tables.dedup();
         r
@@ -632,6 +638,10 @@ pub struct Summary {
     /// its `error`; it does not fail the run: `CatalogSyncFailed` is the alarm).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub catalog: std::collections::BTreeMap<String, crate::catalog::CatalogReport>,
+    /// The tables' watermarks, moved where they can move, and the groups' cuts, published
+    /// (`crate::cut`). A table whose watermark cannot be computed fails the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watermarks: Option<crate::cut::Watermarks>,
 }
 
 impl Summary {
@@ -679,6 +689,11 @@ pub async fn handle(engine: &crate::Engine, request: &Request) -> Result<Summary
             ..Default::default()
         });
     }
+    if request.cuts {
+        let mut s = Summary::default();
+        watermarks(engine, &request.tables, true, &mut s).await;
+        return Ok(s);
+    }
     if let Some(table) = &request.reload {
         let mut s = Summary::default();
         // Boxed like the upkeep below (future nesting depth).
@@ -704,7 +719,38 @@ pub async fn handle(engine: &crate::Engine, request: &Request) -> Result<Summary
     ))
     .await?;
     summary.catalog = Box::pin(sync_catalog(engine, &request.tables)).await;
+    // The tables' watermarks; the groups' cuts when every table was maintained (a run for
+    // some tables — the state machine's per-table invocations — leaves them to `cuts`).
+    watermarks(
+        engine,
+        &request.tables,
+        request.tables.is_empty(),
+        &mut summary,
+    )
+    .await;
     Ok(summary)
+}
+
+/// Move the watermarks of `only` (all when empty) and, with `groups`, publish the cuts of
+/// their groups, into the summary. A table or group that fails fails the run.
+async fn watermarks(engine: &crate::Engine, only: &[String], groups: bool, summary: &mut Summary) {
+    let w = Box::pin(crate::cut::compute(
+        engine.config(),
+        engine.storage(),
+        engine.storage_options(),
+        only,
+        true,
+        groups,
+        Utc::now(),
+    ))
+    .await;
+    summary.failed.extend(w.failed.iter().cloned());
+    if groups {
+        summary
+            .failed
+            .extend(crate::cut::publish(engine.storage(), engine.config(), &w).await);
+    }
+    summary.watermarks = Some(w);
 }
 
 /// Reconcile the catalog entries of the named tables (all when `only` is empty): what the

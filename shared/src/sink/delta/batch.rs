@@ -189,6 +189,10 @@ impl DeltaSink {
         self.merge_history(table, h, batch, files, Some(record), &mut report)
             .await?;
         report.version = report.history.as_ref().and_then(|r| r.version);
+        if let Some(h) = report.history.as_mut() {
+            report.watermark = h.watermark.take();
+            report.watermark_error = h.watermark_error.take();
+        }
         report.commit_attempts = report.history.as_ref().map_or(0, |r| r.commit_attempts);
         report.duration_ms = ms_since(start);
         report.log();
@@ -217,6 +221,9 @@ impl DeltaSink {
         report.manifest_error = p.manifest_error;
         report.phases_ms.manifests = p.manifests_ms;
         report.phases_ms.catalog = p.catalog_ms;
+        report.phases_ms.watermark = p.watermark_ms;
+        report.watermark = p.watermark;
+        report.watermark_error = p.watermark_error;
         crate::commit::absorb(&mut report.catalog, p.catalog);
     }
 

@@ -1,0 +1,605 @@
+//! A table's watermark: the time T such that every CDC file of the table under its source
+//! whose DMS name time is ≤ T has been applied (full-load files count before every CDC
+//! file). It advances only over a gap-free prefix of the source's files: a file not applied
+//! yet (in flight, failed, in the dead-letter queue) holds it back, and [`Progress`] names
+//! that file.
+//!
+//! ## Where it is kept
+//!
+//! In the table, as the Delta application transaction `tributary.watermark`: any reader and
+//! any instance sees the same value, and a checkpoint keeps it. Its version is the
+//! watermark's milliseconds shifted left by 8 bits, with the source's folder layout in the
+//! low 8 ([`Layout`]): larger is later, and the layout tells where to list from. Which files
+//! are applied is what the merges already record (`applied`: one transaction per CDC file,
+//! one per full-load file).
+//!
+//! ## How it advances
+//!
+//! After every commit of the table (`commit::publish`) and in every maintenance run:
+//! list the source *from the watermark on* (S3 `start-after`, or one listing per date
+//! folder where the folders do not sort by time), then walk the CDC files after the
+//! watermark in time order, looking each up in the table's records, until the first one
+//! not applied. When that moves the watermark, one commit of the transaction alone records
+//! it. Two writers that both move it conflict on the transaction id (delta-rs's
+//! `ConcurrentTransaction`), and the later one computes again on the newer table: the value
+//! never goes backwards, and every value was true of the table it was committed on. A crash
+//! before that commit leaves the watermark behind, never ahead: the next merge or
+//! maintenance run moves it.
+//!
+//! ## What it cannot know
+//!
+//! - A file that never reached S3 (a DMS task stopped) does not hold the watermark: the
+//!   watermark says what the source prefix holds, and the freshness alarm (`now − T`) is what
+//!   tells a stopped task.
+//! - A source with no changes writes no files, so its watermark stands still; a group's cut
+//!   (`cut`) counts a table with every file applied as caught up with the group.
+//! - A file whose record expired (written before the records' horizon, `applied`) counts
+//!   as applied: it was merged, or a merge refuses it as too late. A table that recorded no
+//!   files before it was upgraded holds its watermark at the first file merged before then,
+//!   until that file passes the horizon.
+
+use chrono::{DateTime, Datelike, Duration, Timelike, Utc};
+use deltalake::kernel::Transaction;
+use deltalake::DeltaTable;
+use serde::Serialize;
+use url::Url;
+
+use crate::config::TableConfig;
+use crate::delta;
+use crate::error::{Error, Result};
+use crate::model::FileKind;
+use crate::retry::Retry;
+use crate::source::order::dms_file_time;
+use crate::source::{classify, FileClass};
+use crate::storage::{self, Listed, Storage};
+
+/// The application-transaction id of the watermark.
+pub(crate) const APP_ID: &str = "tributary.watermark";
+
+/// Keys per page of an S3 listing (what [`Progress::list_requests`] counts by).
+const PAGE: usize = 1000;
+
+/// How DMS lays out a table's CDC files (`DatePartitionEnabled`, `DatePartitionSequence`,
+/// `DatePartitionDelimiter`), as far as listing from a time needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Not known: the whole source is listed.
+    Unknown,
+    /// Files directly under the table's folder (names sort by time).
+    Flat,
+    /// Files under date folders.
+    Dated(Sequence, Delimiter),
+}
+
+/// `DatePartitionSequence`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sequence {
+    Yyyymmdd,
+    Yyyymmddhh,
+    Yyyymm,
+    Mmyyyydd,
+    Ddmmyyyy,
+}
+
+/// `DatePartitionDelimiter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delimiter {
+    Slash,
+    Underscore,
+    Dash,
+    None,
+}
+
+const SEQUENCES: [Sequence; 5] = [
+    Sequence::Yyyymmdd,
+    Sequence::Yyyymmddhh,
+    Sequence::Yyyymm,
+    Sequence::Mmyyyydd,
+    Sequence::Ddmmyyyy,
+];
+const DELIMITERS: [Delimiter; 4] = [
+    Delimiter::Slash,
+    Delimiter::Underscore,
+    Delimiter::Dash,
+    Delimiter::None,
+];
+
+impl Layout {
+    fn code(self) -> i64 {
+        match self {
+            Layout::Unknown => 0,
+            Layout::Flat => 1,
+            Layout::Dated(s, d) => {
+                let s = SEQUENCES.iter().position(|x| *x == s).unwrap_or(0) as i64;
+                let d = DELIMITERS.iter().position(|x| *x == d).unwrap_or(0) as i64;
+                2 + s * 4 + d
+            }
+        }
+    }
+
+    fn of_code(c: i64) -> Layout {
+        match c {
+            1 => Layout::Flat,
+            2..=21 => {
+                let i = (c - 2) as usize;
+                Layout::Dated(SEQUENCES[i / 4], DELIMITERS[i % 4])
+            }
+            _ => Layout::Unknown,
+        }
+    }
+
+    /// The layout of a file at `rel` (its path under the table's source), when its folders
+    /// are the date of its DMS name in one of DMS's sequences.
+    pub fn detect(rel: &str) -> Layout {
+        let (dir, name) = match rel.rsplit_once('/') {
+            Some((d, n)) => (d, n),
+            None => ("", rel),
+        };
+        let Some(t) = dms_file_time(name) else {
+            return Layout::Unknown;
+        };
+        if dir.is_empty() {
+            return Layout::Flat;
+        }
+        for s in SEQUENCES {
+            for d in DELIMITERS {
+                if folder(s, d, t) == dir {
+                    return Layout::Dated(s, d);
+                }
+            }
+        }
+        Layout::Unknown
+    }
+}
+
+/// The date folder of time `t` (UTC).
+fn folder(s: Sequence, d: Delimiter, t: DateTime<Utc>) -> String {
+    let (y, m, day, h) = (
+        format!("{:04}", t.year()),
+        format!("{:02}", t.month()),
+        format!("{:02}", t.day()),
+        format!("{:02}", t.hour()),
+    );
+    let parts: Vec<&str> = match s {
+        Sequence::Yyyymmdd => vec![&y, &m, &day],
+        Sequence::Yyyymmddhh => vec![&y, &m, &day, &h],
+        Sequence::Yyyymm => vec![&y, &m],
+        Sequence::Mmyyyydd => vec![&m, &y, &day],
+        Sequence::Ddmmyyyy => vec![&day, &m, &y],
+    };
+    let sep = match d {
+        Delimiter::Slash => "/",
+        Delimiter::Underscore => "_",
+        Delimiter::Dash => "-",
+        Delimiter::None => "",
+    };
+    parts.join(sep)
+}
+
+/// The watermark as recorded in the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stored {
+    pub(crate) at: DateTime<Utc>,
+    pub(crate) layout: Layout,
+}
+
+impl Stored {
+    pub(crate) fn encode(self) -> i64 {
+        (self.at.timestamp_millis() << 8) | self.layout.code()
+    }
+
+    pub(crate) fn decode(v: i64) -> Option<Stored> {
+        Some(Stored {
+            at: DateTime::<Utc>::from_timestamp_millis(v >> 8)?,
+            layout: Layout::of_code(v & 0xff),
+        })
+    }
+}
+
+/// The watermark recorded in `table` (`None`: none yet).
+pub(crate) async fn stored(table: &DeltaTable) -> Result<Option<Stored>> {
+    if !delta::exists(table) {
+        return Ok(None);
+    }
+    Ok(delta::txn_version(table, APP_ID)
+        .await?
+        .and_then(Stored::decode))
+}
+
+/// The file that holds a watermark back.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Held {
+    /// The file, as its URL.
+    pub file: String,
+    /// Its time (the DMS name's, else its modification time).
+    pub written: DateTime<Utc>,
+    /// Why it holds the watermark.
+    pub reason: String,
+}
+
+/// A table's watermark and what holds it.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct Progress {
+    /// Every CDC file written up to this time is applied (`None`: not every full-load file
+    /// is, or no CDC file was applied yet).
+    pub watermark: Option<DateTime<Utc>>,
+    /// The newest file of the applied prefix (when this computation walked it).
+    pub file: Option<String>,
+    /// The first file not applied.
+    pub held_by: Option<Held>,
+    /// Files after the watermark found applied out of order, behind [`Progress::held_by`]
+    /// (counted up to the first few only).
+    pub files_waiting: usize,
+    /// Every file under the source is applied.
+    pub caught_up: bool,
+    /// The watermark moved in this computation (and was committed when it was `advance`d).
+    pub advanced: bool,
+    /// Keys listed, the S3 LIST requests that took (at 1,000 keys a page), and the table's
+    /// records looked up.
+    pub listed: usize,
+    pub list_requests: usize,
+    pub lookups: usize,
+}
+
+impl Progress {
+    /// `now − watermark`, in seconds.
+    pub fn lag_seconds(&self, now: DateTime<Utc>) -> Option<f64> {
+        self.watermark
+            .map(|w| (now - w).num_milliseconds() as f64 / 1000.0)
+    }
+}
+
+/// A candidate file under the source.
+struct Found {
+    url: Url,
+    rel: String,
+    kind: FileKind,
+    written: DateTime<Utc>,
+    last_modified: DateTime<Utc>,
+    problem: Option<String>,
+}
+
+/// What listing from the stored watermark finds: the source's data files after it.
+async fn list_after(
+    storage: &Storage,
+    cfg: &TableConfig,
+    from: Option<Stored>,
+    now: DateTime<Utc>,
+    p: &mut Progress,
+) -> Result<Vec<Found>> {
+    let source = &cfg.source;
+    let mut pages: Vec<Vec<Listed>> = Vec::new();
+    match from {
+        None
+        | Some(Stored {
+            layout: Layout::Unknown,
+            ..
+        }) => pages.push(storage.list_meta(source).await?),
+        Some(Stored {
+            at,
+            layout: Layout::Flat,
+        }) => {
+            // Names sort by time: start a second before the watermark's file.
+            let start = storage::join(
+                source,
+                &(at - Duration::seconds(1))
+                    .format("%Y%m%d-%H%M%S")
+                    .to_string(),
+            );
+            pages.push(storage.list_meta_after(source, Some(&start)).await?);
+        }
+        Some(Stored {
+            at,
+            layout: Layout::Dated(s, d),
+        }) => {
+            // An hour's slack: DMS puts a file in its changes' commit date folder, which
+            // may be the one before the file's name time.
+            let from = at - Duration::hours(1);
+            match s {
+                Sequence::Yyyymmdd | Sequence::Yyyymmddhh | Sequence::Yyyymm => {
+                    // The folders sort by time: list from the watermark's folder on (the
+                    // listing also reaches full-load files, which sort after digits).
+                    let start = storage::join(source, &folder(s, d, from));
+                    pages.push(storage.list_meta_after(source, Some(&start)).await?);
+                }
+                Sequence::Mmyyyydd | Sequence::Ddmmyyyy => {
+                    // They do not: one listing per day folder since, and the table folder
+                    // itself for full-load files.
+                    pages.push(storage.list_shallow(source).await?);
+                    let mut day = from.date_naive();
+                    let last = (now + Duration::days(1)).date_naive();
+                    while day <= last {
+                        let t = day.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc();
+                        let prefix = storage::join(source, &format!("{}/", folder(s, d, t)));
+                        pages.push(storage.list_meta(&prefix).await?);
+                        match day.succ_opt() {
+                            Some(next) => day = next,
+                            None => break,
+                        }
+                    }
+                }
+            }
+        }
+    }
+    p.list_requests = pages.iter().map(|l| l.len().div_ceil(PAGE).max(1)).sum();
+    let base = storage::display(source);
+    let mut out = Vec::new();
+    for l in pages.into_iter().flatten() {
+        p.listed += 1;
+        let problem = match classify(&l.url, &cfg.format) {
+            Ok(FileClass::NotData(_)) => continue,
+            Ok(FileClass::Data) => None,
+            Err(e) => Some(e),
+        };
+        let key = storage::display(&l.url);
+        let rel = key.strip_prefix(&base).unwrap_or(&key).to_string();
+        let name = storage::file_name(&l.url);
+        let kind = FileKind::of(&name);
+        let written = match kind {
+            FileKind::Cdc => dms_file_time(&name).unwrap_or(l.last_modified),
+            FileKind::FullLoad => l.last_modified,
+        };
+        out.push(Found {
+            url: l.url,
+            rel,
+            kind,
+            written,
+            last_modified: l.last_modified,
+            problem,
+        });
+    }
+    out.sort_by(|a, b| (a.written, &a.rel).cmp(&(b.written, &b.rel)));
+    out.dedup_by(|a, b| a.rel == b.rel);
+    Ok(out)
+}
+
+/// The table's watermark at `now` as its records and the source's files show it: the
+/// stored one, moved over every applied file after it up to the first one not applied.
+/// Reads only.
+pub(crate) async fn progress(
+    storage: &Storage,
+    cfg: &TableConfig,
+    table: &DeltaTable,
+    now: DateTime<Utc>,
+) -> Result<(Progress, Option<Stored>)> {
+    let mut p = Progress::default();
+    let stored = stored(table).await?;
+    p.watermark = stored.map(|s| s.at);
+    let found = list_after(storage, cfg, stored, now, &mut p).await?;
+    let props = delta::props(table);
+    // A file without a record, written before the records' horizon of a table that has
+    // recorded its files since before it, may be one whose record expired: it counts as
+    // applied (a merge would refuse it as too late). Any other file without a record is
+    // not applied.
+    let retention = Duration::from_std(crate::applied::record_retention(cfg)).unwrap_or_default();
+    let horizon = now - retention;
+    let unrecorded_before = match props.file_records_since {
+        Some(since) if since < horizon => horizon,
+        _ => DateTime::<Utc>::MIN_UTC,
+    };
+    let exists = delta::exists(table);
+    // Full loads first: one not applied holds everything.
+    for f in found.iter().filter(|f| f.kind == FileKind::FullLoad) {
+        if stored.is_some_and(|s| f.last_modified <= s.at) {
+            continue;
+        }
+        let applied = if f.problem.is_some() || !exists {
+            false
+        } else {
+            p.lookups += 1;
+            delta::txn_version(table, &crate::applied::load_app_id(cfg, &f.url)).await?
+                == Some(f.last_modified.timestamp_millis())
+        };
+        if !applied {
+            p.held_by = Some(Held {
+                file: storage::display(&f.url),
+                written: f.written,
+                reason: f.problem.clone().unwrap_or_else(|| {
+                    if stored.is_some() {
+                        "a full-load file not applied: a table reload (`tributary reload`)".into()
+                    } else {
+                        "a full-load file not applied yet".into()
+                    }
+                }),
+            });
+            p.caught_up = false;
+            return Ok((p, stored));
+        }
+    }
+    let mut watermark = stored.map(|s| s.at);
+    let mut layout = stored.map(|s| s.layout);
+    let mut prefix: Vec<&Found> = Vec::new();
+    for f in found.iter().filter(|f| f.kind == FileKind::Cdc) {
+        if watermark.is_some_and(|w| f.written <= w) {
+            continue;
+        }
+        if p.held_by.is_some() {
+            // Behind the gap: count what waits (a few lookups at most).
+            if p.files_waiting < 3 && exists {
+                p.lookups += 1;
+                if delta::txn_version(table, &crate::applied::app_id(cfg, &f.url))
+                    .await?
+                    .is_some()
+                {
+                    p.files_waiting += 1;
+                }
+            }
+            continue;
+        }
+        let applied = match &f.problem {
+            Some(_) => false,
+            None if !exists => false,
+            None if f.written < unrecorded_before => true,
+            None => {
+                p.lookups += 1;
+                delta::txn_version(table, &crate::applied::app_id(cfg, &f.url))
+                    .await?
+                    .is_some()
+            }
+        };
+        if applied {
+            prefix.push(f);
+        } else {
+            p.held_by = Some(Held {
+                file: storage::display(&f.url),
+                written: f.written,
+                reason: f.problem.clone().unwrap_or_else(|| {
+                    "not applied: in flight, failed, or in the dead-letter queue".into()
+                }),
+            });
+        }
+    }
+    // Files of the same time as the first one not applied are not covered by a watermark
+    // at that time: the watermark stops before them.
+    if let Some(h) = &p.held_by {
+        while prefix.last().is_some_and(|f| f.written >= h.written) {
+            prefix.pop();
+        }
+    }
+    if let Some(f) = prefix.last() {
+        watermark = Some(f.written);
+        p.file = Some(storage::display(&f.url));
+    }
+    for f in &prefix {
+        let detected = Layout::detect(&f.rel);
+        if detected != Layout::Unknown {
+            layout = Some(detected);
+        } else if layout.is_none() {
+            layout = Some(Layout::Unknown);
+        }
+    }
+    p.caught_up = p.held_by.is_none();
+    p.advanced = watermark != stored.map(|s| s.at);
+    p.watermark = watermark;
+    let next = watermark.map(|at| Stored {
+        at,
+        layout: layout.unwrap_or(Layout::Unknown),
+    });
+    Ok((p, next))
+}
+
+/// [`progress`], and when the watermark moved, a commit of it (retried on the newer table
+/// when another writer moved it meanwhile). The table after it, and the progress.
+pub(crate) async fn advance(
+    storage: &Storage,
+    cfg: &TableConfig,
+    table: DeltaTable,
+    now: DateTime<Utc>,
+) -> Result<(DeltaTable, Progress)> {
+    let (out, _) = Retry::new(&cfg.name, cfg.max_commit_attempts)
+        .run("watermark", |n| {
+            let mut table = table.clone();
+            async move {
+                if n > 1 {
+                    delta::refresh(&mut table, &cfg.name).await?;
+                }
+                let (p, next) = progress(storage, cfg, &table, now).await?;
+                let Some(next) = next.filter(|_| p.advanced) else {
+                    return Ok((table, p));
+                };
+                let txn = Transaction::new_with_last_update(
+                    APP_ID,
+                    next.encode(),
+                    Some(Utc::now().timestamp_millis()),
+                );
+                let info = serde_json::json!({ "at": next.at.to_rfc3339(), "file": p.file });
+                let table =
+                    delta::commit_txns_with(table, vec![txn], Some(("tributary.watermark", info)))
+                        .await?;
+                Ok((table, p))
+            }
+        })
+        .await?;
+    Ok(out)
+}
+
+/// The versions of `table`'s last `limit` commits that moved its watermark, newest first:
+/// (version, watermark).
+pub(crate) async fn history(table: &DeltaTable, limit: u64) -> Result<Vec<(u64, DateTime<Utc>)>> {
+    let Some(latest) = table.version() else {
+        return Ok(Vec::new());
+    };
+    let label = table.table_url().to_string();
+    let mut out = Vec::new();
+    let first = latest.saturating_sub(limit.saturating_sub(1));
+    for v in (first..=latest).rev() {
+        let bytes = match table.log_store().read_commit_entry(v).await {
+            Ok(Some(b)) => b,
+            Ok(None) => break,
+            Err(e) => return Err(Error::delta(&label, e)),
+        };
+        for line in bytes.split(|b| *b == b'\n') {
+            let Ok(value) = serde_json::from_slice::<serde_json::Value>(line) else {
+                continue;
+            };
+            let Some(txn) = value.get("txn") else {
+                continue;
+            };
+            if txn.get("appId").and_then(|a| a.as_str()) != Some(APP_ID) {
+                continue;
+            }
+            if let Some(s) = txn
+                .get("version")
+                .and_then(|v| v.as_i64())
+                .and_then(Stored::decode)
+            {
+                out.push((v, s.at));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    #[test]
+    fn a_layout_is_told_from_a_files_folders() {
+        assert_eq!(Layout::detect("20261201-101010123.parquet"), Layout::Flat);
+        assert_eq!(
+            Layout::detect("2026/12/01/20261201-101010123.parquet"),
+            Layout::Dated(Sequence::Yyyymmdd, Delimiter::Slash)
+        );
+        assert_eq!(
+            Layout::detect("2026-12-01-10/20261201-101010123.csv"),
+            Layout::Dated(Sequence::Yyyymmddhh, Delimiter::Dash)
+        );
+        assert_eq!(
+            Layout::detect("01122026/20261201-101010123.csv"),
+            Layout::Dated(Sequence::Ddmmyyyy, Delimiter::None)
+        );
+        assert_eq!(Layout::detect("LOAD00000001.parquet"), Layout::Unknown);
+        assert_eq!(
+            Layout::detect("elsewhere/20261201-101010123.parquet"),
+            Layout::Unknown
+        );
+    }
+
+    #[test]
+    fn the_stored_value_keeps_its_time_and_layout_and_sorts_by_time() {
+        for code in 0..=21 {
+            let l = Layout::of_code(code);
+            assert_eq!(l.code(), code, "{l:?}");
+            let s = Stored {
+                at: t("2026-12-01T10:10:10.123Z"),
+                layout: l,
+            };
+            assert_eq!(Stored::decode(s.encode()), Some(s));
+        }
+        let early = Stored {
+            at: t("2026-12-01T10:10:10.123Z"),
+            layout: Layout::Dated(Sequence::Ddmmyyyy, Delimiter::None),
+        };
+        let late = Stored {
+            at: t("2026-12-01T10:10:10.124Z"),
+            layout: Layout::Unknown,
+        };
+        assert!(early.encode() < late.encode());
+        assert!(early.encode() >= 0);
+    }
+}
