@@ -8,7 +8,7 @@
 //!
 //! In the table, as the Delta application transaction `tributary.watermark`: any reader and
 //! any instance sees the same value, and a checkpoint keeps it. Its version is the
-//! watermark's milliseconds shifted left by 8 bits, with the source's folder layout in the
+//! watermark's microseconds (DMS names carry at most six decimals) shifted left by 8 bits, with the source's folder layout in the
 //! low 8 ([`Layout`]): larger is later, and the layout tells where to list from. Which files
 //! are applied is what the merges already record (`applied`: one transaction per CDC file,
 //! one per full-load file).
@@ -185,12 +185,12 @@ pub(crate) struct Stored {
 
 impl Stored {
     pub(crate) fn encode(self) -> i64 {
-        (self.at.timestamp_millis() << 8) | self.layout.code()
+        (self.at.timestamp_micros() << 8) | self.layout.code()
     }
 
     pub(crate) fn decode(v: i64) -> Option<Stored> {
         Some(Stored {
-            at: DateTime::<Utc>::from_timestamp_millis(v >> 8)?,
+            at: DateTime::<Utc>::from_timestamp_micros(v >> 8)?,
             layout: Layout::of_code(v & 0xff),
         })
     }
@@ -596,7 +596,7 @@ mod tests {
             layout: Layout::Dated(Sequence::Ddmmyyyy, Delimiter::None),
         };
         let late = Stored {
-            at: t("2026-12-01T10:10:10.124Z"),
+            at: t("2026-12-01T10:10:10.123001Z"),
             layout: Layout::Unknown,
         };
         assert!(early.encode() < late.encode());

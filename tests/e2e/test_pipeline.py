@@ -106,7 +106,16 @@ def test_burst_of_concurrent_invocations(aws, stack, poller, glue):
     assert catalog_partitions(glue, "burst_manifest") == routes
 
 
-def test_bad_files_go_to_the_dlq_and_replay_converges(aws, stack, poller):
+def cuts(functions):
+    """What the scheduled run's last step does: every watermark moved, every group's cut
+    published (`{"cuts": true}`)."""
+    payload, error = functions.invoke("tributary-maintenance", {"cuts": True})
+    assert error is None and not payload["failed"], payload
+    w = payload["watermarks"]
+    return dict((t, p) for t, p in w["tables"]), {g["group"]: g for g in w["groups"]}
+
+
+def test_bad_files_go_to_the_dlq_and_replay_converges(aws, stack, poller, functions):
     source = dms.Source(seed=5)
     load = source.insert_records(200)
     good_before = source.state()
@@ -130,11 +139,29 @@ def test_bad_files_go_to_the_dlq_and_replay_converges(aws, stack, poller):
     assert got == good_before, "the good file of the same table landed, nothing of the bad ones"
     # The raw files are untouched.
     assert aws.s3.get_object(Bucket=stack.raw, Key=f"dms/bad/travel_details/{corrupt_key}")["Body"].read() == b"PAR1 not a parquet file"
+    # The dead-lettered file holds the table's watermark (before every CDC file: only the
+    # full load is in), and so the cut of its group (the tables under dms/); the published
+    # object says so.
+    tables, groups = cuts(functions)
+    held = tables["bad"]["held_by"]
+    assert tables["bad"]["watermark"] is None and held["file"].endswith(corrupt_key), tables["bad"]
+    dms_group = groups["dms"]
+    assert dms_group["cut"] is None, dms_group
+    published = json.loads(aws.s3.get_object(Bucket=stack.curated, Key="delta/_tributary_cuts/dms.json")["Body"].read())
+    assert published["group"] == "dms" and published["cut"] is None
+    assert [t["held_by"]["file"] for t in published["tables"] if t["table"] == "bad"] == [held["file"]]
     # Fix and replay: upload the corrected files (as a user would after fixing them).
     fixed_start = time.time()
     upload(aws, stack, "bad", [(corrupt_key, dms.parquet(changes[:1], True)),
                                (bad_op_key, dms.parquet(changes[1:], True))])
     converge(aws, stack, poller, "bad", source.state(), "bad files fixed and replayed", fixed_start)
+    # The replay released it (the replayed merges moved it): the watermark is the newest file's time.
+    tables, groups = cuts(functions)
+    assert tables["bad"]["held_by"] is None and tables["bad"]["caught_up"], tables["bad"]
+    assert tables["bad"]["watermark"] == "2022-10-26T00:00:00.000200Z", tables["bad"]
+    # A second computation finds nothing new to record.
+    again, _ = cuts(functions)
+    assert not again["bad"]["advanced"] and again["bad"]["watermark"] == tables["bad"]["watermark"], again["bad"]
     record_timing("bad files → DLQ", fixed_start - start, "2 bad files dead-lettered after 2 receives")
 
 

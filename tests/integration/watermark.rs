@@ -360,3 +360,36 @@ proptest! {
         runtime().block_on(random_delivery(seed, files));
     }
 }
+
+/// DMS names carry sub-millisecond digits (`…-0100000002` is 200 µs past the second): the
+/// watermark keeps them, so a later computation finds nothing to record — before, it was
+/// kept in milliseconds and every merge and maintenance run committed it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watermark_with_sub_millisecond_digits_is_recorded_once() {
+    let fx = Fixture::items();
+    let f = fx.put_items(
+        "20240101-0100000002.parquet",
+        &[c('I', "2024-01-01 01:00:00.000000", 1, "a", 1)],
+    );
+    let p = progress(&fx.merge_ok(std::slice::from_ref(&f)).await);
+    assert!(p.advanced);
+    assert_eq!(
+        p.watermark,
+        Some(at(0) + chrono::Duration::microseconds(200))
+    );
+    let table = fx.url("curated/items");
+    let v = tributary::delta::open(&table, &Default::default())
+        .await
+        .unwrap()
+        .version();
+    let p = progress(&fx.merge_ok(&[f]).await);
+    assert!(!p.advanced, "{p:?}");
+    assert_eq!(
+        tributary::delta::open(&table, &Default::default())
+            .await
+            .unwrap()
+            .version(),
+        v,
+        "a re-delivery commits nothing, not even the watermark again"
+    );
+}
