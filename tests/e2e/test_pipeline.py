@@ -109,7 +109,8 @@ def test_burst_of_concurrent_invocations(aws, stack, poller, glue):
 def cuts(functions):
     """What the scheduled run's last step does: every watermark moved, every group's cut
     published (`{"cuts": true}`)."""
-    payload, error = functions.invoke("tributary-maintenance", {"cuts": True})
+    payload, error = functions.invoke("tributary-maintenance", json.loads(
+        Path(ROOT / "events" / "maintenance-cuts.json").read_text()))
     assert error is None and not payload["failed"], payload
     w = payload["watermarks"]
     return dict((t, p) for t, p in w["tables"]), {g["group"]: g for g in w["groups"]}
