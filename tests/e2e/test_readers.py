@@ -9,6 +9,7 @@ unsigned keys and sub-millisecond timestamps, merged in several commits, then ma
 
 import datetime as dt
 import decimal
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -259,3 +260,78 @@ def test_a_widened_table_reads_back_exactly_in_every_reader(tmp_path):
 def _needs_cli():
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     assert (target / "debug" / "tributary").exists(), "build the CLI first (scripts/e2e does)"
+
+
+CUT_CONFIG = """
+[[table]]
+name = "orders"
+source = "raw/shop/orders/"
+target = "curated/orders"
+primary_key = ["id"]
+sequence_by = ["ts"]
+
+[[table]]
+name = "customers"
+source = "raw/shop/customers/"
+target = "curated/customers"
+primary_key = ["id"]
+sequence_by = ["ts"]
+"""
+
+
+def test_a_groups_cut_read_with_duckdb_time_travel_is_the_source_at_that_moment(tmp_path):
+    """#27: `tributary maintain` publishes the group's cut; DuckDB's delta_scan at each
+    table's version (time travel, no code shared with delta-rs) gives the source as of the
+    cut, filters included; a held file holds the cut, merging it releases it."""
+    (tmp_path / "tributary.toml").write_text(CUT_CONFIG)
+    con = connect()
+    models = {"orders": [], "customers": []}
+    files = {}
+    for t in models:
+        (tmp_path / "raw" / "shop" / t).mkdir(parents=True)
+        for m in range(3):  # one file a minute in both tables, as DMS writes them
+            ts = f"2024-01-01 00:{m:02d}:00.000000"
+            rows_ = [("I" if m == 0 else "U", ts, 1, m), ("I", ts, 10 + m, 0)]
+            name = f"20240101-00{m:02d}000000.parquet"
+            pq.write_table(pa.table({
+                "Op": pa.array([r[0] for r in rows_]), "ts": pa.array([r[1] for r in rows_]),
+                "id": pa.array([r[2] for r in rows_], pa.int64()), "v": pa.array([r[3] for r in rows_], pa.int64()),
+            }), tmp_path / "raw" / "shop" / t / name)
+            files.setdefault(t, []).append(f"raw/shop/{t}/{name}")
+            models[t].append(rows_)
+
+    def state(t, upto):
+        s = {}
+        for f in models[t][:upto + 1]:
+            for _op, _ts, k, v in f:
+                s[k] = v
+        return sorted(s.items())
+
+    for f in files["orders"]:
+        cli("merge", "--config", "tributary.toml", f, cwd=tmp_path)
+    # customers' second file is held (failed, or in the dead-letter queue)
+    for f in (files["customers"][0], files["customers"][2]):
+        cli("merge", "--config", "tributary.toml", f, cwd=tmp_path)
+    out = cli("maintain", "--config", "tributary.toml", cwd=tmp_path)
+    assert "group raw: cut 2024-01-01T00:00:00+00:00" in out and "held by table customers" in out, out
+
+    def read_cut(upto):
+        cut = json.loads((tmp_path / "curated" / "_tributary_cuts" / "raw.json").read_text())
+        assert cut["cut"] == f"2024-01-01T00:{upto:02d}:00Z", cut
+        for t in cut["tables"]:
+            path, v = tmp_path / "curated" / t["table"], t["version"]
+            got = con.execute(f"SELECT id, v FROM delta_scan('{path}', version => {v}) ORDER BY id").fetchall()
+            assert got == state(t["table"], upto), (t, got)
+            for k, val in state(t["table"], upto):
+                assert con.execute(f"SELECT v FROM delta_scan('{path}', version => {v}) WHERE id = {k}").fetchall() == [(val,)]
+        return cut
+
+    cut = read_cut(0)
+    assert cut["held_by"] == "customers"
+    held = [t["held_by"]["file"] for t in cut["tables"] if t["table"] == "customers"]
+    assert held and held[0].endswith(files["customers"][1].split("/")[-1]), cut
+    # the held file merged: the cut moves to the newest files
+    cli("merge", "--config", "tributary.toml", files["customers"][1], cwd=tmp_path)
+    cli("maintain", "--config", "tributary.toml", cwd=tmp_path)
+    cut = read_cut(2)
+    assert cut["held_by"] is None and cut["consistent_within_seconds"] == 0.0
