@@ -16,6 +16,7 @@ against the role template.yaml gives that function (iam.py), with what Lambda, i
 and the state machine do with the roles besides; calls that must be refused are; and every
 action a role's statements grant is used by some call."""
 
+import datetime
 import json
 import time
 import uuid
@@ -24,6 +25,7 @@ from urllib.parse import urlparse
 
 import decimal
 
+import boto3
 import dms
 import iam
 import pyarrow as pa
@@ -536,3 +538,127 @@ def check_consumers(aws, curated):
     wrong = [(a, r, c, want, got["result"]) for (a, r, c, want), got in zip(cases, results)
              if (got["result"] == "Allowed") != (want == "Allowed") or got["result"] == "Error"]
     assert not wrong, wrong
+
+
+def emf_to_metrics(cloudwatch, log_text):
+    """What CloudWatch Logs does with the Embedded Metric Format lines of a function's log
+    (LocalStack does not): each document's metrics, once per dimension set, as PutMetricData
+    at the document's timestamp. Returns the (namespace, name, dimensions, value) put."""
+    put = []
+    for line in log_text.splitlines():
+        if not line.startswith("{"):
+            continue
+        doc = json.loads(line)
+        if "_aws" not in doc:
+            continue
+        for directive in doc["_aws"]["CloudWatchMetrics"]:
+            for dims in directive["Dimensions"]:
+                for metric in directive["Metrics"]:
+                    dimensions = [{"Name": d, "Value": str(doc[d])} for d in dims]
+                    cloudwatch.put_metric_data(Namespace=directive["Namespace"], MetricData=[{
+                        "MetricName": metric["Name"], "Dimensions": dimensions, "Unit": metric.get("Unit", "None"),
+                        "Value": float(doc[metric["Name"]]),
+                        "Timestamp": doc["_aws"]["Timestamp"] / 1000}])
+                    put.append((directive["Namespace"], metric["Name"], tuple(dims), float(doc[metric["Name"]])))
+    return put
+
+
+def alarm_state_after_evaluation(cloudwatch, name, timeout=30):
+    """The alarm's state once LocalStack has evaluated it on the metrics put so far. Its
+    scheduler evaluates an alarm when the alarm is put, then every EvaluationPeriods x Period
+    (an hour here), so the template's definition is put again unchanged."""
+    alarm = cloudwatch.describe_alarms(AlarmNames=[name])["MetricAlarms"][0]
+    keep = ("AlarmName", "AlarmDescription", "ActionsEnabled", "OKActions", "AlarmActions",
+            "InsufficientDataActions", "MetricName", "Namespace", "Statistic", "Dimensions", "Period",
+            "EvaluationPeriods", "Threshold", "ComparisonOperator", "TreatMissingData")
+    cloudwatch.put_metric_alarm(**{k: alarm[k] for k in keep if k in alarm})
+    deadline = time.time() + timeout
+    while time.time() < deadline:  # (put, it is "Unchecked" until evaluated)
+        alarm = cloudwatch.describe_alarms(AlarmNames=[name])["MetricAlarms"][0]
+        if not alarm["StateReason"].startswith("Unchecked"):
+            return alarm
+        time.sleep(0.5)
+    return alarm
+
+
+def test_a_dead_lettered_file_holds_the_cut_and_fires_the_templates_watermark_lag_alarm(aws, stacks):
+    """The watermark lag alarm as the template defines it (deployed by CloudFormation): a CDC
+    file moved to the dead-letter queue holds its table's watermark and its group's cut, the
+    maintenance run's `WatermarkLagSeconds` (its EMF lines, put as CloudWatch Logs would)
+    exceeds `WatermarkLagAlarmSeconds` and LocalStack's evaluation of the alarm goes to
+    ALARM; the file fixed and its message redriven, the next run's lag is under the
+    threshold (the alarm returns to OK once its one-hour period holds no breaching datapoint,
+    which this test does not wait for)."""
+    out, res, resolve = stacks.out, stacks.res, stacks.resolve
+    cloudwatch = boto3.client("cloudwatch", endpoint_url=ENDPOINT, **CREDS)
+    threshold = float(resolve.value({"Ref": "WatermarkLagAlarmSeconds"}))
+    alarm_name = res["WatermarkLagAlarm"]
+    merge = run_functions(aws, out, resolve, "wmalarm", "e2e-template-alarm-cargo-lambda.log")
+    maintenance = Recorded(resolve, "MaintenanceFunction", "e2e-template-alarm-maintenance.log")
+    try:
+        source = dms.Source(seed=43)
+        prefix = "dms/wmalarm/travel_details/"
+        now = datetime.datetime.now(datetime.timezone.utc)
+        name = lambda ago: f"{now - ago:%Y/%m/%d/%Y%m%d-%H%M%S}000.parquet"
+        load = source.insert_records(200)
+        files = [("LOAD00000001.parquet", dms.parquet([(None, "2022-10-25 23:59:59.000000", *r[2:]) for r in load], False)),
+                 (name(datetime.timedelta(hours=3)), dms.parquet(source.random_changes(20), True))]
+        held = (name(datetime.timedelta(hours=2)), dms.parquet(source.random_changes(20), True))
+        files.append((name(datetime.timedelta(minutes=5)), dms.parquet(source.random_changes(20), True)))
+        for key, body in files:
+            aws.s3.put_object(Bucket=out["RawBucket"], Key=prefix + key, Body=body)
+        bad_key = prefix + held[0]
+        aws.s3.put_object(Bucket=out["RawBucket"], Key=bad_key, Body=b"not parquet (yet)")
+        route = Poller(aws, None, merge.functions, out["MergeQueueUrl"], out["MergeQueueArn"])
+        fifo = Poller(aws, None, merge.functions, out["TableQueueUrl"], resolve.arn("TableQueue"))
+        dead, deadline = [], time.time() + 120
+        while not dead and time.time() < deadline:
+            for p in (route, fifo):
+                messages = p.receive(10, wait=0)
+                if messages:
+                    p.deliver(messages)
+            dead = aws.sqs.receive_message(QueueUrl=out["DeadLetterQueueUrl"], MaxNumberOfMessages=10,
+                                           WaitTimeSeconds=1).get("Messages", [])
+        assert dead, "the unreadable file did not reach the dead-letter queue"
+        assert bad_key in dead[0]["Body"], dead[0]["Body"]
+
+        def run_maintenance():
+            start = len(open(maintenance.functions.log.name).read())
+            # the state machine's steps: each table, then the cuts
+            for event in ({"table": "wmalarm"}, json.loads((template_stack.ROOT / "events" / "maintenance-cuts.json").read_text())):
+                payload, error = maintenance.functions.invoke("tributary-maintenance", event)
+                assert error is None and not payload["failed"], payload
+            maintenance.functions.log.flush()
+            time.sleep(0.5)
+            put = emf_to_metrics(cloudwatch, open(maintenance.functions.log.name).read()[start:])
+            return payload, [v for ns, n, dims, v in put
+                             if ns == out["MetricsNamespace"] and n == "WatermarkLagSeconds" and dims == ()]
+
+        cuts, lags = run_maintenance()
+        group = cuts["watermarks"]["groups"][0]
+        assert group["held_by"] == "wmalarm" and group["tables"][0]["held_by"]["file"].endswith(held[0]), group
+        assert len(lags) == 1 and lags[0] > threshold, (lags, threshold)
+        alarm = alarm_state_after_evaluation(cloudwatch, alarm_name)
+        assert alarm["StateValue"] == "ALARM", alarm
+        assert json.loads(alarm["StateReasonData"])["recentDatapoints"] == [lags[0]], alarm["StateReasonData"]
+
+        # The redrive: the file written again, readable; its message moved back to the queue.
+        aws.s3.put_object(Bucket=out["RawBucket"], Key=bad_key, Body=held[1])
+        aws.sqs.send_message(QueueUrl=out["MergeQueueUrl"], MessageBody=dead[0]["Body"])
+        aws.sqs.delete_message(QueueUrl=out["DeadLetterQueueUrl"], ReceiptHandle=dead[0]["ReceiptHandle"])
+        stack = SimpleNamespace(curated=out["CuratedBucket"])
+        deadline = time.time() + 120
+        while time.time() < deadline and read_table(stack, "wmalarm")[1] != source.state():
+            for p in (route, fifo):
+                messages = p.receive(10, wait=0)
+                if messages:
+                    p.deliver(messages)
+            time.sleep(0.2)
+        assert read_table(stack, "wmalarm")[1] == source.state()
+        cuts, lags = run_maintenance()
+        group = cuts["watermarks"]["groups"][0]
+        assert group["held_by"] is None and group["tables"][0]["caught_up"], group
+        assert len(lags) == 1 and 0 <= lags[0] < threshold, (lags, threshold)
+    finally:
+        merge.stop()
+        maintenance.stop()
