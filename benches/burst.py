@@ -60,6 +60,19 @@ def upload_dir(s3, local, bucket, prefix):
             s3.upload_file(str(p), bucket, f"{prefix}/{p.relative_to(local)}")
 
 
+def emulator(name):
+    """S3 and SQS clients on the emulator, a run id, two new buckets (`<name>-raw-<run>`,
+    `<name>-curated-<run>`) and a function giving a queue URL's ARN."""
+    s3 = boto3.client("s3", endpoint_url=ENDPOINT, **CREDS)
+    sqs = boto3.client("sqs", endpoint_url=ENDPOINT, **CREDS)
+    run = uuid.uuid4().hex[:8]
+    raw, curated = f"{name}-raw-{run}", f"{name}-curated-{run}"
+    for b in (raw, curated):
+        s3.create_bucket(Bucket=b)
+    arn = lambda url: sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    return s3, sqs, run, raw, curated, arn
+
+
 def queued(sqs, url):
     a = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
         "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
@@ -164,13 +177,7 @@ def main():
     big_files = sorted((d / f"files-{args.rows}-{args.changes}-realistic").glob("*.parquet"))[:args.files]
     small_files = sorted((d / f"files-{args.table_rows}-{args.changes}-realistic").glob("*.parquet"))[:args.table_files]
 
-    s3 = boto3.client("s3", endpoint_url=ENDPOINT, **CREDS)
-    sqs = boto3.client("sqs", endpoint_url=ENDPOINT, **CREDS)
-    run = uuid.uuid4().hex[:8]
-    raw, curated = f"burst-raw-{run}", f"burst-curated-{run}"
-    for b in (raw, curated):
-        s3.create_bucket(Bucket=b)
-    arn = lambda url: sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    s3, sqs, run, raw, curated, arn = emulator("burst")
     std_url = sqs.create_queue(QueueName=f"burst-std-{run}", Attributes={"VisibilityTimeout": "120"})["QueueUrl"]
     route_url = sqs.create_queue(QueueName=f"burst-route-{run}", Attributes={"VisibilityTimeout": "120"})["QueueUrl"]
     fifo_url = sqs.create_queue(QueueName=f"burst-{run}.fifo", Attributes={"FifoQueue": "true", "VisibilityTimeout": "120"})["QueueUrl"]

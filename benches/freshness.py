@@ -37,16 +37,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
-import boto3
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 import dms  # noqa: E402
-from burst import queued, rss_of  # noqa: E402
-from conftest import CREDS, ENDPOINT, REGION, Functions, Poller, storage_options  # noqa: E402
+from burst import emulator, queued, rss_of  # noqa: E402
+from conftest import ENDPOINT, REGION, Functions, Poller, storage_options  # noqa: E402
 
 TABLE = """
 [[table]]
@@ -167,13 +165,7 @@ def main():
     ap.add_argument("--plot", default=None, help="PNG of latency and watermark lag over time")
     args = ap.parse_args()
 
-    s3 = boto3.client("s3", endpoint_url=ENDPOINT, **CREDS)
-    sqs = boto3.client("sqs", endpoint_url=ENDPOINT, **CREDS)
-    run = uuid.uuid4().hex[:8]
-    raw, curated = f"fresh-raw-{run}", f"fresh-curated-{run}"
-    for b in (raw, curated):
-        s3.create_bucket(Bucket=b)
-    arn = lambda url: sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    s3, sqs, run, raw, curated, arn = emulator("fresh")
     merge_url = sqs.create_queue(QueueName=f"fresh-merge-{run}", Attributes={"VisibilityTimeout": "120"})["QueueUrl"]
     fifo_url = sqs.create_queue(QueueName=f"fresh-{run}.fifo",
                                 Attributes={"FifoQueue": "true", "VisibilityTimeout": "120"})["QueueUrl"]
