@@ -25,6 +25,7 @@ Usage (LocalStack running, e.g. `scripts/localstack start`; the release merge fu
 built by `cargo lambda watch --release` on first use):
   $CACHE/venv-e2e/bin/python benches/freshness.py [--tables 5] [--steady 120] [--window 5] \
       [--out benches/results/X.jsonl] [--plot docs/img/freshness.png]
+(--plot needs matplotlib, not part of the e2e environment: `$CACHE/venv-e2e/bin/pip install matplotlib`.)
 """
 
 import argparse
