@@ -566,7 +566,13 @@ def emf_to_metrics(cloudwatch, log_text):
 def alarm_state_after_evaluation(cloudwatch, name, timeout=30):
     """The alarm's state once LocalStack has evaluated it on the metrics put so far. Its
     scheduler evaluates an alarm when the alarm is put, then every EvaluationPeriods x Period
-    (an hour here), so the template's definition is put again unchanged."""
+    (an hour here), so the template's definition is put again unchanged.
+
+    It queries [int(now) - Period, int(now)) against datapoints stored at whole seconds, so a
+    datapoint put in the second the evaluation runs in is not seen yet (the alarm would go to
+    OK on "no datapoints"): the put waits for the next whole second after every datapoint
+    put before this call."""
+    time.sleep(1.05 - time.time() % 1)
     alarm = cloudwatch.describe_alarms(AlarmNames=[name])["MetricAlarms"][0]
     keep = ("AlarmName", "AlarmDescription", "ActionsEnabled", "OKActions", "AlarmActions",
             "InsufficientDataActions", "MetricName", "Namespace", "Statistic", "Dimensions", "Period",
