@@ -11,7 +11,9 @@ and for T tables x F files: one worker and N workers, both through the FIFO queu
 
 Reported per mode: wall time from "all notifications queued" to "queues empty", commits,
 commit attempts beyond the first (conflicts), failed files, and the peak RSS of the largest
-function process during that mode; the final tables of all modes are compared row by row.
+function process during that mode (the reset starts a mode's peak at the process's current
+RSS, so heap the allocator kept from an earlier mode counts in later ones: read a mode's
+growth against the one before it); the final tables of all modes are compared row by row.
 
 Usage (LocalStack running, e.g. `scripts/localstack start`; release harness built):
   $CACHE/venv-e2e/bin/python benches/burst.py --dir /tmp/tributary-burst [--rows 1000000]
@@ -178,6 +180,8 @@ def main():
     ap.add_argument("--table-files", type=int, default=20)
     ap.add_argument("--table-rows", type=int, default=100_000)
     ap.add_argument("--out", default=None, help="JSON lines file for the results")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra variable for the function (e.g. TRIBUTARY_LOG_CACHE_MB=0); repeatable")
     args = ap.parse_args()
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -211,6 +215,11 @@ def main():
                    "AWS_REGION": REGION, "TRIBUTARY_CONFIG": f"s3://{curated}/config/tributary.toml",
                    "TRIBUTARY_ROUTE_TO": fifo_url, "TRIBUTARY_ROUTE_FROM": arn(route_url),
                    "TRIBUTARY_DEAD_LETTER_TO": dead_url, "RUST_LOG": "info"}
+    for kv in args.env:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            ap.error(f"--env {kv}: expected KEY=VALUE")
+        environment[key] = value
     functions = Functions(None, None, environment=environment, log="burst-cargo-lambda.log",
                           release=True, concurrency=args.workers)
     results = []
