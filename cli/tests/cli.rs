@@ -97,3 +97,30 @@ fn progress_appears_on_a_terminal_and_not_in_a_pipe() {
     assert!(!out.contains("files/s") && !out.contains('\r'), "{out:?}");
     assert!(out.contains("5 merged, 0 ignored, 0 failed"), "{out}");
 }
+
+/// A tuning variable whose value it does not take fails the command, naming it, before
+/// anything is merged (before: `TRIBUTARY_LOG_CACHE_MB=64MB` meant the default, silently).
+#[test]
+fn an_unparsable_tuning_variable_fails_the_command_by_name() {
+    let dir = demo();
+    std::fs::remove_dir_all(dir.path().join("d/curated")).unwrap();
+    for (name, value) in [
+        ("TRIBUTARY_LOG_CACHE_MB", "64MB"),
+        ("TRIBUTARY_SPILL_MB", "-1"),
+    ] {
+        let out = tributary(&MERGE_ONE_BY_ONE, dir.path())
+            .env(name, value)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}={value}: exit 0");
+        assert!(
+            err.contains(&format!("{name}={value} is not")),
+            "{name}={value}: {err}"
+        );
+        assert!(
+            !dir.path().join("d/curated").exists(),
+            "a table was written"
+        );
+    }
+}

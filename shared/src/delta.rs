@@ -103,7 +103,7 @@ fn root_store(
     builder: &DeltaTableBuilder,
 ) -> Result<Arc<LogCache>> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<LogCache>>>> = OnceLock::new();
-    let total = crate::logcache::total_bytes_from_env();
+    let total = crate::tuning::Tuning::from_env()?.log_cache_bytes;
     let mut opts: Vec<_> = options.iter().collect();
     opts.sort();
     let key = format!(

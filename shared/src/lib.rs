@@ -62,6 +62,7 @@ pub mod storage;
 #[cfg(test)]
 mod testing;
 mod tombstones;
+pub mod tuning;
 pub mod watermark;
 mod widen;
 

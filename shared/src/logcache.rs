@@ -36,20 +36,8 @@ use object_store::{
 /// records of applied files make its checkpoint a few MB (~78 bytes a record; docs/design.md,
 /// "Re-uploaded CDC files"): over the limit, every load fetches it again (+14 GETs).
 const MAX_ENTRY_BYTES: u64 = 24 * 1024 * 1024;
-/// Default total size of the cache, in MB (`TRIBUTARY_LOG_CACHE_MB`).
-const DEFAULT_TOTAL_MB: u64 = 64;
 /// Listed sizes and ETags kept at most (forgotten all at once beyond: only hits are lost).
 const MAX_LISTED: usize = 200_000;
-
-/// The cache's size from `TRIBUTARY_LOG_CACHE_MB` (0 turns it off).
-pub(crate) fn total_bytes_from_env() -> u64 {
-    std::env::var("TRIBUTARY_LOG_CACHE_MB")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(DEFAULT_TOTAL_MB)
-        * 1024
-        * 1024
-}
 
 /// Whether `path` is an immutable Delta log file: a commit or a classic checkpoint (part).
 pub(crate) fn immutable_log_file(path: &Path) -> bool {

@@ -145,13 +145,17 @@ pub(crate) struct Listed {
 
 impl Storage {
     /// With `TRIBUTARY_SPILL_MB` (megabytes), objects larger than that are spilled to local
-    /// disk instead of [`SPILL_BYTES`].
+    /// disk instead of [`SPILL_BYTES`]. A value the variable does not take is refused at
+    /// start-up ([`crate::Engine::from_config_location`]); a storage built without that check
+    /// logs it as an error and spills at the default.
     pub fn new() -> Self {
-        let spill_bytes = std::env::var("TRIBUTARY_SPILL_MB")
-            .ok()
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|v| *v >= 0.0)
-            .map(|mb| (mb * 1024.0 * 1024.0) as u64);
+        let spill_bytes = match crate::tuning::Tuning::from_env() {
+            Ok(t) => t.spill_bytes,
+            Err(e) => {
+                tracing::error!(error = %e, "spilling objects larger than the default");
+                None
+            }
+        };
         Storage {
             spill_bytes,
             ..Self::default()

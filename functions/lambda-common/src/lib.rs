@@ -85,7 +85,7 @@ where
     init_tracing();
     let location = config_location()?;
     let live = std::sync::Arc::new(
-        live::LiveEngine::start(&location, live::LiveEngine::interval_from_env(), |l| {
+        live::LiveEngine::start(&location, live::LiveEngine::interval_from_env()?, |l| {
             let l = l.to_string();
             Box::pin(async move { engine_at(&l).await })
         })

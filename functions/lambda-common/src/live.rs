@@ -45,6 +45,17 @@ struct State {
 }
 
 /// The configuration's URL (`s3://`, `file://`, or a local path).
+/// `TRIBUTARY_CONFIG_CHECK_SECONDS`'s value as the check interval (unset or empty: 60 s).
+#[allow(clippy::result_large_err)]
+fn interval(value: Option<&str>) -> Result<Duration> {
+    Ok(tributary::tuning::seconds(
+        "TRIBUTARY_CONFIG_CHECK_SECONDS",
+        value,
+        "at most this often an invocation checks whether the configuration file changed (default 60; 0 checks on every invocation)",
+    )?
+    .unwrap_or(Duration::from_secs(60)))
+}
+
 fn config_url(location: &str) -> Option<Url> {
     if location.contains("://") {
         return Url::parse(location).ok();
@@ -101,13 +112,14 @@ impl LiveEngine {
     }
 
     /// The check interval from `TRIBUTARY_CONFIG_CHECK_SECONDS` (default 60; 0 checks on
-    /// every invocation; a value that is not a number of seconds means the default).
-    pub fn interval_from_env() -> Duration {
-        std::env::var("TRIBUTARY_CONFIG_CHECK_SECONDS")
-            .ok()
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .and_then(|v| Duration::try_from_secs_f64(v).ok())
-            .unwrap_or(Duration::from_secs(60))
+    /// every invocation); `Err` (the init fails with it) when it is not a number of seconds.
+    #[allow(clippy::result_large_err)]
+    pub fn interval_from_env() -> tributary::Result<Duration> {
+        interval(
+            std::env::var("TRIBUTARY_CONFIG_CHECK_SECONDS")
+                .ok()
+                .as_deref(),
+        )
     }
 
     fn current_engine(&self) -> Arc<Engine> {
@@ -239,4 +251,22 @@ fn unowned(engine: &Engine, payload: &serde_json::Value) -> Option<String> {
         .flatten()
         .find(|f| engine.config().table_for(&engine.resolve(f)).is_none())
         .map(tributary::storage::display)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_check_interval_is_a_number_of_seconds_or_refused() {
+        assert_eq!(interval(None).unwrap(), Duration::from_secs(60));
+        assert_eq!(interval(Some("")).unwrap(), Duration::from_secs(60));
+        assert_eq!(interval(Some("0")).unwrap(), Duration::ZERO);
+        assert_eq!(interval(Some("2.5")).unwrap(), Duration::from_millis(2500));
+        let e = interval(Some("1m")).unwrap_err().to_string();
+        assert!(
+            e.contains("TRIBUTARY_CONFIG_CHECK_SECONDS=1m is not a number of seconds"),
+            "{e}"
+        );
+    }
 }
