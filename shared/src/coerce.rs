@@ -72,12 +72,19 @@ fn integer_digits(dt: &DataType) -> Option<u8> {
 /// exactly (a lossless widening, applied to a table automatically; docs/configuration.md,
 /// "Types in the Delta table"): a larger integer; `float` to `double`; an integer to a
 /// decimal with at least its digits before the point; `decimal(p,s)` to `decimal(p',s')`
-/// with `p'-s' >= p-s` and `s' >= s`. Equal types are not a widening. Both are Delta types
-/// ([`delta_type`]).
+/// with `p'-s' >= p-s` and `s' >= s`; `date` to `timestamp`, each date becoming its midnight
+/// in UTC. Equal types are not a widening. Both are Delta types ([`delta_type`]).
+///
+/// `date` → `timestamp`: a source timestamp is stored as a `timestamp` read as UTC
+/// ([`delta_type`]), so a `DATE` column altered to `DATETIME` / `TIMESTAMP` at the source
+/// holds each old date as its midnight there, and arrives as such; the old rows take exactly
+/// that value, the one a reload of the table would write. Delta's `timestamp_ntz` is never
+/// a source column's type here, so its table feature is not needed.
 pub(crate) fn is_widening(from: &DataType, to: &DataType) -> bool {
     use DataType::*;
     match (from, to) {
         (Float32, Float64) => true,
+        (Date32, Timestamp(TimeUnit::Microsecond, Some(_))) => true,
         (Decimal128(p, s), Decimal128(q, t)) => {
             (q, t) != (p, s) && t >= s && (*q as i16 - *t as i16) >= (*p as i16 - *s as i16)
         }
@@ -542,6 +549,7 @@ mod tests {
             (Int16, Decimal128(7, 2)),
             (Decimal128(10, 2), Decimal128(12, 2)),
             (Decimal128(10, 2), Decimal128(11, 3)),
+            (Date32, Timestamp(TimeUnit::Microsecond, Some("UTC".into()))),
         ] {
             assert!(is_widening(&from, &to), "{from} -> {to}");
         }
@@ -559,7 +567,8 @@ mod tests {
             (Decimal128(10, 2), Int64),
             (Utf8, Int64),
             (Int64, Utf8),
-            (Date32, Timestamp(TimeUnit::Microsecond, Some("UTC".into()))),
+            (Timestamp(TimeUnit::Microsecond, Some("UTC".into())), Date32),
+            (Date32, Utf8),
             (Boolean, Int8),
         ] {
             assert!(!is_widening(&from, &to), "{from} -> {to}");
@@ -577,6 +586,15 @@ mod tests {
                 .unwrap(),
         );
         exact_cast(&dec, &Decimal128(11, 3)).unwrap();
+        // A date becomes its midnight in UTC, and that converts back to the same date.
+        let days: ArrayRef = Arc::new(arrow::array::Date32Array::from(vec![-719_162, 0, 19_723]));
+        let utc = Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let at = exact_cast(&days, &utc).unwrap();
+        let micros = at.as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        assert_eq!(
+            micros.values().to_vec(),
+            vec![-719_162 * 86_400_000_000, 0, 19_723 * 86_400_000_000]
+        );
     }
 
     #[test]

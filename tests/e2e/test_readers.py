@@ -177,66 +177,79 @@ target = "curated/w_history"
 
 
 def write_typed(folder, name, changes, types, with_op=True):
-    """A DMS Parquet file of (op, ts, id, region, n, f, d) rows in the given column types
+    """A DMS Parquet file of (op, ts, id, region, n, f, d, b) rows in the given column types
     (the source's types at the time: before or after an ALTER ... TYPE)."""
     cols = {}
     if with_op:
         cols["Op"] = pa.array([c[0] for c in changes], pa.string())
     cols["ts"] = pa.array([c[1] for c in changes], pa.string())
     cols["region"] = pa.array([c[3] for c in changes], pa.string())
-    for i, col in [(2, "id"), (4, "n"), (5, "f"), (6, "d")]:
+    for i, col in [(2, "id"), (4, "n"), (5, "f"), (6, "d"), (7, "b")]:
         cols[col] = pa.array([c[i] for c in changes], types[col])
     pq.write_table(pa.table(cols), folder / name)
 
 
 def test_a_widened_table_reads_back_exactly_in_every_reader(tmp_path):
-    """#26: `id`, `n` int -> bigint, `f` real -> double, `d` numeric(10,2) -> numeric(12,3)
-    part-way: DuckDB (with filters on every value), Python deltalake and the manifests'
-    plain Parquet files all read every row in the new types, old rows included."""
+    """#26: `id`, `n` int -> bigint, `f` real -> double, `d` numeric(10,2) -> numeric(12,3),
+    `b` date -> timestamp part-way: DuckDB (with filters on every value), Python deltalake
+    and the manifests' plain Parquet files all read every row in the new types, old rows
+    included (an old date as its midnight, UTC)."""
     (tmp_path / "tributary.toml").write_text(WIDEN_CONFIG)
     raw = tmp_path / "raw" / "w"
     raw.mkdir(parents=True)
     ts = lambda s: f"2024-01-01 00:00:{s:02d}.000000"  # noqa: E731
-    narrow = {"id": pa.int32(), "n": pa.int32(), "f": pa.float32(), "d": pa.decimal128(10, 2)}
-    wide = {"id": pa.int64(), "n": pa.int64(), "f": pa.float64(), "d": pa.decimal128(12, 3)}
+    narrow = {"id": pa.int32(), "n": pa.int32(), "f": pa.float32(), "d": pa.decimal128(10, 2),
+              "b": pa.date32()}
+    # DMS writes a timestamp column without a time zone
+    wide = {"id": pa.int64(), "n": pa.int64(), "f": pa.float64(), "d": pa.decimal128(12, 3),
+            "b": pa.timestamp("us")}
     big = 2**40
-    load = [("I", ts(0), k, ["eu", "us"][k % 2], k * 10, 0.5 * k, D(f"{k}.25")) for k in range(1, 7)]
+    load = [("I", ts(0), k, ["eu", "us"][k % 2], k * 10, 0.5 * k, D(f"{k}.25"), dt.date(2024, 2, k))
+            for k in range(1, 7)]
     write_typed(raw, "LOAD00000001.parquet", load, narrow, with_op=False)
-    cdc = [("U", ts(1), 2, "eu", big, 0.1, D("123456789.123")),
-           ("I", ts(1), big + 1, "us", -big, 1e300, D("-0.001")),
-           ("D", ts(1), 3, "us", 0, 0.0, D(0))]
+    cdc = [("U", ts(1), 2, "eu", big, 0.1, D("123456789.123"), dt.datetime(2024, 3, 1, 12, 30, 0, 7)),
+           ("I", ts(1), big + 1, "us", -big, 1e300, D("-0.001"), dt.datetime(1969, 12, 31, 23, 59, 59)),
+           ("D", ts(1), 3, "us", 0, 0.0, D(0), None)]
     write_typed(raw, "20240101-000001000.parquet", cdc, wide)
     for f in ["LOAD00000001.parquet", "20240101-000001000.parquet"]:
         cli("merge", "--config", "tributary.toml", f"raw/w/{f}", cwd=tmp_path)
     model = {}
-    for op, _ts, k, region, n, f, d in load + cdc:
+    for op, _ts, k, region, n, f, d, b in load + cdc:
         if op == "D":
             model.pop(k, None)
         else:
-            # the float32 values of the load are exact halves: the same as doubles
-            model[k] = (region, n, f, d)
+            # the float32 values of the load are exact halves: the same as doubles; a date is
+            # its midnight, and a source timestamp is read as UTC
+            if not isinstance(b, dt.datetime):
+                b = dt.datetime(b.year, b.month, b.day)
+            model[k] = (region, n, f, d, b.replace(tzinfo=UTC))
     want = sorted((k,) + tuple(v) for k, v in model.items())
     current = tmp_path / "curated" / "w"
     con = connect()
 
     def check(when):
-        got = rows(con, current, "id, region, n, f, d")
-        assert got == [(k, r, n, f, D(d).quantize(D("0.001"))) for k, r, n, f, d in want], when
+        got = rows(con, current, "id, region, n, f, d, epoch_us(b)")
+        epoch = dt.datetime(1970, 1, 1, tzinfo=UTC)
+        micros = lambda b: (b - epoch) // dt.timedelta(microseconds=1)  # noqa: E731
+        assert got == [(k, r, n, f, D(d).quantize(D("0.001")), micros(b)) for k, r, n, f, d, b in want], when
         types = con.execute(
-            f"SELECT typeof(id), typeof(n), typeof(f), typeof(d) FROM delta_scan('{current.as_posix()}') LIMIT 1"
+            f"SELECT typeof(id), typeof(n), typeof(f), typeof(d), typeof(b) FROM delta_scan('{current.as_posix()}') LIMIT 1"
         ).fetchall()
-        assert types == [("BIGINT", "BIGINT", "DOUBLE", "DECIMAL(12,3)")], (when, types)
-        for k, region, n, f, d in want:
+        assert types == [("BIGINT", "BIGINT", "DOUBLE", "DECIMAL(12,3)", "TIMESTAMP WITH TIME ZONE")], (when, types)
+        for k, region, n, f, d, b in want:
             assert rows(con, current, "id", f"id = {k}") == [(k,)], (when, k)
             assert rows(con, current, "id", f"n = {n}") == [(k,)], (when, n)
             assert rows(con, current, "id", f"d = {d}::DECIMAL(12,3)") == [(k,)], (when, d)
+            assert rows(con, current, "id", f"b = '{b.isoformat()}'::TIMESTAMPTZ") == [(k,)], (when, b)
         assert rows(con, current, "id", f"n > {2**31}") == [(2,)], when
+        assert rows(con, current, "id", "b < '2024-02-03'::TIMESTAMPTZ") == [(1,), (big + 1,)], when
         # Python deltalake (delta-rs's Python reader) reads the same rows
         import deltalake
         t = deltalake.DeltaTable(str(current)).to_pyarrow_table()
         assert t.schema.field("n").type == pa.int64() and t.schema.field("d").type == pa.decimal128(12, 3)
-        py = sorted(zip(*(t.column(c).to_pylist() for c in ["id", "region", "n", "f", "d"])))
-        assert [r[:4] for r in py] == [r[:4] for r in want], when
+        assert t.schema.field("b").type == pa.timestamp("us", tz="UTC"), t.schema
+        py = sorted(zip(*(t.column(c).to_pylist() for c in ["id", "region", "n", "f", "d", "b"])))
+        assert [r[:4] + r[5:] for r in py] == [r[:4] + r[5:] for r in want], when
         # the manifests' plain Parquet files: every one in the new types, the rows complete
         from readers import manifest_files
         for _, f in manifest_files(current):
@@ -244,10 +257,11 @@ def test_a_widened_table_reads_back_exactly_in_every_reader(tmp_path):
             schema = pq.read_schema(path)
             assert schema.field("n").type == pa.int64(), (when, path, schema)
             assert schema.field("id").type == pa.int64(), (when, path, schema)
+            assert pa.types.is_timestamp(schema.field("b").type), (when, path, schema)
         assert manifest_row_count(current) == len(want), when
         history = tmp_path / "curated" / "w_history"
         cur = rows(con, history, "id, n", "__END_AT IS NULL")
-        assert cur == [(k, n) for k, _r, n, _f, _d in want], when
+        assert cur == [(k, n) for k, _r, n, _f, _d, _b in want], when
         old = rows(con, history, "id, n", "id = 2 AND __END_AT IS NOT NULL")
         assert old == [(2, 20)], when
 

@@ -574,3 +574,213 @@ async fn renamed_and_dropped_columns_show_as_drift_and_rename_columns_keeps_one_
         "{e}"
     );
 }
+
+/// A `DATE` column altered to `DATETIME` / `TIMESTAMP` at the source (here a key column `day`
+/// and a plain one `born`) arrives as a timestamp, which tributary stores as `timestamp`
+/// (UTC): the table widens `date` → `timestamp`, each old date becoming its midnight, the
+/// value the source now holds and a reload would write — in the table, the history, its
+/// change log, the tombstones' keys and the change feed. A late file in dates converts; a
+/// tombstone in the wide key still blocks a late insert of the deleted key. A partition column
+/// is not widened (its folder names would change): that fails by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_date_column_altered_to_a_timestamp_widens_to_each_dates_midnight() {
+    use tributary::deltalake::arrow::array::{Date32Array, TimestampMicrosecondArray};
+    let cfg = TABLE.replace("primary_key = [\"id\"]", "primary_key = [\"id\", \"day\"]");
+    let fx = Fixture::new(&cfg);
+    // 2024-03-01 is day 19783 since 1970-01-01.
+    let day = |d: i32| -> ArrayRef { Arc::new(Date32Array::from(vec![d; 3])) };
+    let load = fx.put_batch(
+        "t",
+        "LOAD00000001.parquet",
+        &batch(vec![
+            ("ts", strings(&[&ts(0), &ts(0), &ts(0)])),
+            ("id", Arc::new(Int64Array::from(vec![1, 2, 3]))),
+            ("day", day(19_783)),
+            ("p", strings(&["a", "b", "a"])),
+            (
+                "born",
+                Arc::new(Date32Array::from(vec![Some(-25_567), Some(0), None])),
+            ),
+        ]),
+    );
+    fx.merge_ok(&[load]).await;
+    let us = |days: i64, secs: i64| days * 86_400_000_000 + secs * 1_000_000;
+    // As DMS writes a timestamp column: no time zone.
+    let stamps = |v: Vec<Option<i64>>| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(v)) };
+    let wide = fx.put_batch(
+        "t",
+        "20240101-0000000001.parquet",
+        &batch(vec![
+            ("Op", strings(&["U", "I", "D"])),
+            ("ts", strings(&[&ts(1), &ts(1), &ts(1)])),
+            ("id", Arc::new(Int64Array::from(vec![2, 4, 3]))),
+            (
+                "day",
+                stamps(vec![
+                    Some(us(19_783, 0)),
+                    Some(us(19_784, 3_723)),
+                    Some(us(19_783, 0)),
+                ]),
+            ),
+            ("p", strings(&["b", "a", "a"])),
+            (
+                "born",
+                stamps(vec![Some(us(1, 1)), Some(us(-1, 86_399) + 999_999), None]),
+            ),
+        ]),
+    );
+    let before = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .expect("open")
+        .version();
+    let r = fx.merge_ok(std::slice::from_ref(&wide)).await;
+    let t = &r.tables[0];
+    let mut widened = t.widened.clone();
+    widened.sort();
+    assert_eq!(widened.len(), 2, "{widened:?}");
+    assert!(
+        widened[0].starts_with("born: Date32 -> Timestamp")
+            && widened[1].starts_with("day: Date32 -> Timestamp"),
+        "{widened:?}"
+    );
+    assert_eq!(t.history.as_ref().expect("history").widened.len(), 2);
+    assert_eq!(
+        t.version,
+        before.map(|v| v + 2),
+        "one commit widens, one merges"
+    );
+
+    let rows = "SELECT concat_ws('|', id, CAST(day AS VARCHAR), COALESCE(CAST(born AS VARCHAR), 'null')) FROM t ORDER BY id";
+    assert_eq!(
+        text(&fx, "curated/t", rows).await,
+        vec![
+            "1|2024-03-01T00:00:00Z|1900-01-01T00:00:00Z",
+            "2|2024-03-01T00:00:00Z|1970-01-02T00:00:01Z",
+            "4|2024-03-02T01:02:03Z|1969-12-31T23:59:59.999999Z",
+        ]
+    );
+    let want = vec![
+        "day: Timestamp(µs, \"UTC\")".to_string(),
+        "born: Timestamp(µs, \"UTC\")".to_string(),
+    ];
+    let got = types(&fx, "curated/t", &["day", "born"]).await;
+    assert_eq!(got, want);
+    for rel in ["curated/t_history", "curated/t_history/_tributary_changes"] {
+        assert_eq!(types(&fx, rel, &["day", "born"]).await, want, "{rel}");
+    }
+    assert_eq!(
+        types(&fx, "curated/t/_tributary_tombstones", &["day"]).await,
+        want[..1].to_vec()
+    );
+    for (rel, column) in [
+        ("curated/t", "day"),
+        ("curated/t", "born"),
+        ("curated/t_history", "born"),
+    ] {
+        let found = file_types(&fx, rel, column).await;
+        assert!(!found.is_empty(), "{rel}");
+        assert!(
+            found
+                .iter()
+                .all(|t| matches!(t, DataType::Timestamp(_, Some(_)))),
+            "{rel} {column}: {found:?}"
+        );
+    }
+    // The history keeps row 2's old version, its date at midnight.
+    assert_eq!(
+        text(
+            &fx,
+            "curated/t_history",
+            "SELECT CAST(born AS VARCHAR) FROM t WHERE id = 2 ORDER BY \"__START_AT\""
+        )
+        .await,
+        vec!["1970-01-01T00:00:00Z", "1970-01-02T00:00:01Z"]
+    );
+    let mut feed = change_feed(
+        &fx,
+        "concat_ws('|', _change_type, id, CAST(day AS VARCHAR))",
+    )
+    .await;
+    feed.sort();
+    assert_eq!(
+        feed,
+        vec![
+            "delete|3|2024-03-01T00:00:00Z",
+            "insert|1|2024-03-01T00:00:00Z",
+            "insert|2|2024-03-01T00:00:00Z",
+            "insert|3|2024-03-01T00:00:00Z",
+            "insert|4|2024-03-02T01:02:03Z",
+            "update_postimage|2|2024-03-01T00:00:00Z",
+            "update_preimage|2|2024-03-01T00:00:00Z",
+        ]
+    );
+
+    // A late file in dates: converted to midnight; the deleted key (3, 2024-03-01) stays
+    // deleted, a new one is inserted.
+    let late = fx.put_batch(
+        "t",
+        "20240101-0000000000.parquet",
+        &batch(vec![
+            ("Op", strings(&["I", "I"])),
+            ("ts", strings(&[&ts(0), &ts(0)])),
+            ("id", Arc::new(Int64Array::from(vec![3, 5]))),
+            ("day", Arc::new(Date32Array::from(vec![19_783, 19_790]))),
+            ("p", strings(&["a", "a"])),
+            ("born", Arc::new(Date32Array::from(vec![1, 2]))),
+        ]),
+    );
+    let r = fx.merge_ok(&[late]).await;
+    assert!(r.tables[0].widened.is_empty());
+    assert_eq!(
+        text(&fx, "curated/t", rows).await,
+        vec![
+            "1|2024-03-01T00:00:00Z|1900-01-01T00:00:00Z",
+            "2|2024-03-01T00:00:00Z|1970-01-02T00:00:01Z",
+            "4|2024-03-02T01:02:03Z|1969-12-31T23:59:59.999999Z",
+            "5|2024-03-08T00:00:00Z|1970-01-03T00:00:00Z",
+        ]
+    );
+    assert_eq!(types(&fx, "curated/t", &["day", "born"]).await, want);
+
+    // A date partition column is not widened: the file fails by name, nothing committed.
+    let cfg = TABLE.replace("partition_by = [\"p\"]", "partition_by = [\"day\"]");
+    let fx = Fixture::new(&cfg);
+    let load = fx.put_batch(
+        "t",
+        "LOAD00000001.parquet",
+        &batch(vec![
+            ("ts", strings(&[&ts(0)])),
+            ("id", Arc::new(Int64Array::from(vec![1]))),
+            ("day", Arc::new(Date32Array::from(vec![19_783]))),
+            ("p", strings(&["a"])),
+        ]),
+    );
+    fx.merge_ok(&[load]).await;
+    let v = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .expect("open")
+        .version();
+    let wide = fx.put_batch(
+        "t",
+        "20240101-0000000001.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("ts", strings(&[&ts(1)])),
+            ("id", Arc::new(Int64Array::from(vec![1]))),
+            ("day", stamps(vec![Some(us(19_783, 0))])),
+            ("p", strings(&["b"])),
+        ]),
+    );
+    let r = fx.engine.process(std::slice::from_ref(&wide)).await;
+    let m = Fixture::failure(&r, &wide).to_string();
+    assert!(
+        m.contains("partition column `day` changed type from Date32 to Timestamp")
+            && m.contains("Reload the table"),
+        "{m}"
+    );
+    let after = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .expect("open")
+        .version();
+    assert_eq!(after, v, "nothing committed");
+}
