@@ -73,6 +73,15 @@ async fn file_types(fx: &Fixture, rel: &str, column: &str) -> Vec<DataType> {
     out
 }
 
+/// Every live data file of each `(table, column)` has the column, in a type `ok` accepts.
+async fn every_file_has(fx: &Fixture, columns: &[(&str, &str)], ok: impl Fn(&DataType) -> bool) {
+    for (rel, column) in columns {
+        let found = file_types(fx, rel, column).await;
+        assert!(!found.is_empty(), "{rel}");
+        assert!(found.iter().all(&ok), "{rel} {column}: {found:?}");
+    }
+}
+
 /// `tributary status` of the fixture's table.
 async fn status(fx: &Fixture) -> tributary::status::TableStatus {
     tributary::status::table_status(
@@ -209,18 +218,16 @@ async fn widened_source_columns_widen_the_table_history_and_tombstones_exactly()
     );
     // No data file of the old type stays behind (readers without Delta's type widening
     // read the files' own types).
-    for (rel, column) in [
-        ("curated/t", "n"),
-        ("curated/t", "id"),
-        ("curated/t_history", "n"),
-    ] {
-        let found = file_types(&fx, rel, column).await;
-        assert!(!found.is_empty(), "{rel}");
-        assert!(
-            found.iter().all(|t| t == &DataType::Int64),
-            "{rel} {column}: {found:?}"
-        );
-    }
+    every_file_has(
+        &fx,
+        &[
+            ("curated/t", "n"),
+            ("curated/t", "id"),
+            ("curated/t_history", "n"),
+        ],
+        |t| t == &DataType::Int64,
+    )
+    .await;
     // The history keeps the old version in the wide type.
     assert_eq!(
         text(
@@ -672,20 +679,16 @@ async fn a_date_column_altered_to_a_timestamp_widens_to_each_dates_midnight() {
         types(&fx, "curated/t/_tributary_tombstones", &["day"]).await,
         want[..1].to_vec()
     );
-    for (rel, column) in [
-        ("curated/t", "day"),
-        ("curated/t", "born"),
-        ("curated/t_history", "born"),
-    ] {
-        let found = file_types(&fx, rel, column).await;
-        assert!(!found.is_empty(), "{rel}");
-        assert!(
-            found
-                .iter()
-                .all(|t| matches!(t, DataType::Timestamp(_, Some(_)))),
-            "{rel} {column}: {found:?}"
-        );
-    }
+    every_file_has(
+        &fx,
+        &[
+            ("curated/t", "day"),
+            ("curated/t", "born"),
+            ("curated/t_history", "born"),
+        ],
+        |t| matches!(t, DataType::Timestamp(_, Some(_))),
+    )
+    .await;
     // The history keeps row 2's old version, its date at midnight.
     assert_eq!(
         text(
