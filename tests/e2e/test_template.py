@@ -565,8 +565,12 @@ def emf_to_metrics(cloudwatch, log_text):
 
 def alarm_state_after_evaluation(cloudwatch, name, timeout=30):
     """The alarm's state once LocalStack has evaluated it on the metrics put so far. Its
-    scheduler evaluates an alarm when the alarm is put, then every EvaluationPeriods x Period
-    (an hour here), so the template's definition is put again unchanged.
+    scheduler evaluates an alarm when the alarm is put, then every EvaluationPeriods x Period,
+    so the template's definition is put again unchanged.
+
+    Each evaluation looks back EvaluationPeriods + 2 periods ([int(now) - Period, int(now))
+    each) and counts every datapoint there (CloudWatch weighs the most recent ones), so a
+    datapoint weighs in LocalStack for 3 minutes with the template's 60-s period.
 
     It queries [int(now) - Period, int(now)) against datapoints stored at whole seconds, so a
     datapoint put in the second the evaluation runs in is not seen yet (the alarm would go to
@@ -592,9 +596,9 @@ def test_a_dead_lettered_file_holds_the_cut_and_fires_the_templates_watermark_la
     file moved to the dead-letter queue holds its table's watermark and its group's cut, the
     maintenance run's `WatermarkLagSeconds` (its EMF lines, put as CloudWatch Logs would)
     exceeds `WatermarkLagAlarmSeconds` and LocalStack's evaluation of the alarm goes to
-    ALARM; the file fixed and its message redriven, the next run's lag is under the
-    threshold (the alarm returns to OK once its one-hour period holds no breaching datapoint,
-    which this test does not wait for)."""
+    ALARM; while no run reports again (between two scheduled runs) it stays in ALARM; the
+    file fixed and its message redriven, the next run's lag is under the threshold and the
+    alarm goes to OK at that run."""
     out, res, resolve = stacks.out, stacks.res, stacks.resolve
     cloudwatch = boto3.client("cloudwatch", endpoint_url=ENDPOINT, **CREDS)
     threshold = float(resolve.value({"Ref": "WatermarkLagAlarmSeconds"}))
@@ -644,9 +648,16 @@ def test_a_dead_lettered_file_holds_the_cut_and_fires_the_templates_watermark_la
         group = cuts["watermarks"]["groups"][0]
         assert group["held_by"] == "wmalarm" and group["tables"][0]["held_by"]["file"].endswith(held[0]), group
         assert len(lags) == 1 and lags[0] > threshold, (lags, threshold)
+        breached_at = time.time()
         alarm = alarm_state_after_evaluation(cloudwatch, alarm_name)
         assert alarm["StateValue"] == "ALARM", alarm
         assert json.loads(alarm["StateReasonData"])["recentDatapoints"] == [lags[0]], alarm["StateReasonData"]
+        alarmed = alarm["StateUpdatedTimestamp"]
+        # LocalStack evaluates the alarm every EvaluationPeriods x Period from its put, over
+        # the last EvaluationPeriods + 2 periods: after `quiet`, one evaluation at least has
+        # run with no datapoint in its range, as between two scheduled runs.
+        every = alarm["Period"] * alarm["EvaluationPeriods"]
+        quiet = alarm["Period"] * (alarm["EvaluationPeriods"] + 2) + every + 2
 
         # The redrive: the file written again, readable; its message moved back to the queue.
         aws.s3.put_object(Bucket=out["RawBucket"], Key=bad_key, Body=held[1])
@@ -661,10 +672,23 @@ def test_a_dead_lettered_file_holds_the_cut_and_fires_the_templates_watermark_la
                     p.deliver(messages)
             time.sleep(0.2)
         assert read_table(stack, "wmalarm")[1] == source.state()
+        # Between two scheduled runs no datapoint comes: the alarm keeps what the last run
+        # said (the cut is held until a run says otherwise), it does not go to OK.
+        time.sleep(max(0.0, breached_at + quiet - time.time()))
+        alarm = cloudwatch.describe_alarms(AlarmNames=[alarm_name])["MetricAlarms"][0]
+        assert (alarm["StateValue"], alarm["StateUpdatedTimestamp"]) == ("ALARM", alarmed), alarm
         cuts, lags = run_maintenance()
         group = cuts["watermarks"]["groups"][0]
         assert group["held_by"] is None and group["tables"][0]["caught_up"], group
         assert len(lags) == 1 and 0 <= lags[0] < threshold, (lags, threshold)
+        # The run after the redrive ends the ALARM at the next evaluation (the alarm is not put
+        # again: this is the transition ALARM -> OK an OKActions topic is sent).
+        deadline = time.time() + 2 * every + 5
+        while alarm["StateValue"] == "ALARM" and time.time() < deadline:
+            time.sleep(1)
+            alarm = cloudwatch.describe_alarms(AlarmNames=[alarm_name])["MetricAlarms"][0]
+        assert alarm["StateValue"] == "OK", alarm
+        assert json.loads(alarm["StateReasonData"])["recentDatapoints"] == [lags[0]], alarm["StateReasonData"]
     finally:
         merge.stop()
         maintenance.stop()

@@ -281,6 +281,11 @@ mod tests {
             alarm.contains("Threshold: !Ref WatermarkLagAlarmSeconds"),
             "{alarm}"
         );
+        // One datapoint per maintenance run: between two runs the state must stay what the
+        // last one reported (notBreaching would go to OK while the cut is still held), and a
+        // run reporting the cut caught up must end the ALARM at once, not a period later.
+        assert!(alarm.contains("TreatMissingData: ignore"), "{alarm}");
+        assert!(alarm.contains("Period: 60\n"), "{alarm}");
     }
 
     #[test]
