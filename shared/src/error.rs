@@ -90,6 +90,18 @@ pub enum Error {
     #[error("table {table}: gave up after {attempts} commit conflicts; nothing was applied, retry the event")]
     Contention { table: String, attempts: u32 },
 
+    /// A widening's rewrite of the table's data files did not finish before the invocation's
+    /// deadline ([`crate::budget`]): the files rewritten so far are staged (written, not
+    /// committed; readers see the table as it was) and the next attempt goes on from them.
+    #[error("table {table}: widening {columns}: {staged} of {total} data files rewritten so far (staged in {state}, not committed: the table is unchanged), and the invocation's time is up; the next attempt goes on from there")]
+    Widening {
+        table: String,
+        columns: String,
+        staged: usize,
+        total: usize,
+        state: String,
+    },
+
     /// A DMS reload of the table was applied while the files were being merged: they were
     /// screened against the table before it, so nothing was applied; retried, they are
     /// screened again (a file of the older load then changes nothing).
@@ -213,6 +225,7 @@ impl Error {
             Error::DataFusion { source, .. } => datafusion_is_retryable(source),
             // A storage hiccup or a corrupt file: trying again is harmless either way.
             Error::Contention { .. }
+            | Error::Widening { .. }
             | Error::Unowned { .. }
             | Error::Reloaded { .. }
             | Error::DataFile { .. } => true,
@@ -231,6 +244,7 @@ impl Error {
             Error::Delta { .. } => "delta",
             Error::Schema { .. } => "schema",
             Error::Contention { .. } => "contention",
+            Error::Widening { .. } => "widening",
             Error::Reload { .. } => "reload",
             Error::Reloaded { .. } => "reloaded",
             Error::TooLate { .. } => "too_late",

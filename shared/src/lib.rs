@@ -6,7 +6,7 @@
 //! "Layers"), bottom up:
 //!
 //! 1. `error` ([`Error`]) and `model`: the vocabulary every layer shares (file and sequence
-//!    kinds, tributary's column names);
+//!    kinds, tributary's column names); [`budget`] (the time an invocation has left);
 //! 2. [`storage`] (`file://` and `s3://` objects), [`config`] (the typed configuration and
 //!    each table's managed Delta tables), `props` (what a table's properties record),
 //!    `coerce` (exact value conversion), `stats` (exact decimal statistics);
@@ -33,6 +33,7 @@
 //! FIFO forwarding, metrics — and the CLI; both call the [`Engine`] and the operations.
 
 mod applied;
+pub mod budget;
 pub mod catalog;
 mod coerce;
 mod commit;

@@ -105,7 +105,7 @@ impl<'a> Tombstones<'a> {
                     delta::refresh(&mut table, label).await?;
                 }
                 let props = parquet::file::properties::WriterProperties::default();
-                crate::widen::widen(label, table, schema, props, &[]).await
+                crate::widen::widen(cfg, label, table, schema, props, &[]).await
             }
         };
         Ok(Retry::new(label, cfg.max_commit_attempts)

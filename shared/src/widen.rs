@@ -13,18 +13,40 @@
 //! The rewrite streams one data file at a time, a batch at a time, one partition at a time
 //! (memory: a row group and one partition's unwritten output), into files of the table's
 //! usual size.
+//!
+//! A large table's rewrite goes in slices (a partition's files, up to the table's
+//! `slice_mb` of data files each) that are staged: written as new data files that no commit
+//! references yet (readers see the table as it was), and recorded after each slice in
+//! `_tributary_widening.json` at the table's root. When the invocation's time is nearly up
+//! ([`crate::budget`]), the widening stops with [`Error::Widening`] (retryable) and the next
+//! attempt — of any file that needs it — goes on from the staged slices: only the files not
+//! rewritten yet, or changed by a commit since, are rewritten. The one commit comes when
+//! every live file is rewritten. Staged files no commit took (a slice of a file removed
+//! since, a crash before its record was written) are unreferenced files for VACUUM; a
+//! staging older than half the table's `vacuum_retention_hours` is started again, so that
+//! VACUUM cannot have removed a staged file the commit would add.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use deltalake::datafile::writer::DeltaWriter;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
-use deltalake::kernel::{Action, MetadataExt, StructField, StructType};
+use deltalake::kernel::{Action, Add, MetadataExt, StructField, StructType};
 use deltalake::protocol::{DeltaOperation, SaveMode};
-use deltalake::DeltaTable;
+use deltalake::{DeltaTable, ObjectStore};
 use futures::StreamExt;
+use object_store::path::Path;
+use object_store::ObjectStoreExt;
+use serde::{Deserialize, Serialize};
 
+use crate::config::TableConfig;
 use crate::error::{Error, Result};
 use crate::manifest::Partition;
 use crate::plan::Widening;
+
+/// Where a table's staged rewrite is recorded, under its root.
+pub(crate) const STAGED: &str = "_tributary_widening.json";
 
 /// What a widening commit did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -62,16 +84,18 @@ pub(crate) fn needed(table: &Schema, wanted: &Schema) -> Vec<Widening> {
 /// Boxed: it sits deep in every commit's future (a reload's in the maintenance function
 /// reaches rustc's layout depth limit otherwise), and it is the rare path.
 pub(crate) fn widen<'a>(
+    cfg: &'a TableConfig,
     label: &'a str,
     table: DeltaTable,
     wanted: &'a Schema,
     properties: parquet::file::properties::WriterProperties,
     files: &'a [String],
 ) -> futures::future::BoxFuture<'a, Result<(DeltaTable, Widened)>> {
-    Box::pin(widen_table(label, table, wanted, properties, files))
+    Box::pin(widen_table(cfg, label, table, wanted, properties, files))
 }
 
 async fn widen_table(
+    cfg: &TableConfig,
     label: &str,
     table: DeltaTable,
     wanted: &Schema,
@@ -120,18 +144,53 @@ async fn widen_table(
         .iter()
         .any(|w| !partition_columns.contains(&w.column));
     let mut files_rewritten = 0;
+    let store = table.log_store().object_store(None);
+    let state = Path::from(STAGED);
+    let state_label = format!("{}{STAGED}", table.table_url());
     if rewrite {
-        let store = table.log_store().object_store(None);
-        // One partition at a time, its writer closed before the next: what is held is one
-        // partition's unwritten output, not the table's.
-        let mut by_partition: std::collections::BTreeMap<Partition, Vec<_>> = Default::default();
-        for f in snapshot.log_data().iter() {
+        let live: Vec<_> = snapshot.log_data().iter().collect();
+        let live_paths: HashSet<String> = live.iter().map(|f| f.path().into_owned()).collect();
+        let mut staged = Staged::load(&store, &state, &state_label, &columns, cfg).await?;
+        // A slice stands while every file it rewrote is still live (a commit since may have
+        // removed one: that slice's files are left to VACUUM, its live ones rewritten again).
+        staged
+            .slices
+            .retain(|s| s.removed.iter().all(|p| live_paths.contains(p)));
+        let done: HashSet<String> = staged
+            .slices
+            .iter()
+            .flat_map(|s| s.removed.iter().cloned())
+            .collect();
+        let total = live.len();
+        let mut by_partition: BTreeMap<Partition, Vec<_>> = Default::default();
+        for f in live.iter().filter(|f| !done.contains(f.path().as_ref())) {
             by_partition
-                .entry(Partition::of(&f, &partition_columns))
+                .entry(Partition::of(f, &partition_columns))
                 .or_default()
                 .push(f);
         }
+        // Slices: a partition's files, up to `slice_bytes` of them (at least one file).
+        let mut slices = Vec::new();
         for (partition, files) in by_partition {
+            let mut slice: Vec<_> = Vec::new();
+            let mut bytes = 0u64;
+            for f in files {
+                let size = f.size().max(0) as u64;
+                if !slice.is_empty() && bytes + size > cfg.slice_bytes as u64 {
+                    slices.push((partition.clone(), std::mem::take(&mut slice)));
+                    bytes = 0;
+                }
+                bytes += size;
+                slice.push(f);
+            }
+            if !slice.is_empty() {
+                slices.push((partition, slice));
+            }
+        }
+        let mut longest = Duration::ZERO;
+        let remaining = slices.len();
+        for (i, (partition, files)) in slices.into_iter().enumerate() {
+            let t = Instant::now();
             let config = crate::delta::writer_config_for(
                 snapshot,
                 new_arrow.clone(),
@@ -139,23 +198,47 @@ async fn widen_table(
                 None,
             );
             let mut writer = DeltaWriter::new(store.clone(), config);
+            let mut removed = Vec::with_capacity(files.len());
             for f in files {
-                let mut batches =
-                    crate::datafile::stream(store.clone(), &f, &new_arrow, &partition)
-                        .await
-                        .map_err(|e| e.into_error(label))?;
+                let mut batches = crate::datafile::stream(store.clone(), f, &new_arrow, &partition)
+                    .await
+                    .map_err(|e| e.into_error(label))?;
                 while let Some(b) = batches.next().await {
                     let b = b.map_err(|e| e.into_error(label))?;
                     writer.write(&b).await.map_err(delta_err)?;
                 }
-                actions.push(Action::Remove(f.remove_action(false)));
-                files_rewritten += 1;
+                removed.push(f.path().into_owned());
             }
-            for mut add in writer.close().await.map_err(delta_err)? {
+            let mut added = writer.close().await.map_err(delta_err)?;
+            for add in &mut added {
                 add.data_change = false;
-                actions.push(Action::Add(add));
+            }
+            staged.slices.push(Slice { removed, added });
+            staged.save(&store, &state, &state_label).await?;
+            longest = longest.max(t.elapsed());
+            let rewritten: usize = staged.slices.iter().map(|s| s.removed.len()).sum();
+            if i + 1 < remaining
+                // The next slice may take as long as the longest so far; twice that is left
+                // for it and the commit and merge after the last.
+                && crate::budget::left().is_some_and(|left| left < 2 * longest)
+            {
+                tracing::warn!(table = %label, staged = rewritten, total, state = %state_label, "widening staged, not finished: the invocation's time is nearly up; the next attempt goes on");
+                return Err(Error::Widening {
+                    table: label.to_string(),
+                    columns: describe(&columns),
+                    staged: rewritten,
+                    total,
+                    state: state_label,
+                });
             }
         }
+        for f in &live {
+            actions.push(Action::Remove(f.remove_action(false)));
+        }
+        for s in std::mem::take(&mut staged.slices) {
+            actions.extend(s.added.into_iter().map(Action::Add));
+        }
+        files_rewritten = total;
     }
     let operation = DeltaOperation::Write {
         mode: SaveMode::Overwrite,
@@ -164,14 +247,19 @@ async fn widen_table(
         // the old type).
         predicate: Some("true".to_string()),
     };
-    let changes = columns
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
+    let changes = describe(&columns);
     let table =
         crate::delta::commit_actions_as(label, table, actions, operation, files, &[]).await?;
     tracing::info!(table = %label, columns = %changes, files_rewritten, version = ?table.version(), "widened column types");
+    if rewrite {
+        // Committed: the record has done its work (left behind, the next widening of other
+        // columns ignores it; of the same ones cannot come, the table has the types now).
+        if let Err(e) = store.delete(&state).await {
+            if !matches!(e, object_store::Error::NotFound { .. }) {
+                tracing::warn!(table = %label, state = %state_label, error = %e, "widening committed; its staging record not deleted");
+            }
+        }
+    }
     Ok((
         table,
         Widened {
@@ -179,6 +267,82 @@ async fn widen_table(
             files_rewritten,
         },
     ))
+}
+
+/// `a: Int32 -> Int64, b: …` (errors and logs).
+fn describe(columns: &[Widening]) -> String {
+    columns
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A staged rewrite (see the module documentation): the slices rewritten so far.
+#[derive(Debug, Serialize, Deserialize)]
+struct Staged {
+    /// The widening it is for: `column: from -> to` each.
+    columns: Vec<String>,
+    /// When its first slice was written (milliseconds since the epoch).
+    started_ms: i64,
+    slices: Vec<Slice>,
+}
+
+/// Data files of the table (their paths in the log) and the files that replace them.
+#[derive(Debug, Serialize, Deserialize)]
+struct Slice {
+    removed: Vec<String>,
+    added: Vec<Add>,
+}
+
+impl Staged {
+    /// The staged rewrite of this widening, or a new one: a record of another widening, or
+    /// one older than half the vacuum retention, is started again.
+    async fn load(
+        store: &std::sync::Arc<dyn ObjectStore>,
+        state: &Path,
+        label: &str,
+        columns: &[Widening],
+        cfg: &TableConfig,
+    ) -> Result<Self> {
+        let now = chrono::Utc::now().timestamp_millis();
+        let fresh = Staged {
+            columns: columns.iter().map(ToString::to_string).collect(),
+            started_ms: now,
+            slices: Vec::new(),
+        };
+        let bytes = match store.get(state).await {
+            Ok(r) => r.bytes().await.map_err(|e| Error::storage(label, e))?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(fresh),
+            Err(e) => return Err(Error::storage(label, e)),
+        };
+        let max_age = cfg.maintenance.vacuum_retention.as_millis() as i64 / 2;
+        match serde_json::from_slice::<Staged>(&bytes) {
+            Ok(s) if s.columns == fresh.columns && now - s.started_ms < max_age => {
+                tracing::info!(table = %cfg.name, state = %label, slices = s.slices.len(), "widening: going on from the staged rewrite");
+                Ok(s)
+            }
+            Ok(_) => Ok(fresh),
+            Err(e) => {
+                tracing::warn!(table = %cfg.name, state = %label, error = %e, "widening: staging record not readable; starting again");
+                Ok(fresh)
+            }
+        }
+    }
+
+    async fn save(
+        &self,
+        store: &std::sync::Arc<dyn ObjectStore>,
+        state: &Path,
+        label: &str,
+    ) -> Result<()> {
+        let body = serde_json::to_vec(self).map_err(|e| Error::internal(e.to_string()))?;
+        store
+            .put(state, body.into())
+            .await
+            .map_err(|e| Error::storage(label, e))?;
+        Ok(())
+    }
 }
 
 fn is_integer(dt: &arrow::datatypes::DataType) -> bool {

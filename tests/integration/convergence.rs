@@ -34,6 +34,38 @@ async fn deliver_shuffled(fx: &Fixture, urls: &[url::Url], seed: u64) {
     }
 }
 
+/// As [`deliver_shuffled`], but every call under a deadline already passed
+/// (`tributary::budget`): a type widening then rewrites one slice per call, staged, and the
+/// files of that call fail with kind `widening`; they are delivered again at a random later
+/// point, as SQS redelivers a failed message. Any other failure fails the test.
+async fn deliver_shuffled_out_of_time(fx: &Fixture, urls: &[url::Url], seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut queue: std::collections::VecDeque<url::Url> = Default::default();
+    for u in urls {
+        queue.push_back(u.clone());
+        if rng.random_bool(0.4) {
+            queue.push_back(u.clone());
+        }
+    }
+    queue.make_contiguous().shuffle(&mut rng);
+    let mut calls = 0;
+    while !queue.is_empty() {
+        let n = rng.random_range(1..=3).min(queue.len());
+        let call: Vec<url::Url> = queue.drain(..n).collect();
+        let r =
+            tributary::budget::within(std::time::Instant::now(), fx.engine.process(&call)).await;
+        for f in &r.files {
+            if let tributary::FileStatus::Failed { error, .. } = &f.status {
+                assert_eq!(error.kind(), "widening", "{}: {error}", f.file);
+                let at = rng.random_range(0..=queue.len());
+                queue.insert(at, f.file.clone());
+            }
+        }
+        calls += 1;
+        assert!(calls < 10_000, "no progress");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 50, ..ProptestConfig::default() })]
 
@@ -69,7 +101,9 @@ proptest! {
     /// #26: the source widens `id` and `val` from `int` to `bigint` part-way (the files
     /// before the cut are 32-bit, the later ones 64-bit with values past 2^31), delivered
     /// shuffled, duplicated and grouped at random: the table converges to the source's final
-    /// state, in the wider type, whatever order the narrow and wide files came in.
+    /// state, in the wider type, whatever order the narrow and wide files came in. Half the
+    /// cases run every call out of time, so that each widening is staged a slice per call
+    /// (one data file each) over many calls, while narrow files merge in between.
     #[test]
     fn a_column_widened_part_way_converges(
         seed in any::<u64>(),
@@ -78,9 +112,14 @@ proptest! {
         max_file in 1usize..5,
         cut in 0usize..6,
         dup_seed in any::<u64>(),
+        staged in any::<bool>(),
     ) {
         let rt = runtime();
-        let fx = Fixture::items();
+        let fx = if staged {
+            Fixture::new(&format!("{ITEMS_TABLE}slice_mb = 0.000001\n"))
+        } else {
+            Fixture::items()
+        };
         let (load, mut files) = history(seed, keys, changes, max_file);
         let cut = cut.min(files.len());
         for f in files.iter_mut().skip(cut) {
@@ -101,7 +140,11 @@ proptest! {
         let mut all = load.clone();
         all.extend(files.iter().flatten().cloned());
         let expected = model(&all);
-        rt.block_on(deliver_shuffled(&fx, &urls, dup_seed));
+        if staged {
+            rt.block_on(deliver_shuffled_out_of_time(&fx, &urls, dup_seed));
+        } else {
+            rt.block_on(deliver_shuffled(&fx, &urls, dup_seed));
+        }
         let got = rt.block_on(fx.items_rows());
         prop_assert_eq!(got, expected);
         if cut < files.len() {

@@ -787,3 +787,156 @@ async fn a_date_column_altered_to_a_timestamp_widens_to_each_dates_midnight() {
         .version();
     assert_eq!(after, v, "nothing committed");
 }
+
+/// #26, item 4: a widening whose rewrite does not fit in one invocation. Each attempt
+/// rewrites what its time allows (here: a deadline already passed, so one slice — one
+/// partition's file — per attempt) and stages it; the table stays as it was (no commit, no
+/// partial result) until the attempt that rewrites the last file commits them all at once.
+/// A commit between two attempts (a late file in the old type, updating a row of a file
+/// already staged) makes that slice stale: it is rewritten again, and the commit covers the
+/// late file's row too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_widening_longer_than_an_invocation_is_staged_and_committed_at_the_attempt_that_finishes()
+{
+    let fx = Fixture::new(
+        r#"
+[[table]]
+name = "t"
+source = "raw/t/"
+target = "curated/t"
+primary_key = ["id"]
+partition_by = ["p"]
+sequence_by = ["ts"]
+drop_columns = ["ts"]
+slice_mb = 0.000001
+"#,
+    );
+    let int32 = |v: &[i32]| -> ArrayRef { Arc::new(Int32Array::from(v.to_vec())) };
+    let load = fx.put_batch(
+        "t",
+        "LOAD00000001.parquet",
+        &batch(vec![
+            ("ts", strings(&[ts(0).as_str(); 8])),
+            ("id", int32(&[1, 2, 3, 4, 5, 6, 7, 8])),
+            ("p", strings(&["a", "a", "b", "b", "c", "c", "d", "d"])),
+            ("n", int32(&[10, 20, 30, 40, 50, 60, 70, 80])),
+        ]),
+    );
+    fx.merge_ok(&[load]).await;
+    let version = || async {
+        delta::open(&fx.url("curated/t"), &Default::default())
+            .await
+            .expect("open")
+            .version()
+    };
+    let loaded = version().await;
+    let big = 1i64 << 40;
+    let wide = fx.put_batch(
+        "t",
+        "20240101-0000000002.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("ts", strings(&[&ts(2)])),
+            ("id", int32(&[5])),
+            ("p", strings(&["c"])),
+            ("n", Arc::new(Int64Array::from(vec![big]))),
+        ]),
+    );
+    let staged_record = fx.path("curated/t/_tributary_widening.json");
+    let attempt = || async {
+        tributary::budget::within(
+            std::time::Instant::now(),
+            fx.engine.process(std::slice::from_ref(&wide)),
+        )
+        .await
+    };
+
+    // First attempt: one partition's file rewritten and staged, nothing committed.
+    let r = attempt().await;
+    let e = Fixture::failure(&r, &wide);
+    assert_eq!(e.kind(), "widening", "{e}");
+    assert!(e.is_retryable());
+    let message = e.to_string();
+    assert!(
+        message.contains("n: Int32 -> Int64") && message.contains("1 of 4 data files"),
+        "{message}"
+    );
+    assert!(exists(&staged_record), "the staged slices are recorded");
+    assert_eq!(version().await, loaded, "nothing committed");
+    assert_eq!(
+        types(&fx, "curated/t", &["n"]).await,
+        vec!["n: Int32"],
+        "readers see the table as it was"
+    );
+    every_file_has(&fx, &[("curated/t", "n")], |t| t == &DataType::Int32).await;
+
+    // Late files in the old type merge meanwhile (no widening needed for them).
+    let late = |name: &str, id: i32, p: &str, n: i32| {
+        fx.put_batch(
+            "t",
+            name,
+            &batch(vec![
+                ("Op", strings(&["U"])),
+                ("ts", strings(&[&ts(1)])),
+                ("id", int32(&[id])),
+                ("p", strings(&[p])),
+                ("n", int32(&[n])),
+            ]),
+        )
+    };
+    let staged_after = |r: &tributary::ProcessReport| {
+        let e = Fixture::failure(r, &wide);
+        assert_eq!(e.kind(), "widening", "{e}");
+        e.to_string()
+    };
+    // One updates a partition not staged yet: the staged slice stands.
+    fx.merge_ok(&[late("20240101-0000000001.parquet", 7, "d", 71)])
+        .await;
+    let r = attempt().await;
+    assert!(staged_after(&r).contains("2 of 4"), "{}", staged_after(&r));
+    // One updates a row of a staged file: that slice is stale and is rewritten again.
+    fx.merge_ok(&[late("20240101-0000000003.parquet", 1, "a", 11)])
+        .await;
+    let after_late = version().await;
+    let r = attempt().await;
+    assert!(staged_after(&r).contains("2 of 4"), "{}", staged_after(&r));
+    let r = attempt().await;
+    assert!(staged_after(&r).contains("3 of 4"), "{}", staged_after(&r));
+    assert_eq!(version().await, after_late, "nothing committed");
+    // The attempt that rewrites the last file commits every file at once.
+    let report = attempt().await;
+    assert!(
+        matches!(report.files[0].status, tributary::FileStatus::Merged { .. }),
+        "{:?}",
+        report.files[0].status
+    );
+    let t = &report.tables[0];
+    assert_eq!(t.widened, vec!["n: Int32 -> Int64"]);
+    assert_eq!(t.files_rewritten_to_widen, 4);
+    assert_eq!(
+        t.version,
+        after_late.map(|v| v + 2),
+        "one commit widens, one merges"
+    );
+    assert!(!exists(&staged_record), "the record is gone once committed");
+    assert_eq!(types(&fx, "curated/t", &["n"]).await, vec!["n: Int64"]);
+    every_file_has(&fx, &[("curated/t", "n")], |t| t == &DataType::Int64).await;
+    assert_eq!(
+        text(
+            &fx,
+            "curated/t",
+            "SELECT concat_ws('|', id, p, n) FROM t ORDER BY id"
+        )
+        .await,
+        vec![
+            "1|a|11".to_string(),
+            "2|a|20".into(),
+            "3|b|30".into(),
+            "4|b|40".into(),
+            format!("5|c|{big}"),
+            "6|c|60".into(),
+            "7|d|71".into(),
+            "8|d|80".into(),
+        ]
+    );
+}

@@ -26,6 +26,10 @@ pub struct Handled {
     /// moved to the dead-letter queue (the message's other files merged) so that they do not
     /// hold up their table: (message id, reason).
     pub dead_lettered: Vec<(String, String)>,
+    /// Failed messages whose every failed file only waits for a widening that went as far as
+    /// the invocation's time allowed (`tributary::Error::Widening`, staged): received again
+    /// at once, not backed off, so that the next attempt goes on with the rewrite.
+    pub go_on: Vec<String>,
 }
 
 impl Handled {
@@ -37,6 +41,7 @@ impl Handled {
             .iter()
             .filter(|(_, _, retryable)| *retryable)
             .filter_map(|(id, ..)| id.clone())
+            .filter(|id| !self.go_on.contains(id))
             .collect()
     }
 
@@ -100,6 +105,12 @@ pub async fn handle_with(
             _ => None,
         })
         .collect();
+    let staged: std::collections::HashSet<&Url> = report
+        .files
+        .iter()
+        .filter(|f| matches!(&f.status, FileStatus::Failed { error, .. } if matches!(error.as_ref(), tributary::Error::Widening { .. })))
+        .map(|f| &f.file)
+        .collect();
     let errors: HashMap<Url, &(String, bool)> = all
         .iter()
         .filter_map(|o| errors.get(&engine.resolve(o)).map(|e| (o.clone(), e)))
@@ -107,6 +118,7 @@ pub async fn handle_with(
     let dead_letters = queues.is_some_and(|q| q.dead_letters(event));
     let mut failed = Vec::new();
     let mut dead_lettered = Vec::new();
+    let mut go_on = Vec::new();
     for m in &inv.messages {
         match &m.objects {
             Err(reason) => {
@@ -122,6 +134,11 @@ pub async fn handle_with(
                     .unzip();
                 if errs.is_empty() {
                     continue;
+                }
+                if let Some(id) = &m.id {
+                    if bad.iter().all(|o| staged.contains(&engine.resolve(o))) {
+                        go_on.push(id.clone());
+                    }
                 }
                 let reason = errs
                     .iter()
@@ -153,6 +170,7 @@ pub async fn handle_with(
         report,
         failed_messages: failed,
         dead_lettered,
+        go_on,
     })
 }
 
@@ -199,10 +217,93 @@ mod tests {
             report: handled.report,
             failed_messages: vec![(Some("a".into()), "x".into(), false)],
             dead_lettered: vec![("b".into(), "y".into())],
+            go_on: vec![],
         };
         assert!(
             dead.to_back_off().is_empty(),
             "not retryable, or dead-lettered"
         );
+    }
+
+    /// A widening staged as far as the invocation's time allowed (`tributary::budget`): its
+    /// message goes on at once, it is not backed off like a failure.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_staged_widening_goes_on_at_once_and_is_not_backed_off() {
+        use std::sync::Arc;
+        use tributary::deltalake::arrow::array::{ArrayRef, Int32Array, Int64Array, StringArray};
+        use tributary::deltalake::arrow::record_batch::RecordBatch;
+        let root = std::env::temp_dir().join(format!("tributary-go-on-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let engine = Engine::new(
+            tributary::Config::from_toml(
+                "[[table]]\nname = \"t\"\nsource = \"s3://raw/dms/t/\"\ntarget = \"s3://c/t\"\nprimary_key = [\"id\"]\npartition_by = [\"p\"]\nslice_mb = 0.000001\n",
+                "t",
+                None,
+            )
+            .unwrap(),
+        )
+        .with_local_s3_root(&root);
+        let put = |name: &str, cols: Vec<(&str, ArrayRef)>| {
+            let path = root.join("raw/dms/t").join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let b = RecordBatch::try_from_iter(cols).unwrap();
+            std::fs::write(&path, tributary::demo::to_parquet(&b).unwrap()).unwrap();
+            Url::parse(&format!("s3://raw/dms/t/{name}")).unwrap()
+        };
+        let strs = |v: &[&str]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
+        let load = put(
+            "LOAD00000001.parquet",
+            vec![
+                ("id", Arc::new(Int32Array::from(vec![1, 2])) as ArrayRef),
+                ("p", strs(&["a", "b"])),
+                ("n", Arc::new(Int32Array::from(vec![10, 20]))),
+            ],
+        );
+        let r = engine.process(&[load]).await;
+        assert!(
+            matches!(r.files[0].status, FileStatus::Merged { .. }),
+            "{:?}",
+            r.files[0].status
+        );
+        put(
+            "20240101-000000001.parquet",
+            vec![
+                ("Op", strs(&["U"])),
+                ("id", Arc::new(Int32Array::from(vec![1])) as ArrayRef),
+                ("p", strs(&["a"])),
+                ("n", Arc::new(Int64Array::from(vec![1i64 << 40]))),
+            ],
+        );
+        let body = json!({"Records":[{"eventSource":"aws:s3","eventName":"ObjectCreated:Put",
+            "s3":{"bucket":{"name":"raw"},"object":{"key":"dms/t/20240101-000000001.parquet"}}}]});
+        let ev = json!({"Records":[
+            {"messageId":"wide","eventSource":"aws:sqs","body": body.to_string()}
+        ]});
+        let handled = tributary::budget::within(std::time::Instant::now(), handle(&engine, &ev))
+            .await
+            .unwrap();
+        assert_eq!(
+            handled.failed_messages.len(),
+            1,
+            "{:?}",
+            handled.failed_messages
+        );
+        let (id, reason, retryable) = &handled.failed_messages[0];
+        assert_eq!(id.as_deref(), Some("wide"));
+        assert!(
+            *retryable && reason.contains("1 of 2 data files"),
+            "{reason}"
+        );
+        assert_eq!(handled.go_on, vec!["wide".to_string()]);
+        assert!(handled.to_back_off().is_empty(), "going on, not backed off");
+        // Without a deadline the widening finishes and the file merges.
+        let handled = handle(&engine, &ev).await.unwrap();
+        assert!(
+            handled.failed_messages.is_empty(),
+            "{:?}",
+            handled.failed_messages
+        );
+        assert!(handled.go_on.is_empty());
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

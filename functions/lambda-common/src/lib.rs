@@ -98,11 +98,21 @@ where
             let handler = handler.clone();
             async move {
                 let engine = live.engine_for(&ev.payload).await?;
-                handler(engine, ev.payload).await
+                let deadline = work_deadline(ev.context.deadline, now_ms());
+                tributary::budget::within(deadline, handler(engine, ev.payload)).await
             }
         },
     ))
     .await
+}
+
+/// The time the library's work must be done by: the invocation's deadline (`deadline_ms`,
+/// since the epoch) less what the handler needs after it — the response, the visibility
+/// changes, the metrics: a quarter of the invocation's time, at most a minute.
+fn work_deadline(deadline_ms: u64, now_ms: i64) -> std::time::Instant {
+    let total = std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms.max(0) as u64));
+    let reserve = (total / 4).min(std::time::Duration::from_secs(60));
+    std::time::Instant::now() + (total - reserve)
 }
 
 /// Milliseconds since the Unix epoch (EMF timestamps).
@@ -176,6 +186,23 @@ impl From<FunctionError> for lambda_runtime::Diagnostic {
 mod tests {
     use super::*;
     use tributary::maintenance::Summary;
+
+    #[test]
+    fn the_work_deadline_keeps_a_quarter_of_the_invocation_at_most_a_minute() {
+        let secs = |d: std::time::Instant| {
+            d.saturating_duration_since(std::time::Instant::now())
+                .as_secs_f64()
+        };
+        let now = 1_000_000;
+        // 15 minutes: a minute kept
+        let d = secs(work_deadline(now as u64 + 900_000, now));
+        assert!((839.0..=840.0).contains(&d), "{d}");
+        // 30 s: a quarter
+        let d = secs(work_deadline(now as u64 + 30_000, now));
+        assert!((22.0..=22.5).contains(&d), "{d}");
+        // passed, or no deadline: now
+        assert!(secs(work_deadline(0, now)) < 0.01);
+    }
 
     #[test]
     fn failed_tables_fail_the_maintenance_invocation_naming_them() {

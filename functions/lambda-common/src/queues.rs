@@ -48,6 +48,9 @@ pub const UNROUTED_GROUP: &str = "_unrouted";
 pub const RETRY_CAP_SECONDS: u32 = 1800;
 /// `TRIBUTARY_RETRY_BASE_SECONDS` when not set.
 pub const DEFAULT_RETRY_BASE_SECONDS: u32 = 60;
+/// The visibility timeout of a message whose widening goes on in the next attempt.
+pub const GO_ON_SECONDS: i32 = 1;
+
 /// Most entries of one `ChangeMessageVisibilityBatch` (SQS's limit).
 const MAX_VISIBILITY_ENTRIES: usize = 10;
 
@@ -211,7 +214,22 @@ impl Queues {
         ids: &[String],
         mut jitter: impl FnMut() -> f64,
     ) -> Vec<VisibilityBatch> {
-        if self.retry_base == 0 || ids.is_empty() {
+        if self.retry_base == 0 {
+            return vec![];
+        }
+        let base = self.retry_base;
+        self.plan_visibility(event, ids, |n| retry_delay(base, n, jitter()))
+    }
+
+    /// The visibility changes that make the messages `ids` of `event` visible again after
+    /// `delay(receive count)` seconds: per source queue, calls of at most ten entries.
+    fn plan_visibility(
+        &self,
+        event: &Value,
+        ids: &[String],
+        mut delay: impl FnMut(u32) -> i32,
+    ) -> Vec<VisibilityBatch> {
+        if ids.is_empty() {
             return vec![];
         }
         let wanted: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
@@ -224,7 +242,7 @@ impl Queues {
             per_queue.entry(r.source).or_default().push((
                 r.id.to_string(),
                 r.receipt.to_string(),
-                retry_delay(self.retry_base, r.receive_count, jitter()),
+                delay(r.receive_count),
             ));
         }
         let mut out = Vec::new();
@@ -258,7 +276,20 @@ impl Queues {
     /// visibility timeout. A change that fails is logged (WARN): that message then waits
     /// the full timeout, as without the backoff.
     pub async fn back_off(&self, event: &Value, ids: &[String]) {
-        let batches = self.plan_back_off(event, ids, random_jitter);
+        self.change_visibility(self.plan_back_off(event, ids, random_jitter))
+            .await;
+    }
+
+    /// Make the messages `ids` of `event` (failed: a widening staged as far as the
+    /// invocation's time allowed) visible again at once ([`GO_ON_SECONDS`]), so that the
+    /// next attempt goes on with it — whatever the backoff setting: it is progress, not a
+    /// failure to wait out.
+    pub async fn go_on(&self, event: &Value, ids: &[String]) {
+        self.change_visibility(self.plan_visibility(event, ids, |_| GO_ON_SECONDS))
+            .await;
+    }
+
+    async fn change_visibility(&self, batches: Vec<VisibilityBatch>) {
         if batches.is_empty() {
             return;
         }
@@ -852,6 +883,13 @@ mod tests {
             ..Default::default()
         };
         assert!(off.plan_back_off(&event, &ids, || 0.0).is_empty(), "0: off");
+        // A staged widening goes on at once, whatever the backoff setting.
+        let go_on = off.plan_visibility(&event, &ids, |_| GO_ON_SECONDS);
+        assert!(!go_on.is_empty());
+        assert!(go_on
+            .iter()
+            .flat_map(|b| &b.entries)
+            .all(|(_, _, _, secs)| *secs == GO_ON_SECONDS));
         assert_eq!(
             Queues::default().queue_url("arn:aws-cn:sqs:cn-north-1:1:q"),
             Some("https://sqs.cn-north-1.amazonaws.com.cn/1/q".into())

@@ -46,5 +46,6 @@ async fn handle(
         tracing::error!(message_id = ?id, error = %reason, "message failed; it will be retried (then dead-lettered)");
     }
     queues.back_off(&event, &handled.to_back_off()).await;
+    queues.go_on(&event, &handled.go_on).await;
     handled.response()
 }

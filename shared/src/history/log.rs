@@ -130,6 +130,7 @@ pub(super) async fn append(
         .0;
         // A column the batch widens: the log takes the wider type first.
         let (table, _) = crate::widen::widen(
+            cfg,
             label,
             table,
             &rows.schema(),

@@ -303,6 +303,7 @@ impl Attempt<'_> {
         // A column the batch widens: the history takes the wider type first (its own commit;
         // a conflict retries the attempt).
         let (table, widened) = crate::widen::widen(
+            cfg,
             &label,
             table,
             &Schema::new(self.columns.to_vec()),

@@ -312,6 +312,7 @@ impl DeltaSink {
         // A column whose type the batch widens: the table takes the wider type first, once
         // every check passed (its own commit; a conflict retries the attempt).
         let (target, widened) = crate::widen::widen(
+            table,
             &table.name,
             target,
             &plan.table_schema(),
