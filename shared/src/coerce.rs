@@ -167,6 +167,7 @@ pub(crate) fn decode(array: &ArrayRef) -> Result<ArrayRef, arrow::error::ArrowEr
 /// Convert `array` to `to`, refusing any value that would change.
 pub(crate) fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, Inexact> {
     let from = array.data_type();
+    within_precision(array)?;
     if from == to {
         return Ok(array.clone());
     }
@@ -202,6 +203,31 @@ pub(crate) fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, In
     match mismatch {
         Some((row, reason)) => Err(Inexact::at(array.as_ref(), row, reason)),
         None => Ok(out),
+    }
+}
+
+/// A decimal array's values all have at most its precision's digits. Arrow and Parquet do
+/// not check it (a writer may declare `decimal(3,3)` and store `1.234`): such a value kept
+/// as it is would be read differently, or not at all, by other engines; a cast to another
+/// decimal type checks it already.
+fn within_precision(array: &ArrayRef) -> Result<(), Inexact> {
+    let DataType::Decimal128(p, s) = array.data_type() else {
+        return Ok(());
+    };
+    let max = 10i128.checked_pow(u32::from(*p)).map(|m| m - 1);
+    let values = array.as_primitive::<arrow::datatypes::Decimal128Type>();
+    let row = (0..array.len()).find(|&i| {
+        array.is_valid(i) && max.is_some_and(|m| values.value(i).unsigned_abs() > m as u128)
+    });
+    match row {
+        Some(r) => Err(Inexact {
+            row: Some(r),
+            value: Some(format!("unscaled {}", values.value(r))),
+            reason: format!(
+                "the value has more digits than its column's type, decimal({p},{s}), allows (at most {p}): the file is not valid"
+            ),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -532,6 +558,30 @@ mod tests {
 
     fn err(a: ArrayRef, to: DataType) -> Inexact {
         exact_cast(&a, &to).expect_err("must refuse")
+    }
+
+    /// A decimal array holding a value past its declared precision (Arrow and Parquet let
+    /// a writer store `1.234` in a `decimal(3,3)`) is refused, in its own type as in any
+    /// other: kept as it is, it landed in the table and failed the next widening's rewrite.
+    #[test]
+    fn a_decimal_past_its_declared_precision_is_refused() {
+        let bad: ArrayRef = Arc::new(
+            Decimal128Array::from(vec![Some(123), None, Some(1234)])
+                .with_precision_and_scale(3, 3)
+                .unwrap(),
+        );
+        for to in [DataType::Decimal128(3, 3), DataType::Decimal128(38, 9), DataType::Utf8] {
+            let e = err(bad.clone(), to.clone());
+            assert_eq!(e.row, Some(2), "{to}: {e:?}");
+            assert!(e.reason.contains("decimal(3,3)"), "{}", e.reason);
+            assert_eq!(e.value.as_deref(), Some("unscaled 1234"));
+        }
+        let good: ArrayRef = Arc::new(
+            Decimal128Array::from(vec![Some(999), Some(-999), None])
+                .with_precision_and_scale(3, 3)
+                .unwrap(),
+        );
+        assert!(exact_cast(&good, &DataType::Decimal128(3, 3)).is_ok());
     }
 
     #[test]
