@@ -570,7 +570,11 @@ mod tests {
                 .with_precision_and_scale(3, 3)
                 .unwrap(),
         );
-        for to in [DataType::Decimal128(3, 3), DataType::Decimal128(38, 9), DataType::Utf8] {
+        for to in [
+            DataType::Decimal128(3, 3),
+            DataType::Decimal128(38, 9),
+            DataType::Utf8,
+        ] {
             let e = err(bad.clone(), to.clone());
             assert_eq!(e.row, Some(2), "{to}: {e:?}");
             assert!(e.reason.contains("decimal(3,3)"), "{}", e.reason);
