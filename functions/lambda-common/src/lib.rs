@@ -98,8 +98,12 @@ where
             let handler = handler.clone();
             async move {
                 let engine = live.engine_for(&ev.payload).await?;
-                let deadline = work_deadline(ev.context.deadline, now_ms());
-                tributary::budget::within(deadline, handler(engine, ev.payload)).await
+                match work_deadline(ev.context.deadline, now_ms()) {
+                    Some(deadline) => {
+                        tributary::budget::within(deadline, handler(engine, ev.payload)).await
+                    }
+                    None => handler(engine, ev.payload).await,
+                }
             }
         },
     ))
@@ -108,11 +112,15 @@ where
 
 /// The time the library's work must be done by: the invocation's deadline (`deadline_ms`,
 /// since the epoch) less what the handler needs after it — the response, the visibility
-/// changes, the metrics: a quarter of the invocation's time, at most a minute.
-fn work_deadline(deadline_ms: u64, now_ms: i64) -> std::time::Instant {
-    let total = std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms.max(0) as u64));
+/// changes, the metrics: a quarter of the invocation's time, at most a minute. `None` for a
+/// deadline that is not ahead (`cargo lambda watch` sends its timeout, `600000`, not an
+/// instant): the work then runs to its end, as in the CLI.
+fn work_deadline(deadline_ms: u64, now_ms: i64) -> Option<std::time::Instant> {
+    let now_ms = u64::try_from(now_ms).ok()?;
+    let total =
+        std::time::Duration::from_millis(deadline_ms.checked_sub(now_ms).filter(|t| *t > 0)?);
     let reserve = (total / 4).min(std::time::Duration::from_secs(60));
-    std::time::Instant::now() + (total - reserve)
+    Some(std::time::Instant::now() + (total - reserve))
 }
 
 /// Milliseconds since the Unix epoch (EMF timestamps).
@@ -189,8 +197,9 @@ mod tests {
 
     #[test]
     fn the_work_deadline_keeps_a_quarter_of_the_invocation_at_most_a_minute() {
-        let secs = |d: std::time::Instant| {
-            d.saturating_duration_since(std::time::Instant::now())
+        let secs = |d: Option<std::time::Instant>| {
+            d.expect("a deadline ahead")
+                .saturating_duration_since(std::time::Instant::now())
                 .as_secs_f64()
         };
         let now = 1_000_000;
@@ -200,8 +209,10 @@ mod tests {
         // 30 s: a quarter
         let d = secs(work_deadline(now as u64 + 30_000, now));
         assert!((22.0..=22.5).contains(&d), "{d}");
-        // passed, or no deadline: now
-        assert!(secs(work_deadline(0, now)) < 0.01);
+        // passed, or not an instant (`cargo lambda watch` sends its timeout): none
+        assert_eq!(work_deadline(0, now), None);
+        assert_eq!(work_deadline(now as u64, now), None);
+        assert_eq!(work_deadline(600_000, 1_796_351_617_817), None);
     }
 
     #[test]
