@@ -14,7 +14,10 @@ use tributary::deltalake::arrow::datatypes::DataType;
 use tributary::{delta, manifest};
 use tributary_tests::*;
 
-const TABLE: &str = r#"
+/// The table `t`, keyed by `id`, partitioned by `p`, ordered by `ts`; each test adds to it.
+macro_rules! table_t {
+    () => {
+        r#"
 [[table]]
 name = "t"
 source = "raw/t/"
@@ -23,10 +26,17 @@ primary_key = ["id"]
 partition_by = ["p"]
 sequence_by = ["ts"]
 drop_columns = ["ts"]
-change_data_feed = true
+"#
+    };
+}
+
+const TABLE: &str = concat!(
+    table_t!(),
+    r#"change_data_feed = true
 [table.history]
 target = "curated/t_history"
-"#;
+"#
+);
 
 fn ts(s: u32) -> String {
     format!("2024-01-01 00:00:{s:02}.000000")
@@ -798,19 +808,7 @@ async fn a_date_column_altered_to_a_timestamp_widens_to_each_dates_midnight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_widening_longer_than_an_invocation_is_staged_and_committed_at_the_attempt_that_finishes()
 {
-    let fx = Fixture::new(
-        r#"
-[[table]]
-name = "t"
-source = "raw/t/"
-target = "curated/t"
-primary_key = ["id"]
-partition_by = ["p"]
-sequence_by = ["ts"]
-drop_columns = ["ts"]
-slice_mb = 0.000001
-"#,
-    );
+    let fx = Fixture::new(concat!(table_t!(), "slice_mb = 0.000001\n"));
     let int32 = |v: &[i32]| -> ArrayRef { Arc::new(Int32Array::from(v.to_vec())) };
     let load = fx.put_batch(
         "t",
