@@ -36,15 +36,45 @@ type Result<T> = std::result::Result<T, ReadError>;
 /// Bytes read from the end of a data file for its metadata in the first request.
 const FOOTER_HINT: usize = 64 * 1024;
 
+/// Files up to this size are fetched whole in one GET, metadata and row groups together.
+/// Between maintenance runs a table's files are mostly the few-KB files of single merges,
+/// and a rewrite reads every column of a file it reads, so the second request (the row
+/// groups after the footer) would fetch almost the whole file anyway. Bounded: a rewrite
+/// reads four files at a time (`rewrite::PARALLEL_FILES`), a widening one, so at most
+/// 16 MiB is held this way.
+const WHOLE_FILE: u64 = 4 * 1024 * 1024;
+
 /// Reads a data file for the Parquet decoder. delta-rs's `ParquetObjectReader` fetches a
 /// row group's column chunks one GET after the other and the footer in two; on S3 that is
-/// 2 + one request per column for each small file, each a round trip. This one fetches the
+/// 2 + one request per column for each small file, each a round trip. This one fetches a
+/// file up to [`WHOLE_FILE`] in one GET and serves every range from it; a larger file's
 /// footer with a hint (one GET: tributary's footers are a few KB) and a row group's chunks
 /// with one `get_ranges` (nearby ranges coalesced, fetched concurrently).
 struct Reader {
     store: Arc<dyn ObjectStore>,
     path: object_store::path::Path,
     size: u64,
+    /// Fetch the file whole when `size` is at most this.
+    whole_file: u64,
+    /// The whole file, when it was fetched whole.
+    whole: Option<bytes::Bytes>,
+}
+
+impl Reader {
+    /// `range` of the file fetched whole, or why it is not in it.
+    fn cut(
+        whole: &bytes::Bytes,
+        range: std::ops::Range<u64>,
+    ) -> parquet::errors::Result<bytes::Bytes> {
+        let len = whole.len() as u64;
+        if range.start > range.end || range.end > len {
+            return Err(parquet::errors::ParquetError::EOF(format!(
+                "bytes {}..{} asked of a file of {len} bytes",
+                range.start, range.end
+            )));
+        }
+        Ok(whole.slice(range.start as usize..range.end as usize))
+    }
 }
 
 impl parquet::arrow::async_reader::AsyncFileReader for Reader {
@@ -53,6 +83,9 @@ impl parquet::arrow::async_reader::AsyncFileReader for Reader {
         range: std::ops::Range<u64>,
     ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
         Box::pin(async move {
+            if let Some(whole) = &self.whole {
+                return Self::cut(whole, range);
+            }
             self.store
                 .get_range(&self.path, range)
                 .await
@@ -65,6 +98,9 @@ impl parquet::arrow::async_reader::AsyncFileReader for Reader {
         ranges: Vec<std::ops::Range<u64>>,
     ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Vec<bytes::Bytes>>> {
         Box::pin(async move {
+            if let Some(whole) = &self.whole {
+                return ranges.into_iter().map(|r| Self::cut(whole, r)).collect();
+            }
             self.store
                 .get_ranges(&self.path, &ranges)
                 .await
@@ -81,6 +117,21 @@ impl parquet::arrow::async_reader::AsyncFileReader for Reader {
     > {
         Box::pin(async move {
             let size = self.size;
+            if size <= self.whole_file {
+                let external = |e| parquet::errors::ParquetError::External(Box::new(e));
+                let whole = self
+                    .store
+                    .get(&self.path)
+                    .await
+                    .map_err(external)?
+                    .bytes()
+                    .await
+                    .map_err(external)?;
+                let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
+                    .parse_and_finish(&whole)?;
+                self.whole = Some(whole);
+                return Ok(Arc::new(metadata));
+            }
             let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
                 .with_prefetch_hint(Some(FOOTER_HINT))
                 .load_and_finish(self, size)
@@ -91,12 +142,23 @@ impl parquet::arrow::async_reader::AsyncFileReader for Reader {
 }
 
 /// A data file's rows in the table's schema (as [`read`]), streamed a batch at a time: only
-/// the row group being decoded is in memory.
+/// the row group being decoded is in memory (the whole file, up to [`WHOLE_FILE`]).
 pub(crate) async fn stream(
     store: Arc<dyn ObjectStore>,
     f: &LogicalFileView,
     schema: &SchemaRef,
     partition: &Partition,
+) -> Result<impl futures::Stream<Item = Result<RecordBatch>> + Send + use<>> {
+    stream_fetching_whole(store, f, schema, partition, WHOLE_FILE).await
+}
+
+/// [`stream`], fetching the file whole when it is at most `whole_file` bytes.
+async fn stream_fetching_whole(
+    store: Arc<dyn ObjectStore>,
+    f: &LogicalFileView,
+    schema: &SchemaRef,
+    partition: &Partition,
+    whole_file: u64,
 ) -> Result<impl futures::Stream<Item = Result<RecordBatch>> + Send + use<>> {
     use futures::StreamExt;
     use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
@@ -106,6 +168,8 @@ pub(crate) async fn stream(
         store,
         path,
         size: f.size().max(0) as u64,
+        whole_file,
+        whole: None,
     };
     let stream = ParquetRecordBatchStreamBuilder::new(reader)
         .await
@@ -225,10 +289,11 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
     use futures::TryStreamExt;
 
-    /// Streaming a data file of eight columns costs two GETs (footer, one row group), not
-    /// one per column: every GET is a round trip to S3 in the merge's critical path.
+    /// Streaming a small data file of eight columns costs one GET, a larger one two
+    /// (footer, one row group), not one per column: every GET is a round trip to S3 in the
+    /// merge's critical path. The rows are the same either way.
     #[tokio::test]
-    async fn a_data_file_is_streamed_in_two_requests_whatever_its_columns() {
+    async fn a_data_file_is_streamed_in_one_request_when_small_and_two_when_large() {
         let dir = tempfile::tempdir().unwrap();
         let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
         let config = crate::Config::from_toml(&text, "test", Some(dir.path())).unwrap();
@@ -270,15 +335,31 @@ mod tests {
         let snapshot = table.snapshot().unwrap();
         let schema = snapshot.snapshot().arrow_schema();
         let f = snapshot.log_data().iter().next().unwrap();
-        let store = Arc::new(Counting::new(table.log_store().object_store(None)));
-        let batches: Vec<RecordBatch> = stream(store.clone(), &f, &schema, &Partition::default())
+        assert!(schema.fields().len() >= 8, "{schema:?}");
+        assert!(
+            (f.size() as u64) < WHOLE_FILE,
+            "a merge's file is fetched whole: {}",
+            f.size()
+        );
+        let mut read = Vec::new();
+        for (whole_file, gets) in [(WHOLE_FILE, 1), (0, 2)] {
+            let store = Arc::new(Counting::new(table.log_store().object_store(None)));
+            let batches: Vec<RecordBatch> = stream_fetching_whole(
+                store.clone(),
+                &f,
+                &schema,
+                &Partition::default(),
+                whole_file,
+            )
             .await
             .unwrap()
             .try_collect()
             .await
             .unwrap();
-        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), n);
-        assert!(schema.fields().len() >= 8, "{schema:?}");
-        assert_eq!(store.gets(), 2, "footer and one row group");
+            assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), n);
+            assert_eq!(store.gets(), gets, "fetched whole up to {whole_file} bytes");
+            read.push(arrow::compute::concat_batches(&schema, &batches).unwrap());
+        }
+        assert_eq!(read[0], read[1]);
     }
 }
