@@ -93,6 +93,16 @@ fn note_schema(store: &Arc<LogCache>, url: &Url, table: &DeltaTable) {
     }
 }
 
+/// Keep the data files of the table at `url` in its bucket's cache once read or written
+/// (`LogCache::keep_data_files_of`): for small append-only tables every merge reads whole.
+pub(crate) fn keep_data_files(url: &Url, options: &HashMap<String, String>) -> Result<()> {
+    let (_, store) = unloaded(url, options)?;
+    if let Ok(root) = object_store::path::Path::from_url_path(url.path()) {
+        store.keep_data_files_of(root.as_ref());
+    }
+    Ok(())
+}
+
 /// The store every table of `url`'s bucket (or of the local disk) is read through: delta-rs's
 /// own, behind one [`LogCache`] per bucket and process, so that a warm instance does not
 /// fetch the same commit files and checkpoints again (`TRIBUTARY_LOG_CACHE_MB=0`: a cache

@@ -15,6 +15,13 @@
 //! the same size and ETag as the cached copy. A file not listed since, or listed
 //! differently, is fetched again. `_last_checkpoint` and every other object pass through.
 //!
+//! It also keeps the data files of the tables it is told to ([`LogCache::keep_data_files_of`]:
+//! the tombstone tables, small and append-only, which every merge reads whole). A data file
+//! is named by its writer with a fresh UUID and never written again, so a copy is served
+//! without a listing; one written through the cache is kept from its PUT. Without this,
+//! every merge read every tombstone file written since the last maintenance run, five GETs
+//! each, one more file per merge with deletes (docs/benchmarks.md, "Freshness").
+//!
 //! Every commit file PUT through it gets exact decimal statistics first (`stats`): this is
 //! the one place every writer's commits pass. With the cache off (`TRIBUTARY_LOG_CACHE_MB=0`)
 //! it still stands in front of the store for that, keeping nothing.
@@ -85,6 +92,8 @@ struct State {
     misses: u64,
     /// What each table root's schema says of its decimal bounds (`stats`).
     schemas: HashMap<String, crate::stats::Known>,
+    /// Roots (`<path>/`) of the tables whose data files are kept.
+    data_roots: Vec<String>,
 }
 
 impl State {
@@ -95,8 +104,25 @@ impl State {
         self.listed.remove(path);
     }
 
+    /// Whether `path` is a data file of a table whose data files are kept: a Parquet file
+    /// below its root, outside `_delta_log`, named as delta-rs names the files it writes.
+    fn kept_data_file(&self, path: &Path) -> bool {
+        let s = path.as_ref();
+        self.data_roots.iter().any(|root| {
+            s.strip_prefix(root.as_str()).is_some_and(|rest| {
+                let name = rest.rsplit('/').next().unwrap_or(rest);
+                !rest.starts_with("_delta_log/")
+                    && name.starts_with("part-")
+                    && name.ends_with(".parquet")
+            })
+        })
+    }
+
     fn valid(&self, path: &Path) -> Option<(Bytes, ObjectMeta)> {
         let (data, meta) = self.entries.get(path)?;
+        if self.kept_data_file(path) {
+            return Some((data.clone(), meta.clone()));
+        }
         let listed = self.listed.get(path)?;
         (tag(meta).as_ref() == Some(listed)).then(|| (data.clone(), meta.clone()))
     }
@@ -206,6 +232,26 @@ impl LogCache {
         });
     }
 
+    /// Keep the data files of the table at `root` (a path of this store) once read or
+    /// written: a small append-only table read whole by every merge (see the module).
+    pub(crate) fn keep_data_files_of(&self, root: &str) {
+        let root = format!("{}/", root.trim_end_matches('/'));
+        self.with(|s| {
+            if !s.data_roots.contains(&root) {
+                if s.data_roots.len() >= MAX_LISTED {
+                    s.data_roots.clear();
+                }
+                s.data_roots.push(root);
+            }
+        });
+    }
+
+    /// Whether the cache may answer reads of `path`.
+    fn cacheable(&self, path: &Path) -> bool {
+        self.total > 0
+            && (immutable_log_file(path) || self.with(|s| s.kept_data_file(path)).unwrap_or(false))
+    }
+
     /// A commit's contents with exact statistics (see `stats`): what is PUT and kept.
     async fn exact_stats(
         &self,
@@ -306,7 +352,22 @@ impl ObjectStore for LogCache {
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
         if !immutable_log_file(location) {
-            return self.inner.put_opts(location, payload, opts).await;
+            if !self.cacheable(location) {
+                return self.inner.put_opts(location, payload, opts).await;
+            }
+            // A kept table's data file: kept as written.
+            self.forget(location);
+            let data: Bytes = payload.clone().into();
+            let put = self.inner.put_opts(location, payload, opts).await?;
+            let meta = ObjectMeta {
+                location: location.clone(),
+                last_modified: chrono::Utc::now(),
+                size: data.len() as u64,
+                e_tag: put.e_tag.clone(),
+                version: put.version.clone(),
+            };
+            self.with(|s| s.insert(location, data, meta, self.total));
+            return Ok(put);
         }
         let payload = if location.as_ref().ends_with(".json") {
             self.exact_stats(location, payload).await?
@@ -344,7 +405,7 @@ impl ObjectStore for LogCache {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        if !immutable_log_file(location) || !plain(&options) || self.total == 0 {
+        if !plain(&options) || !self.cacheable(location) {
             return self.inner.get_opts(location, options).await;
         }
         let Some((data, meta)) = self.whole(location).await? else {
@@ -373,7 +434,7 @@ impl ObjectStore for LogCache {
         location: &Path,
         ranges: &[Range<u64>],
     ) -> object_store::Result<Vec<Bytes>> {
-        if !immutable_log_file(location) || self.total == 0 {
+        if !self.cacheable(location) {
             return self.inner.get_ranges(location, ranges).await;
         }
         let Some((data, meta)) = self.whole(location).await? else {
@@ -476,6 +537,53 @@ mod tests {
         for p in no {
             assert!(!immutable_log_file(&Path::from(p)), "{p}");
         }
+    }
+
+    /// A kept table's data files are fetched at most once (none when written through the
+    /// cache); other tables' data files and the kept table's other objects pass through.
+    #[tokio::test]
+    async fn a_kept_tables_data_files_are_fetched_once_and_others_each_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let below = Arc::new(Counting::new(Arc::new(
+            LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
+        )));
+        let cache = LogCache::new(below.clone(), 1024 * 1024);
+        let name = "part-00000-0b0e2c7a-2f7e-4c55-9a39-1d3a3b8d3f00-c000.snappy.parquet";
+        let old = Path::from(format!("t/_tributary_tombstones/{name}"));
+        let new = Path::from(format!(
+            "t/_tributary_tombstones/{}",
+            name.replace("0b0e", "1c1f")
+        ));
+        let main = Path::from(format!("t/{name}"));
+        let other = Path::from("t/_tributary_tombstones/_delta_log/_last_checkpoint");
+        for p in [&old, &main, &other] {
+            below.put(p, "rows".into()).await.unwrap();
+        }
+        cache.keep_data_files_of("t/_tributary_tombstones");
+        cache.put(&new, "written here".into()).await.unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                cache.get(&old).await.unwrap().bytes().await.unwrap(),
+                "rows"
+            );
+            assert_eq!(cache.get_range(&old, 1..3).await.unwrap(), "ow");
+            assert_eq!(
+                cache.get_ranges(&new, &[0..7, 8..12]).await.unwrap(),
+                vec![Bytes::from("written"), Bytes::from("here")]
+            );
+            cache.get(&main).await.unwrap();
+            cache.get(&other).await.unwrap();
+        }
+        assert_eq!(
+            below.gets(),
+            1 + 3 + 3,
+            "the kept file once, the others each time"
+        );
+        cache.delete(&old).await.unwrap();
+        assert!(
+            cache.get(&old).await.is_err(),
+            "deleted through the cache: gone"
+        );
     }
 
     #[tokio::test]

@@ -73,6 +73,9 @@ impl<'a> Tombstones<'a> {
             .tombstones
             .as_ref()
             .ok_or_else(|| Error::internal(format!("table `{}` keeps no tombstones", cfg.name)))?;
+        // Read whole by every merge, appended to by every merge with deletes: a warm
+        // instance fetches each of its files once.
+        delta::keep_data_files(url, options)?;
         let table = delta::open_or_create(url, options, &name, &schema, &[], Default::default())
             .await?
             .0;
