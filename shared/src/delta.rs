@@ -835,7 +835,43 @@ pub(crate) async fn append_range(
     let Some(range) = KeyRange::of(keys)? else {
         return Ok(None);
     };
+    if holds_a_row_in_range(table, key, &range) {
+        return Ok(None);
+    }
     Ok((!rows_in_range(table, &range.predicate(key)).await?).then_some(range))
+}
+
+/// Whether a data file's statistics show that the table has a row with an integer `key`
+/// in `range`: its minimum or maximum key is in it (an exact value of one of its rows; a
+/// file with a deletion vector may have lost that row, so it says nothing). Answers the
+/// append check without a scan whenever a plan updates a key of the table: the scan
+/// (`rows_in_range`) opens every file whose range overlaps the plan's, four GETs each, and
+/// a plan of scattered updates overlaps nearly all of them (one such merge made 241 GETs,
+/// docs/benchmarks.md "Freshness").
+fn holds_a_row_in_range(table: &DeltaTable, key: &str, range: &KeyRange) -> bool {
+    let (KeyBound::Int(lo), KeyBound::Int(hi)) = (&range.lo, &range.hi) else {
+        return false;
+    };
+    let Ok(snapshot) = table.snapshot() else {
+        return false;
+    };
+    snapshot.log_data().iter().any(|f| {
+        if f.deletion_vector_descriptor().is_some() {
+            return false;
+        }
+        let Some(stats) = f.stats() else {
+            return false;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&stats) else {
+            return false;
+        };
+        ["minValues", "maxValues"].iter().any(|which| {
+            v.get(which)
+                .and_then(|m| m.get(key))
+                .and_then(serde_json::Value::as_i64)
+                .is_some_and(|k| (*lo..=*hi).contains(&k))
+        })
+    })
 }
 
 /// Whether the table has a row matching `predicate` (SQL; a key range).
@@ -1030,4 +1066,74 @@ pub(crate) async fn commit_actions_as(
     // would list and read the log once more (except where its statistics are not exact).
     table.state = Some(done.snapshot());
     settle(table).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    /// The append check's shortcut: a file's minimum or maximum key inside the range is a
+    /// row there; a range inside a file's, or outside every file's, is left to the scan.
+    #[tokio::test]
+    async fn a_key_range_holding_a_files_bound_has_a_row_without_a_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+        let config = crate::Config::from_toml(&text, "test", Some(dir.path())).unwrap();
+        let n = 11;
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("Op", DataType::Utf8, true),
+                Field::new("ts", DataType::Utf8, true),
+                Field::new("id", DataType::Int64, true),
+            ])),
+            vec![
+                Arc::new(StringArray::from(vec!["I"; n])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["2024-01-01 00:00:00"; n])),
+                Arc::new(Int64Array::from_iter_values(10..10 + n as i64)),
+            ],
+        )
+        .unwrap();
+        let file = config.tables[0]
+            .source
+            .join("20240101-0000000001.parquet")
+            .unwrap();
+        crate::storage::Storage::new()
+            .put(&file, crate::demo::to_parquet(&batch).unwrap())
+            .await
+            .unwrap();
+        let report = crate::Engine::new(config.clone()).process(&[file]).await;
+        assert_eq!(report.failures().count(), 0, "{:?}", report.files);
+        let table = open(
+            config.tables[0].target.as_ref().unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        let range = |lo, hi| KeyRange {
+            lo: KeyBound::Int(lo),
+            hi: KeyBound::Int(hi),
+        };
+        // The file holds ids 10..=20.
+        for (lo, hi, known) in [
+            (15, 100, true),
+            (0, 10, true),
+            (20, 20, true),
+            (21, 30, false),
+            (0, 9, false),
+            (12, 18, false),
+        ] {
+            assert_eq!(
+                holds_a_row_in_range(&table, "id", &range(lo, hi)),
+                known,
+                "{lo}..={hi}"
+            );
+        }
+        let text = KeyRange {
+            lo: KeyBound::Text("a".into()),
+            hi: KeyBound::Text("z".into()),
+        };
+        assert!(!holds_a_row_in_range(&table, "id", &text));
+    }
 }
