@@ -99,6 +99,9 @@ pub struct TableReport {
     pub tombstones_recorded: usize,
     pub files_added: usize,
     pub files_removed: usize,
+    /// Of `files_removed`, small unchanged files the merge had read and wrote into its
+    /// rewritten files, so that later merges read fewer files (`rewrite::FOLD_FILE`).
+    pub files_folded: usize,
     pub commit_attempts: u32,
     pub duration_ms: u64,
     /// Where the time went (last attempt): loading the table, reading tombstones, the
@@ -211,6 +214,7 @@ impl TableReport {
         self.tombstones_recorded += o.tombstones_recorded;
         self.files_added += o.files_added;
         self.files_removed += o.files_removed;
+        self.files_folded += o.files_folded;
         self.commit_attempts += o.commit_attempts;
         self.duration_ms += o.duration_ms;
         self.manifests_written += o.manifests_written;

@@ -6,7 +6,8 @@
 //! streamed (in groups of one partition, four groups at a time), each row whose key the
 //! plan changes with a newer order key is replaced (upsert) or dropped (delete), files with
 //! no change are left alone, and the result (a group's changed files into one output; the
-//! inserts and rows moved to another partition apart) is written through delta-rs's
+//! inserts and rows moved to another partition apart; small unchanged files read on the way
+//! folded in, see [`FOLD_FILE`]) is written through delta-rs's
 //! `DeltaWriter` (the same Parquet writer and
 //! statistics as every other write) and committed as a MERGE with the plan's key range as
 //! its read predicate, so that concurrent writers conflict exactly as with delta-rs's MERGE.
@@ -48,6 +49,8 @@ pub(crate) struct Applied {
     pub(crate) deleted: usize,
     pub(crate) files_added: usize,
     pub(crate) files_removed: usize,
+    /// Of `files_removed`, the unchanged small files folded into a rewritten file.
+    pub(crate) files_folded: usize,
 }
 
 /// The plan indexed by key, in the table's schema, ready to apply to data files.
@@ -256,10 +259,14 @@ impl Rewrite {
     ) -> Result<GroupResult> {
         let mut out = GroupResult::default();
         let mut writer: Option<DeltaWriter> = None;
+        // Unchanged small files read whole before the group had an output (`FOLD_FILE`),
+        // held up to `held_bytes` of rows: folded in if a later file changes.
+        let mut spare: Vec<(deltalake::kernel::Remove, Vec<RecordBatch>)> = Vec::new();
+        let mut spare_bytes = 0usize;
         let written = async {
             for (f, partition) in &files {
                 let mut r = FileResult::default();
-                let again = self
+                let (again, unchanged) = self
                     .first_pass(f, &store, &config, partition, &table, &mut r, &mut writer)
                     .await?;
                 if again {
@@ -275,6 +282,21 @@ impl Rewrite {
                     out.deleted += r.deleted;
                     out.moved.extend(r.moved);
                     out.removes.push(f.remove_action(true));
+                } else if let Some((rows, bytes)) = unchanged.filter(|_| f.size() <= FOLD_FILE) {
+                    if writer.is_some() || spare_bytes + bytes <= self.held_bytes {
+                        spare_bytes += bytes;
+                        spare.push((f.remove_action(true), rows));
+                    }
+                }
+                if let Some(w) = writer.as_mut() {
+                    for (remove, rows) in spare.drain(..) {
+                        for b in &rows {
+                            w.write(b).await.map_err(|e| Error::delta(&table, e))?;
+                        }
+                        out.removes.push(remove);
+                        out.folded += 1;
+                    }
+                    spare_bytes = 0;
                 }
             }
             Ok::<_, Error>(())
@@ -293,7 +315,8 @@ impl Rewrite {
     }
 
     /// The first read of a file (see [`Self::rewrite_group`]): true when it must be read
-    /// again.
+    /// again; and when it did not change and all its rows were held, those rows and their
+    /// decoded size.
     #[allow(clippy::too_many_arguments)]
     async fn first_pass(
         &self,
@@ -304,7 +327,7 @@ impl Rewrite {
         table: &str,
         r: &mut FileResult,
         writer: &mut Option<DeltaWriter>,
-    ) -> Result<bool> {
+    ) -> Result<(bool, Option<(Vec<RecordBatch>, usize)>)> {
         let delta_err = |e| Error::delta(table, e);
         let schema = self.rows.schema();
         let mut batches = crate::datafile::stream(store.clone(), f, &schema, partition)
@@ -323,7 +346,7 @@ impl Rewrite {
                     writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
                 w.write(&b).await.map_err(delta_err)?;
             } else if r.changed && !holding {
-                return Ok(true);
+                return Ok((true, None));
             } else if r.changed {
                 let w =
                     writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
@@ -340,7 +363,7 @@ impl Rewrite {
                 }
             }
         }
-        Ok(false)
+        Ok((false, (holding && !r.changed).then_some((held, held_bytes))))
     }
 
     /// Read a file again and write all of it, changed.
@@ -462,6 +485,7 @@ impl Rewrite {
             applied.updated += r.updated;
             applied.deleted += r.deleted;
             applied.files_removed += r.removes.len();
+            applied.files_folded += r.folded;
             actions.extend(r.removes.into_iter().map(Action::Remove));
         }
         if let Some(e) = failed {
@@ -633,9 +657,22 @@ struct FileResult {
     deleted: usize,
 }
 
+/// Unchanged files up to this size that a group reads (their key statistics could hold a
+/// key of the plan) are written into the group's output when it has one, and removed: each
+/// merge adds a file per partition for its inserts and moved rows, whose keys can be
+/// scattered (statistics prune none of them), so without this every later merge of a key in
+/// their range reads all of them until the next maintenance run, one more each time
+/// (`small_files_a_rewrite_reads_are_folded_into_its_output`: 15 live files after 12 merges,
+/// at most 5 with it). Folding costs writing rows the merge has already read; Hudi's
+/// copy-on-write tables route inserts into small files for the same reason. The rows are
+/// the same; only the layout changes.
+const FOLD_FILE: i64 = 4 * 1024 * 1024;
+
 /// A group's outcome: the files it rewrote (their removes), the files it wrote instead.
 #[derive(Default)]
 struct GroupResult {
+    /// Of `removes`, the unchanged small files folded into the output.
+    folded: usize,
     removes: Vec<deltalake::kernel::Remove>,
     adds: Vec<deltalake::kernel::Add>,
     moved: Vec<u32>,

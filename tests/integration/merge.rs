@@ -1269,6 +1269,45 @@ async fn delta_encoded_order_keys_read_back_the_same() {
     );
 }
 
+/// Small files a rewrite reads but does not change are written into its output and removed:
+/// a merge's inserts land in a file whose key range is scattered (here -i and 100+i), which
+/// every later merge of a key in that range reads. Without folding the partition gained a
+/// file per merge and each merge read all of them (15 live files after 12 merges).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_files_a_rewrite_reads_are_folded_into_its_output() {
+    let fx = Fixture::items();
+    let part = |id: i64| ["a", "b", "c"][(id % 3) as usize];
+    let load: Vec<Change> = (10..=60)
+        .map(|id| c('I', "2024-01-01 00:00:00.000000", id, part(id), id))
+        .collect();
+    fx.merge_ok(&[fx.put_items("LOAD00000001.parquet", &load)])
+        .await;
+    let mut all = load.clone();
+    let mut folded = 0;
+    for i in 1..=12i64 {
+        let ts = format!("2024-01-01 01:{i:02}:00.000000");
+        let f = vec![
+            c('U', &ts, 51, "a", 1000 + i),
+            c('I', &ts, -i, "a", -i),
+            c('I', &ts, 100 + i, "a", 100 + i),
+        ];
+        let r = fx
+            .merge_ok(&[fx.put_items(&format!("2024/01/01/20240101-{i:010}.parquet"), &f)])
+            .await;
+        let t = &r.tables[0];
+        assert!(t.rewritten(), "{t:?}");
+        folded += t.files_folded;
+        all.extend(f);
+        assert_eq!(fx.items_rows().await, model(&all), "merge {i}");
+    }
+    let live = live_files(&fx.url("curated/items")).await;
+    assert!(
+        live <= 5,
+        "{live} live files: the read small files were not folded"
+    );
+    assert!(folded >= 10, "{folded} files folded in 12 merges");
+}
+
 /// tributary's copy-on-write rewrite (the default) and delta-rs's MERGE
 /// (`merge_engine = "delta-rs"`) give the same table and the same counts, step by step:
 /// updates moving partitions, deletes, inserts, a late file of stale changes, a delete of an

@@ -524,6 +524,7 @@ async fn merge(
         deleted: m.num_target_rows_deleted,
         files_added: m.num_target_files_added,
         files_removed: m.num_target_files_removed,
+        files_folded: 0,
     };
     Ok((target, WritePath::Merge, counts))
 }
@@ -536,6 +537,7 @@ fn record(report: &mut TableReport, how: WritePath, c: &Applied) {
     report.deleted = c.deleted;
     report.files_added = c.files_added;
     report.files_removed = c.files_removed;
+    report.files_folded = c.files_folded;
 }
 
 /// The Delta application transactions that record the batch's files as applied: full
