@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 
@@ -110,19 +111,36 @@ class Mapping:
         self.poller, self.pollers, self.window = poller, pollers, window
         self.invocations = 0
         self.lock = threading.Lock()
+        # object key -> (queued: the message's SentTimestamp, received, invoked, returned),
+        # in s, for the first time the key came off this queue: where a file's latency went
+        self.seen = {}
+
+    def receive(self, n):
+        got = self.poller.receive(n, wait=1)
+        now = time.time()
+        for m in got:
+            m["_received"] = now
+        return got
 
     def run(self, stop):
         p = self.poller
         while not stop.is_set():
-            messages = p.receive(10, wait=1)
+            messages = self.receive(10)
             if not messages:
                 continue
             started = time.time()
             while len(messages) < 10 and time.time() - started < self.window:
-                messages += p.receive(10 - len(messages), wait=1)
+                messages += self.receive(10 - len(messages))
+            invoked = time.time()
             p.deliver(messages)
+            returned = time.time()
             with self.lock:
                 self.invocations += 1
+                for m in messages:
+                    queued_at = int(m["Attributes"]["SentTimestamp"]) / 1000
+                    for r in json.loads(m["Body"]).get("Records", []):
+                        key = urllib.parse.unquote_plus(r["s3"]["object"]["key"])
+                        self.seen.setdefault(key, (queued_at, m["_received"], invoked, returned))
 
 
 def read_log(s3, bucket, prefix):
@@ -316,6 +334,19 @@ def main():
     recovered = next((r["t"] + t0 - marks["burst_landed"] for r in timeline
                       if r["t"] + t0 > marks["burst_landed"] and r["group"] is not None
                       and r["group"] <= (max(steady_lag) if steady_lag else 0)), None)
+    # Where a file's latency went, from the pollers' records (first delivery of each key on
+    # each queue) and the commit: the median of each stage, per phase.
+    stages = {"steady": {}, "burst": {}, "tail": {}}
+    for key, (t, phase, at) in landed.items():
+        mq, fq = mappings[0].seen.get(key), mappings[1].seen.get(key)
+        if phase == "load" or key not in committed or not mq or not fq:
+            continue
+        for name, v in (("s3_notification", mq[0] - at), ("merge_queue_wait", mq[1] - mq[0]),
+                        ("batching_window", mq[2] - mq[1]), ("route_invocation", fq[0] - mq[2]),
+                        ("fifo_wait", fq[1] - fq[0]), ("merge_to_commit", committed[key] - fq[2]),
+                        ("after_commit", fq[3] - committed[key])):
+            stages[phase].setdefault(name, []).append(v)
+    stages = {ph: {k: round(percentile(v, 50), 3) for k, v in st.items()} for ph, st in stages.items()}
     summary = {
         "kind": "summary", "tables": args.tables, "interval_s": args.interval, "steady_s": args.steady,
         "burst_files_per_table": args.burst, "changes_per_file": args.changes, "window_s": args.window,
@@ -329,7 +360,7 @@ def main():
         "goal_lag_s": 2 * args.batch_interval, "missing_files": len(missing), "dead_lettered": dead,
         "wall_s": round(cpu1["wall"] - cpu0["wall"], 1),
         "cpu_s": {k: round(cpu1[k] - cpu0.get(k, 0), 1) for k in cpu1 if k != "wall"},
-        "peak_rss_mb_max_instance": peak, "identical_to_source": True, "release": release,
+        "stages_p50_s": stages, "peak_rss_mb_max_instance": peak, "identical_to_source": True, "release": release,
     }
     out = Path(args.out) if args.out else ROOT / "target" / "freshness.jsonl"
     with open(out, "w") as f:

@@ -3,7 +3,8 @@ one per invocation by the release merge function (under `cargo lambda watch`), i
 counted through benches/s3_count.py. Printed per block of 10 merges: mean / max requests,
 GETs of commit files, mean time (LocalStack on loopback, proxy included).
 
-Usage (LocalStack running; release binaries built, or TRIBUTARY_BENCH_DEBUG=1 for debug):
+Usage (LocalStack running; release binaries built, or TRIBUTARY_BENCH_DEBUG=1 for debug;
+TRIBUTARY_BENCH_CHANGES=1 for files of random changes instead of inserts):
   $CACHE/venv-e2e/bin/python benches/merge_requests.py [N=100] [K]
 With K, the requests of merge K are printed in order (method, key, query).
 """
@@ -15,13 +16,16 @@ import boto3, dms
 from s3_count import CountingProxy
 from conftest import CREDS, ENDPOINT, REGION, Functions, table_config
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 60
-dump = int(sys.argv[2]) if len(sys.argv) > 2 else None
+dump = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+# TRIBUTARY_BENCH_CHANGES=1: files of 20 random changes (inserts, updates moving rows between
+# partitions, deletes: the freshness benchmark's files) instead of 20 inserts
+changes = os.environ.get("TRIBUTARY_BENCH_CHANGES") == "1"
 source = dms.Source(seed=14)
 files = [("LOAD00000001.parquet", dms.parquet(source.insert_records(2000), False))]
 for i in range(n):
     # one file a second, as DMS names them (distinct times: each merge moves the watermark)
     files.append((f"2022/10/26/20221026-{i // 3600:02d}{i // 60 % 60:02d}{i % 60:02d}0000.parquet",
-                  dms.parquet(source.insert_records(20), True)))
+                  dms.parquet(source.random_changes(20) if changes else source.insert_records(20), True)))
 s3 = boto3.client("s3", endpoint_url=ENDPOINT, **CREDS)
 run = uuid.uuid4().hex[:8]; raw, curated = f"mg-raw-{run}", f"mg-cur-{run}"
 for b in (raw, curated): s3.create_bucket(Bucket=b)
