@@ -295,8 +295,6 @@ mod tests {
     #[tokio::test]
     async fn a_data_file_is_streamed_in_one_request_when_small_and_two_when_large() {
         let dir = tempfile::tempdir().unwrap();
-        let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
-        let config = crate::Config::from_toml(&text, "test", Some(dir.path())).unwrap();
         let mut fields = vec![
             Field::new("Op", DataType::Utf8, true),
             Field::new("ts", DataType::Utf8, true),
@@ -315,23 +313,7 @@ mod tests {
             )));
         }
         let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-        let file = config.tables[0]
-            .source
-            .join("20240101-0000000001.parquet")
-            .unwrap();
-        crate::storage::Storage::new()
-            .put(&file, crate::demo::to_parquet(&batch).unwrap())
-            .await
-            .unwrap();
-        let report = crate::Engine::new(config.clone()).process(&[file]).await;
-        assert_eq!(report.failures().count(), 0, "{:?}", report.files);
-
-        let table = crate::delta::open(
-            config.tables[0].target.as_ref().unwrap(),
-            &Default::default(),
-        )
-        .await
-        .unwrap();
+        let (_, table) = crate::testing::merged_table(dir.path(), &batch).await;
         let snapshot = table.snapshot().unwrap();
         let schema = snapshot.snapshot().arrow_schema();
         let f = snapshot.log_data().iter().next().unwrap();

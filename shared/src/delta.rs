@@ -1079,8 +1079,6 @@ mod tests {
     #[tokio::test]
     async fn a_key_range_holding_a_files_bound_has_a_row_without_a_scan() {
         let dir = tempfile::tempdir().unwrap();
-        let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
-        let config = crate::Config::from_toml(&text, "test", Some(dir.path())).unwrap();
         let n = 11;
         let batch = RecordBatch::try_new(
             Arc::new(Schema::new(vec![
@@ -1095,22 +1093,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let file = config.tables[0]
-            .source
-            .join("20240101-0000000001.parquet")
-            .unwrap();
-        crate::storage::Storage::new()
-            .put(&file, crate::demo::to_parquet(&batch).unwrap())
-            .await
-            .unwrap();
-        let report = crate::Engine::new(config.clone()).process(&[file]).await;
-        assert_eq!(report.failures().count(), 0, "{:?}", report.files);
-        let table = open(
-            config.tables[0].target.as_ref().unwrap(),
-            &Default::default(),
-        )
-        .await
-        .unwrap();
+        let (_, table) = crate::testing::merged_table(dir.path(), &batch).await;
         let range = |lo, hi| KeyRange {
             lo: KeyBound::Int(lo),
             hi: KeyBound::Int(hi),

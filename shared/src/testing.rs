@@ -9,6 +9,33 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
 };
 
+/// The table `t` (key `id`, order key `ts`, under `dir`) after merging one CDC file of
+/// `batch` (`Op`, `ts`, `id` and any other columns): its configuration and the table.
+pub(crate) async fn merged_table(
+    dir: &std::path::Path,
+    batch: &arrow::array::RecordBatch,
+) -> (crate::Config, deltalake::DeltaTable) {
+    let text = crate::config::test_table("t", "raw/t/", "curated/t", "sequence_by = [\"ts\"]");
+    let config = crate::Config::from_toml(&text, "test", Some(dir)).unwrap();
+    let file = config.tables[0]
+        .source
+        .join("20240101-0000000001.parquet")
+        .unwrap();
+    crate::storage::Storage::new()
+        .put(&file, crate::demo::to_parquet(batch).unwrap())
+        .await
+        .unwrap();
+    let report = crate::Engine::new(config.clone()).process(&[file]).await;
+    assert_eq!(report.failures().count(), 0, "{:?}", report.files);
+    let table = crate::delta::open(
+        config.tables[0].target.as_ref().unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    (config, table)
+}
+
 /// An object store that counts the GET requests it serves (the S3 requests a read costs).
 #[derive(Debug)]
 pub(crate) struct Counting {
