@@ -351,25 +351,12 @@ impl ObjectStore for LogCache {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        if !immutable_log_file(location) {
-            if !self.cacheable(location) {
-                return self.inner.put_opts(location, payload, opts).await;
-            }
-            // A kept table's data file: kept as written.
-            self.forget(location);
-            let data: Bytes = payload.clone().into();
-            let put = self.inner.put_opts(location, payload, opts).await?;
-            let meta = ObjectMeta {
-                location: location.clone(),
-                last_modified: chrono::Utc::now(),
-                size: data.len() as u64,
-                e_tag: put.e_tag.clone(),
-                version: put.version.clone(),
-            };
-            self.with(|s| s.insert(location, data, meta, self.total));
-            return Ok(put);
+        let log_file = immutable_log_file(location);
+        // Anything but a log file or a kept table's data file passes through.
+        if !log_file && !self.cacheable(location) {
+            return self.inner.put_opts(location, payload, opts).await;
         }
-        let payload = if location.as_ref().ends_with(".json") {
+        let payload = if log_file && location.as_ref().ends_with(".json") {
             self.exact_stats(location, payload).await?
         } else {
             payload
