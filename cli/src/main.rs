@@ -95,12 +95,16 @@ enum Command {
         new_rows: i32,
     },
     /// Merge files (or every data file under prefixes) into their tables: replay a failed
-    /// file, or backfill. Full-load files go first, then CDC files in name order.
+    /// file, or backfill. Files are applied in one order, whatever their sizes: full-load
+    /// files in name order, then CDC files in name order. Small files are grouped into
+    /// commits (at most --batch files and one slice of rows each); a file larger than a slice
+    /// is merged at its place in that order (appended whole, or slice by slice), so every
+    /// version written is a state the source had.
     Merge {
         /// Table configuration (path or s3:// URI).
         #[arg(long)]
         config: String,
-        /// Files merged per commit.
+        /// Files given to the engine at a time (at most this many per commit).
         #[arg(long, default_value_t = 16)]
         batch: usize,
         /// Files or prefixes: local paths, file:// or s3:// URIs.
@@ -238,9 +242,8 @@ fn to_url(input: &str) -> Result<Url> {
     url.map_err(|_| anyhow::anyhow!("cannot turn {} into a URL", abs.display()))
 }
 
-/// The files named, and those under the prefixes named: full load first, then CDC in
-/// file-name order (what DMS intends; the engine converges in any order, this just keeps
-/// commits small and meaningful).
+/// The files named, and those under the prefixes named, in the order they are applied
+/// ([`tributary::apply_order`]: full load first, then CDC, each in file-name order).
 async fn files_to_merge(engine: &Engine, inputs: &[String]) -> Result<Vec<Url>> {
     let mut files = Vec::new();
     for i in inputs {
@@ -256,10 +259,7 @@ async fn files_to_merge(engine: &Engine, inputs: &[String]) -> Result<Vec<Url>> 
             files.push(url);
         }
     }
-    files.sort_by_key(|u| {
-        let name = storage::file_name(u);
-        (!name.starts_with("LOAD"), name, u.to_string())
-    });
+    files.sort_by_key(tributary::apply_order);
     files.dedup();
     Ok(files)
 }

@@ -72,7 +72,7 @@ pub use deltalake;
 pub use engine::{Engine, FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath};
 pub use error::{Error, Location, Result};
 pub use props::TableProps;
-pub use source::{FileCounts, SeqKind};
+pub use source::{apply_order, FileCounts, SeqKind};
 
 /// Default log filter of the functions: tributary's own `info` lines; `warn` for libraries,
 /// minus delta-rs's per-merge metric warning and the kernel's error line when a table does

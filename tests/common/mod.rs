@@ -127,7 +127,11 @@ pub async fn read_rows(table: &Url, sql: &str) -> Vec<Row> {
     if !delta::exists(&t) {
         return vec![];
     }
-    let batches = delta::query(&t, sql).await.expect("query");
+    rows_of(&delta::query(&t, sql).await.expect("query"))
+}
+
+/// The (id, part, val) rows of query results, in their order.
+pub fn rows_of(batches: &[RecordBatch]) -> Vec<Row> {
     let mut out = Vec::new();
     for b in batches {
         let id = cast(b.column(0), &DataType::Int64).expect("id");

@@ -533,3 +533,227 @@ async fn many_small_files_merge_in_commits_of_at_most_a_slice() {
         .all(|f| matches!(f.status, FileStatus::Merged { .. })));
     assert_eq!(fx.items_rows().await, model(&all));
 }
+
+/// A digest of a table state that does not depend on row order: the wrapping sum of each
+/// row's hash.
+fn digest<'a>(rows: impl IntoIterator<Item = &'a Row>) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let h = BuildHasherDefault::<DefaultHasher>::default();
+    rows.into_iter()
+        .fold(0u64, |acc, r| acc.wrapping_add(h.hash_one(r)))
+}
+
+/// The digest of every state the source had: after each prefix of `changes` (in true order),
+/// the empty table included.
+fn source_states(changes: &[Change]) -> std::collections::HashSet<u64> {
+    use std::collections::BTreeMap;
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let h = BuildHasherDefault::<DefaultHasher>::default();
+    let row_hash = |id: i64, v: &(String, i64)| h.hash_one(&(id, v.0.clone(), v.1));
+    let mut table: BTreeMap<i64, (String, i64)> = BTreeMap::new();
+    let mut sum = 0u64;
+    let mut states = std::collections::HashSet::from([0u64]);
+    for c in changes {
+        if let Some(old) = table.remove(&c.id) {
+            sum = sum.wrapping_sub(row_hash(c.id, &old));
+        }
+        if c.op != 'D' {
+            let new = (c.part.clone(), c.val);
+            sum = sum.wrapping_add(row_hash(c.id, &new));
+            table.insert(c.id, new);
+        }
+        states.insert(sum);
+    }
+    states
+}
+
+/// Every version of the table from `from` on, as (version, rows).
+async fn every_version(table: &url::Url, from: u64) -> Vec<(u64, Vec<Row>)> {
+    let latest = tributary::delta::open(table, &Default::default())
+        .await
+        .expect("open")
+        .version()
+        .expect("a version");
+    let mut out = Vec::new();
+    for v in from..=latest {
+        let t = tributary::deltalake::open_table_with_version(table.clone(), v)
+            .await
+            .expect("open version");
+        let batches = tributary::delta::query(&t, "SELECT id, part, val FROM t")
+            .await
+            .expect("query");
+        out.push((v, rows_of(&batches)));
+    }
+    out
+}
+
+/// Every version written since `from` is a state the source had, and the last is the
+/// source's final state.
+async fn assert_every_version_a_source_state(fx: &Fixture, from: u64, changes: &[Change]) {
+    let states = source_states(changes);
+    let versions = every_version(&fx.url("curated/items"), from).await;
+    for (v, rows) in &versions {
+        assert!(
+            states.contains(&digest(rows)),
+            "version {v} ({} rows) is not a state the source had",
+            rows.len()
+        );
+    }
+    let mut last = versions.last().expect("a version").1.clone();
+    last.sort();
+    assert_eq!(last, model(changes), "the last version is the final state");
+}
+
+/// A full load larger than a slice and the first CDC files merged in one call (#48), files
+/// given in any order: the load goes first, then the CDC files, so every version written is
+/// a prefix of the load or the load and the first k CDC files — never CDC values on rows the
+/// load had not brought yet. Then a large CDC file between two small ones: merged slice by
+/// slice at its place. The same through the Lambda adapter's batch (one SQS event announcing
+/// the files in another order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_load_and_its_cdc_files_merged_together_write_only_source_states() {
+    let n = 20_000i64;
+    let load: Vec<Change> = (1..=n)
+        .map(|id| {
+            c(
+                'I',
+                "2024-01-01 09:00:00.000000",
+                id,
+                ["a", "b"][id as usize % 2],
+                id,
+            )
+        })
+        .collect();
+    let at = |h: u32, i: usize| {
+        format!(
+            "2024-01-01 {h:02}:{:02}:{:02}.{:06}",
+            i / 60 % 60,
+            i % 60,
+            i
+        )
+    };
+    // 300 updates; 100 deletes and 50 updates; 200 inserts.
+    let cdc1: Vec<Change> = (0..300)
+        .map(|i| c('U', &at(10, i), (i as i64 * 61) % n + 1, "c", -(i as i64)))
+        .collect();
+    let cdc2: Vec<Change> = (0..150)
+        .map(|i| {
+            let id = (i as i64 * 127) % n + 1;
+            match i < 100 {
+                true => c('D', &at(11, i), id, "a", 0),
+                false => c('U', &at(11, i), id, "d", 7 * i as i64),
+            }
+        })
+        .collect();
+    let cdc3: Vec<Change> = (0..200)
+        .map(|i| c('I', &at(12, i), n + 1 + i as i64, "e", i as i64))
+        .collect();
+    let changes = [load.clone(), cdc1.clone(), cdc2.clone(), cdc3.clone()].concat();
+    for lambda in [false, true] {
+        let fx = Fixture::new(&format!(
+            "{}slice_rows = 1024\n",
+            ITEMS_TABLE.replace("raw/shop/items/", "s3root/tributary-raw/dms/shop/items/")
+        ));
+        let put = |name: &str, ch: &[Change]| {
+            let p = fx.path(&format!("s3root/tributary-raw/dms/shop/items/{name}"));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, items_parquet(ch, !name.starts_with("LOAD"))).unwrap();
+            url::Url::from_file_path(&p).unwrap()
+        };
+        // Announced newest first.
+        let files = [
+            put("20240101-1200000000.parquet", &cdc3),
+            put("20240101-1100000000.parquet", &cdc2),
+            put("20240101-1000000000.parquet", &cdc1),
+            put("LOAD00000001.parquet", &load),
+        ];
+        merge_announced(&fx, &files, lambda).await;
+        assert_every_version_a_source_state(&fx, 0, &changes).await;
+
+        // A CDC file larger than a slice (3,000 changes) between two small ones.
+        let big: Vec<Change> = (0..3000)
+            .map(|i| {
+                let id = (i as i64 * 7919) % (n + 200) + 1;
+                let op = match i % 4 {
+                    0 => 'D',
+                    1 => 'I',
+                    _ => 'U',
+                };
+                c(op, &at(14, i), id, ["f", "g"][i % 2], 1000 + i as i64)
+            })
+            .collect();
+        let before = [
+            c('U', &at(13, 0), 5, "h", 55),
+            c('I', &at(13, 1), n + 5000, "h", 1),
+        ];
+        let after = [
+            c('D', &at(15, 0), 5, "h", 0),
+            c('U', &at(15, 1), 6, "h", 66),
+        ];
+        let from = tributary::delta::open(&fx.url("curated/items"), &Default::default())
+            .await
+            .unwrap()
+            .version()
+            .unwrap();
+        let files = [
+            put("20240101-1500000000.parquet", &after),
+            put("20240101-1400000000.parquet", &big),
+            put("20240101-1300000000.parquet", &before),
+        ];
+        merge_announced(&fx, &files, lambda).await;
+        let later = [
+            changes.clone(),
+            before.to_vec(),
+            big.clone(),
+            after.to_vec(),
+        ]
+        .concat();
+        // States from the first call's end on.
+        let states = source_states(&later);
+        for (v, rows) in every_version(&fx.url("curated/items"), from).await {
+            assert!(
+                states.contains(&digest(&rows)),
+                "{}: version {v} ({} rows) is not a state the source had",
+                if lambda { "lambda" } else { "engine" },
+                rows.len()
+            );
+        }
+        assert_eq!(fx.items_rows().await, model(&later));
+    }
+}
+
+/// Merge files as one call: the engine's (what `tributary merge` gives it), or one SQS
+/// event of the Lambda adapter announcing each file in its own message.
+async fn merge_announced(fx: &Fixture, files: &[url::Url], lambda: bool) {
+    if !lambda {
+        fx.merge_ok(files).await;
+        return;
+    }
+    let engine = fx.another_engine().with_local_s3_root(fx.path("s3root"));
+    let records: Vec<serde_json::Value> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let key = f
+                .path()
+                .split("/tributary-raw/")
+                .nth(1)
+                .unwrap()
+                .to_string();
+            let body = serde_json::json!({"Records":[{"eventSource":"aws:s3",
+                "eventTime":"2024-01-01T00:00:00Z","eventName":"ObjectCreated:Put",
+                "s3":{"bucket":{"name":"tributary-raw"},"object":{"key":key}}}]});
+            serde_json::json!({"messageId": format!("m{i}"), "eventSource":"aws:sqs",
+                "body": body.to_string()})
+        })
+        .collect();
+    let event = serde_json::json!({ "Records": records });
+    let handled = tributary_lambda::handler::handle(&engine, &event)
+        .await
+        .unwrap();
+    assert!(
+        handled.failed_messages.is_empty(),
+        "{:?}",
+        handled.failed_messages
+    );
+}

@@ -278,10 +278,15 @@ impl Engine {
                 return (failed, vec![]);
             }
         };
-        // Files are read (eight at a time) and merged in groups of at most one slice of
-        // rows and decoded bytes: memory follows the slice, not the number of files a batch
+        // Files are applied in their order (`source::apply_order`: full load, then CDC, each
+        // by name), read eight at a time and merged in groups of at most one slice of rows
+        // and decoded bytes: memory follows the slice, not the number of files a batch
         // announces (a FIFO batch can announce a thousand). A file is never split across
-        // groups; each group is one commit.
+        // groups; each group is one commit. A file larger than a slice is merged at its place
+        // in the order, after the group before it and before the files after it: every
+        // version written is then a state the source had.
+        let mut files = files;
+        files.sort_by_key(source::apply_order);
         let (schema, props) = (view.schema.clone(), view.props.clone());
         let mut reads = stream::iter(files.iter().cloned())
             .map(|f| {
@@ -294,16 +299,15 @@ impl Engine {
             .buffered(8);
         let mut view = Some(view);
         let mut reports = Vec::new();
-        let mut large = Vec::new();
         let mut group: Vec<ChangeSet> = Vec::new();
         let (mut rows, mut bytes) = (0usize, 0usize);
         loop {
             let next = reads.next().await;
             let end = next.is_none();
-            let mut set = None;
+            let (mut set, mut large) = (None, None);
             match next {
                 Some((_, Ok((source::Read::Whole(cs), _)))) => set = Some(*cs),
-                Some((f, Ok((source::Read::Large, raw)))) => large.push((f, raw)),
+                Some((f, Ok((source::Read::Large, raw)))) => large = Some((f, raw)),
                 Some((f, Err(e))) => {
                     log_failure(&table.name, &f, &e);
                     outcomes.push(FileOutcome::failed(f, &table.name, Arc::new(e)));
@@ -314,7 +318,7 @@ impl Engine {
                 (cs.data.num_rows(), cs.data.get_array_memory_size())
             });
             let full = rows + n > table.slice_rows || bytes + b > table.slice_bytes;
-            if !group.is_empty() && (end || (set.is_some() && full)) {
+            if !group.is_empty() && (end || large.is_some() || (set.is_some() && full)) {
                 let sets = std::mem::take(&mut group);
                 (rows, bytes) = (0, 0);
                 // The first group merges on the table read above; later ones read it again
@@ -338,6 +342,20 @@ impl Engine {
                     }
                 }
             }
+            if let Some((file, raw)) = large {
+                // Slice by slice (or appended whole), on the table as it is now.
+                view = None;
+                match self.merge_large(sink, table, &file, &raw).await {
+                    Ok((r, o)) => {
+                        reports.extend(r);
+                        outcomes.extend(o);
+                    }
+                    Err(e) => {
+                        log_failure(&table.name, &file, &e);
+                        outcomes.push(FileOutcome::failed(file, &table.name, Arc::new(e)));
+                    }
+                }
+            }
             if let Some(cs) = set {
                 rows += n;
                 bytes += b;
@@ -345,19 +363,6 @@ impl Engine {
             }
             if end {
                 break;
-            }
-        }
-        // Large files after the others, one at a time, slice by slice.
-        for (file, raw) in large {
-            match self.merge_large(sink, table, &file, &raw).await {
-                Ok((r, o)) => {
-                    reports.extend(r);
-                    outcomes.extend(o);
-                }
-                Err(e) => {
-                    log_failure(&table.name, &file, &e);
-                    outcomes.push(FileOutcome::failed(file, &table.name, Arc::new(e)));
-                }
             }
         }
         (outcomes, reports)

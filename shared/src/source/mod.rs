@@ -139,6 +139,15 @@ impl ChangeSet {
     }
 }
 
+/// The order in which a table's files are applied, whatever order they were announced or
+/// listed in: full-load files in name order, then CDC files in name order (DMS names both in
+/// write order), the location breaking ties. A file larger than a slice is applied at its
+/// place in this order, so every version written is a state the source had.
+pub fn apply_order(url: &Url) -> (bool, String, String) {
+    let name = storage::file_name(url);
+    (FileKind::of(&name) == FileKind::Cdc, name, url.to_string())
+}
+
 /// What to do with an object found under a table's source prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FileClass {
