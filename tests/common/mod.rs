@@ -408,3 +408,24 @@ pub fn column_text(batches: &[RecordBatch]) -> Vec<String> {
     }
     out
 }
+
+/// A buffer the log lines of a test go to.
+#[derive(Clone, Default)]
+pub struct Lines(pub Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// What was logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}

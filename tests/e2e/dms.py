@@ -53,7 +53,7 @@ CSV_COLUMNS = [f.name for f in SCHEMA]
 
 def csv_gz(rows, with_op):
     """The same rows as DMS writes them with DataFormat=csv, CompressionType=GZIP (no header,
-    `NULL` for nulls, Op first in CDC files): a `.csv.gz` object."""
+    Op first in CDC files; the rows have no NULL): a `.csv.gz` object."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     for op, ts, trip_id, row in rows:

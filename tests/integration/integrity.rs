@@ -1131,20 +1131,6 @@ fn default_tombstone_retention_outlasts_the_templates_queues() {
 
 // ---- logs ---------------------------------------------------------------------------------
 
-/// A buffer the log lines of a test go to.
-#[derive(Clone, Default)]
-struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Commit conflicts that the engine retries are INFO lines of tributary's, not delta-rs's
 /// ERROR "conflict detected … Help:" (which trips log-based alarms for events that succeed).
 #[test]

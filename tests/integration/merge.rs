@@ -284,7 +284,8 @@ async fn missing_key_null_key_and_bad_cast_are_reported() {
         "20240101-000000001.csv",
         b"I,1,10\nU,2,eleven\n",
     );
-    let null_key = fx.put_raw("shop/csvt", "20240101-000000002.csv", b"I,NULL,10\n");
+    // DMS writes NULL as an empty field.
+    let null_key = fx.put_raw("shop/csvt", "20240101-000000002.csv", b"I,,10\n");
     let r = fx.engine.process(&[bad_cast, null_key]).await;
     let errs: Vec<String> = r
         .failures()
@@ -322,6 +323,100 @@ async fn missing_key_null_key_and_bad_cast_are_reported() {
     assert!(
         e.contains("column `id`: primary key column is missing"),
         "{e}"
+    );
+}
+
+/// CSV files in the shapes real DMS tasks write (MySQL without a header, Oracle with one,
+/// `%+.16e` doubles), merged with `[table.csv]` defaults only (#44): NULL is an empty field,
+/// quoted or not; text keeps its spaces, quoted commas and UTF-8; the I, U, D, I of one key
+/// in one file leaves the last insert. Before, the default `null_value = "NULL"` stored `""`
+/// for every NULL of a text column, with exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dms_csv_shapes_merge_exactly_with_the_defaults() {
+    let fx = Fixture::new(
+        r#"
+[[table]]
+name = "customers"
+source = "raw/mysql/customers/"
+target = "curated/customers"
+primary_key = ["customerNumber"]
+format = "csv"
+[table.csv]
+columns = [
+  { name = "customerNumber", type = "int32" },
+  { name = "contactFirstName", type = "string" },
+  { name = "addressLine2", type = "string" },
+  { name = "salesRep", type = "int32" },
+  { name = "creditLimit", type = "decimal(10,2)" },
+]
+
+[[table]]
+name = "employees"
+source = "raw/oracle/employees/"
+target = "curated/employees"
+primary_key = ["EMPLOYEE_ID"]
+format = "csv"
+[table.csv]
+header = true
+columns = [{ name = "EMPLOYEE_ID", type = "int64" }, { name = "SALARY", type = "double" }]
+"#,
+    );
+    let load = fx.put_raw(
+        "mysql/customers",
+        "LOAD00000001.csv",
+        "103,Carine ,,1370,21000.00\n114,\"Peter, Jr\",Level 3,1611,117300.00\n125,Zbyszek ,\"\",,0.00\n"
+            .as_bytes(),
+    );
+    let cdc = fx.put_raw(
+        "mysql/customers",
+        "20240809-192717787.csv",
+        "I,497,Mitesh,,1188,85100.00\nU,497,Ruffy,,1188,85100.00\nD,497,Ruffy,,1188,85100.00\nI,497,Luleå,,1188,85100.00\nU,103,Carine ,Suite 2,,21000.00\n"
+            .as_bytes(),
+    );
+    fx.merge_ok(&[load, cdc]).await;
+    let rows = |table: &'static str, sql: &'static str| {
+        let fx = &fx;
+        async move {
+            let t = delta::open(&fx.url(table), &Default::default())
+                .await
+                .unwrap();
+            column_text(&delta::query(&t, sql).await.unwrap())
+        }
+    };
+    assert_eq!(
+        rows(
+            "curated/customers",
+            "SELECT CONCAT(CAST(\"customerNumber\" AS VARCHAR), '|', COALESCE(\"contactFirstName\", '<null>'), '|', COALESCE(\"addressLine2\", '<null>'), '|', COALESCE(CAST(\"salesRep\" AS VARCHAR), '<null>'), '|', CAST(\"creditLimit\" AS VARCHAR)) FROM t ORDER BY \"customerNumber\""
+        )
+        .await,
+        vec![
+            "103|Carine |Suite 2|<null>|21000.00",
+            "114|Peter, Jr|Level 3|1611|117300.00",
+            // A quoted empty field is NULL too: without CsvNullValue DMS writes an empty
+            // string and NULL alike (docs/configuration.md).
+            "125|Zbyszek |<null>|<null>|0.00",
+            "497|Luleå|<null>|1188|85100.00",
+        ]
+    );
+    // With a header, Op first; DMS's `%+.16e` doubles; an empty commission is NULL.
+    let load = fx.put_raw(
+        "oracle/employees",
+        "LOAD00000001.csv",
+        b"EMPLOYEE_ID,SALARY,COMMISSION_PCT\n100,+2.4000000000000000e+04,\n101,+1.7000000000000000e+04,.25\n",
+    );
+    let cdc = fx.put_raw(
+        "oracle/employees",
+        "20190118-184518184.csv",
+        b"Op,EMPLOYEE_ID,SALARY,COMMISSION_PCT\nU,101,+8.3005000000000000e+03,\nI,2311,-5.0000000000000000e-01,.1\n",
+    );
+    fx.merge_ok(&[load, cdc]).await;
+    assert_eq!(
+        rows(
+            "curated/employees",
+            "SELECT CONCAT(CAST(\"EMPLOYEE_ID\" AS VARCHAR), '|', CAST(\"SALARY\" AS VARCHAR), '|', COALESCE(\"COMMISSION_PCT\", '<null>')) FROM t ORDER BY \"EMPLOYEE_ID\""
+        )
+        .await,
+        vec!["100|24000.0|<null>", "101|8300.5|<null>", "2311|-0.5|.1"]
     );
 }
 
@@ -990,6 +1085,7 @@ format = "csv"
 [table.csv]
 full_load_header = true
 cdc_header = false
+null_value = "NULL"   # the walkthrough's files write NULL as text (CsvNullValue = NULL)
 columns = [
   { name = "policy_id", type = "int64" }, { name = "expiry_date", type = "date" },
   { name = "location_name", type = "string" }, { name = "state_code", type = "string" },

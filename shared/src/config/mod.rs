@@ -78,7 +78,8 @@ pub struct CsvOptions {
     pub delimiter: u8,
     /// Quote character (DMS writes RFC 4180 quoting with `"`).
     pub quote: u8,
-    /// Text that stands for NULL (DMS `CsvNullValue`, default `NULL`).
+    /// Text that stands for NULL (DMS `CsvNullValue`). Default: the empty field, what DMS
+    /// writes for NULL when `CsvNullValue` is not set.
     pub null_value: String,
     /// Text DMS writes for a column that is not in the supplemental log (`CsvNoSupValue`,
     /// with `UseCsvNoSupValue=true`): the column's value is not known. A file holding it
@@ -676,7 +677,9 @@ primary_key = ["id"]
             "format = \"csv\"\n[table.csv]\nheader = true\nnull_value = \"\"\nno_sup_value = \"\"",
         );
         assert!(e.contains("csv.no_sup_value is empty"), "{e}");
-        let e = err_with("format = \"csv\"\n[table.csv]\nheader = true\nno_sup_value = \"NULL\"");
+        let e = err_with(
+            "format = \"csv\"\n[table.csv]\nheader = true\nnull_value = \"NULL\"\nno_sup_value = \"NULL\"",
+        );
         assert!(
             e.contains("csv.no_sup_value and csv.null_value are both \"NULL\""),
             "{e}"

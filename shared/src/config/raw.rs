@@ -826,7 +826,9 @@ fn csv_options(raw: Option<RawCsv>) -> Msg<CsvOptions> {
         };
         return Err(format!("{which} needs csv.columns: list the file's columns after `Op`, in order, e.g. columns = [{{ name = \"id\", type = \"int64\" }}]"));
     }
-    let null_value = raw.null_value.unwrap_or_else(|| "NULL".to_string());
+    // DMS's documented default for `CsvNullValue` is `NULL`, but what it writes without the
+    // setting — every real DMS CSV file seen — is an unquoted empty field.
+    let null_value = raw.null_value.unwrap_or_default();
     if let Some(ns) = &raw.no_sup_value {
         if ns.is_empty() {
             return Err("csv.no_sup_value is empty; give the text of the DMS endpoint's CsvNoSupValue (e.g. \"__NOSUP__\"), or leave the field out".into());
