@@ -392,8 +392,23 @@ fn delta_error_is_retryable(err: &deltalake::DeltaTableError) -> bool {
     match err {
         _ if is_commit_conflict(err) => true,
         E::ObjectStore { source } => object_store_is_retryable(source),
-        E::Io { .. } | E::Transaction { .. } => true,
+        E::Io { .. } => true,
+        E::Transaction { source } => transaction_error_is_retryable(source),
         _ => false,
+    }
+}
+
+/// A commit refused by what the table is (features this writer lacks, `appendOnly`) fails
+/// the same way every time: not retryable. Storage and log-store failures are.
+fn transaction_error_is_retryable(err: &deltalake::kernel::transaction::TransactionError) -> bool {
+    use deltalake::kernel::transaction::TransactionError as T;
+    match err {
+        T::DeltaTableAppendOnly
+        | T::UnsupportedTableFeatures(_)
+        | T::TableFeaturesRequired(_)
+        | T::SerializeLogJson { .. } => false,
+        T::ObjectStore { source } => object_store_is_retryable(source),
+        _ => true,
     }
 }
 
@@ -421,6 +436,23 @@ fn datafusion_is_retryable(err: &deltalake::datafusion::error::DataFusionError) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table's features this writer lacks and `appendOnly` refuse every attempt alike
+    /// (#43): before, they were retried for about 70 minutes before the dead-letter queue.
+    #[test]
+    fn refusals_by_what_the_table_is_are_not_retryable() {
+        use deltalake::kernel::transaction::TransactionError as T;
+        let delta = |source| Error::Delta {
+            table: "t".into(),
+            source: deltalake::DeltaTableError::Transaction { source },
+        };
+        for e in [T::DeltaTableAppendOnly, T::UnsupportedTableFeatures(vec![])] {
+            let e = delta(e);
+            assert!(!e.is_retryable(), "{e}");
+        }
+        assert!(delta(T::MaxCommitAttempts(15)).is_retryable());
+        assert!(delta(T::VersionAlreadyExists(3)).is_retryable());
+    }
 
     #[test]
     fn bad_input_message_names_file_row_and_column() {
