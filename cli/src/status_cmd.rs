@@ -208,6 +208,12 @@ fn print(st: &TableStatus, now: DateTime<Utc>) {
         "  change feed {}",
         if st.change_data_feed { "on" } else { "off" }
     );
+    if let Some(t) = st.adopted {
+        out!(
+            "  adopted     {} (created by another writer; its rows then rank below every change)",
+            t.to_rfc3339()
+        );
+    }
     if let Some(d) = &st.drift {
         let missing = if d.missing_from_recent_files.is_empty() {
             "none".to_string()

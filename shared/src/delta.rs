@@ -28,6 +28,31 @@ use crate::logcache::LogCache;
 use crate::plan::{is_internal, MergePlan, PlanOp, OP_COLUMN};
 use crate::props::TableProps;
 
+/// Every DataFusion read of a table's data files decodes Parquet INT96 timestamps (Spark's
+/// legacy type) as microseconds, the table's `timestamp` unit: DataFusion's default
+/// nanoseconds wrap outside 1677–2262, so a row of a Spark table holding 9999-12-30 that a
+/// MERGE rewrote came out as 1816-03-28 (#43). Sub-microsecond digits are not kept, as by
+/// tributary's own readers (`source/parquet.rs`, `datafile.rs`).
+fn read_int96_exactly(options: &mut deltalake::datafusion::config::ConfigOptions) {
+    options.execution.parquet.coerce_int96 = Some("us".into());
+    options.execution.parquet.coerce_int96_tz = Some("UTC".into());
+}
+
+/// The session of a query or scan of a table (DataFusion's defaults, INT96 read exactly).
+pub(crate) fn session() -> SessionContext {
+    let mut config = deltalake::datafusion::prelude::SessionConfig::new();
+    read_int96_exactly(config.options_mut());
+    SessionContext::new_with_config(config)
+}
+
+/// The session of a delta-rs MERGE (delta-rs's own, INT96 read exactly).
+pub(crate) fn merge_session() -> Arc<dyn deltalake::datafusion::catalog::Session> {
+    let ctx = deltalake::delta_datafusion::DeltaSessionContext::new().into_inner();
+    let mut state = ctx.state();
+    read_int96_exactly(state.config_mut().options_mut());
+    Arc::new(state)
+}
+
 /// Open a table, or return an unloaded handle when nothing is there yet.
 pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaTable> {
     let label = crate::storage::display(url);
@@ -606,6 +631,7 @@ pub(crate) async fn merge(
         .read_batch(plan.batch.clone())
         .map_err(|e| Error::datafusion(format!("table {label}: MERGE source"), e))?;
     let sql = MergeSql::new(table_cfg, plan, &table)?;
+    let checks = checks(&table);
     let mut commit = tributary_commit(files);
     if !extras.txns.is_empty() {
         commit = commit.with_application_transactions(extras.txns.clone());
@@ -615,6 +641,7 @@ pub(crate) async fn merge(
         .with_source_alias("s")
         .with_target_alias("t")
         .with_merge_schema(sql.new_columns)
+        .with_session_state(merge_session())
         .with_writer_properties(writer_properties(table_cfg))
         .with_commit_properties(commit)
         .when_matched_update(|u| {
@@ -643,8 +670,58 @@ pub(crate) async fn merge(
             .when_not_matched_by_source_delete(|d| d.predicate(below))
             .map_err(delta_err)?;
     }
-    let (table, metrics) = builder.await.map_err(delta_err)?;
+    let (table, metrics) = builder
+        .await
+        .map_err(|e| refused_rows(label, &checks, files, e))?;
     Ok((settle(table).await?, metrics))
+}
+
+/// The table's CHECK constraints and NOT NULL columns, for messages.
+fn checks(table: &DeltaTable) -> String {
+    let Ok(state) = table.snapshot() else {
+        return String::new();
+    };
+    let mut out: Vec<String> = state
+        .metadata()
+        .configuration()
+        .iter()
+        .filter_map(|(k, v)| {
+            Some(format!(
+                "CHECK {}: {v}",
+                k.strip_prefix("delta.constraints.")?
+            ))
+        })
+        .collect();
+    out.sort();
+    for f in state.schema().fields() {
+        if !f.is_nullable() {
+            out.push(format!("`{}` NOT NULL", f.name()));
+        }
+        if let Some(v) = f.metadata().get("delta.invariants") {
+            out.push(format!("`{}` invariant {v:?}", f.name()));
+        }
+    }
+    out.join("; ")
+}
+
+/// A MERGE that delta-rs's writer refused because rows break the table's CHECK constraints
+/// or NOT NULL invariants: the files' fault, not retryable, named with the constraints and
+/// the rows (delta-rs's preview). Any other error as it is.
+fn refused_rows(
+    label: &str,
+    checks: &str,
+    files: &[String],
+    e: deltalake::DeltaTableError,
+) -> Error {
+    let text = e.to_string();
+    if !text.contains("failed validation check") && !text.contains("validation check failed") {
+        return Error::delta(label, e);
+    }
+    Error::bad_input(
+        &files.join(", "),
+        crate::error::Location::File,
+        format!("rows break a constraint of table `{label}` ({checks}), checked on every write; nothing was applied. Fix the rows at the source and replay the file, or drop the constraint if it no longer holds (ALTER TABLE … DROP CONSTRAINT). {text}"),
+    )
 }
 
 /// The table after a commit, as readers see it. delta-rs keeps the committed actions in
@@ -673,7 +750,7 @@ pub(crate) fn is_conflict(e: &Error) -> bool {
 /// Run SQL against a table registered as `t` (used by the demo, CLI and tests).
 pub async fn query(table: &DeltaTable, sql: &str) -> Result<Vec<RecordBatch>> {
     let label = table.table_url().to_string();
-    let ctx = SessionContext::new();
+    let ctx = session();
     table
         .update_datafusion_session(&ctx.state())
         .map_err(|e| Error::delta(&label, e))?;
@@ -704,7 +781,7 @@ pub(crate) async fn rows_with_keys(
     let Some(schema) = arrow_schema(table) else {
         return Ok(vec![]);
     };
-    let ctx = SessionContext::new();
+    let ctx = session();
     table
         .update_datafusion_session(&ctx.state())
         .map_err(|e| Error::delta(label, e))?;
@@ -818,7 +895,8 @@ pub(crate) async fn append_range(
     let Some(tschema) = arrow_schema(table) else {
         return Ok(None);
     };
-    if !plan.sparse.is_empty()
+    if writes_only_through_merge(table).is_some()
+        || !plan.sparse.is_empty()
         || plan.batch.num_rows() == 0
         || plan.ops()?.iter().any(|o| *o != PlanOp::Upsert)
         || plan
@@ -839,6 +917,40 @@ pub(crate) async fn append_range(
         return Ok(None);
     }
     Ok((!rows_in_range(table, &range.predicate(key)).await?).then_some(range))
+}
+
+/// Why the table's rows can be written only through delta-rs's MERGE (its writer checks
+/// every row against the table's CHECK constraints and NOT NULL invariants, computes
+/// generated columns, and refuses by name the features it lacks), or `None` when
+/// tributary's own writers (the append, the whole-file append, the rewrite) write the
+/// table exactly. Before (#43), an insert-only file was appended past a CHECK constraint
+/// (exit 0, the row in the table) that a file with an update was refused by.
+pub(crate) fn writes_only_through_merge(table: &DeltaTable) -> Option<&'static str> {
+    let state = table.snapshot().ok()?;
+    if state.protocol().min_reader_version() > 1 {
+        return Some("reader features (deletion vectors, column mapping)");
+    }
+    if state
+        .metadata()
+        .configuration()
+        .keys()
+        .any(|k| k.starts_with("delta.constraints."))
+    {
+        return Some("CHECK constraints");
+    }
+    state.schema().fields().find_map(|f| {
+        f.metadata().keys().find_map(|k| {
+            if k.starts_with("delta.invariants") {
+                Some("column invariants")
+            } else if k.starts_with("delta.generationExpression") {
+                Some("generated columns")
+            } else if k.starts_with("delta.identity") {
+                Some("identity columns")
+            } else {
+                None
+            }
+        })
+    })
 }
 
 /// Whether a data file's statistics show that the table has a row with an integer `key`

@@ -10,6 +10,7 @@
 //! | `tributary.generation.<g>.start` | RFC 3339: files written from then on belong to `g` |
 //! | `tributary.tombstoneHorizon` | RFC 3339: tombstones recorded up to then may have expired |
 //! | `tributary.fileRecordsSince` | RFC 3339: every CDC file applied since then is recorded (see `applied`) |
+//! | `tributary.adopted` | RFC 3339: when tributary adopted a table another writer created (added its order-key column) |
 
 use std::collections::HashMap;
 
@@ -22,6 +23,7 @@ pub(crate) const LOAD_TRACKING: &str = "tributary.loadTracking";
 pub(crate) const GENERATION: &str = "tributary.generation";
 pub(crate) const TOMBSTONE_HORIZON: &str = "tributary.tombstoneHorizon";
 pub(crate) const FILE_RECORDS_SINCE: &str = "tributary.fileRecordsSince";
+pub(crate) const ADOPTED: &str = "tributary.adopted";
 /// Delta's own property that turns the change data feed on.
 pub(crate) const CHANGE_DATA_FEED: &str = "delta.enableChangeDataFeed";
 
@@ -46,6 +48,9 @@ pub struct TableProps {
     /// Since when every CDC file the table applied is recorded (`None`: tables from before
     /// the records, or another writer's).
     pub file_records_since: Option<DateTime<Utc>>,
+    /// When tributary adopted the table (another writer created it; tributary added its
+    /// order-key column, and the rows then in it rank below every change).
+    pub adopted: Option<DateTime<Utc>>,
 }
 
 impl TableProps {
@@ -73,6 +78,7 @@ impl TableProps {
                 .get(CHANGE_DATA_FEED)
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
             file_records_since: conf.get(FILE_RECORDS_SINCE).and_then(|v| rfc3339(v)),
+            adopted: conf.get(ADOPTED).and_then(|v| rfc3339(v)),
         }
     }
 
@@ -117,6 +123,11 @@ impl TableProps {
     /// The property that says every CDC file applied from `t` on is recorded.
     pub fn for_file_records(t: DateTime<Utc>) -> HashMap<String, String> {
         HashMap::from([(FILE_RECORDS_SINCE.to_string(), format_time(t))])
+    }
+
+    /// The property that records tributary's adoption of a table at `t`.
+    pub fn for_adoption(t: DateTime<Utc>) -> HashMap<String, String> {
+        HashMap::from([(ADOPTED.to_string(), format_time(t))])
     }
 
     /// The property that turns the change data feed on.

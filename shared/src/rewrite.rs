@@ -96,19 +96,12 @@ impl Rewrite {
         let Ok(state) = table.snapshot() else {
             return Ok(None);
         };
-        let config = state.metadata().configuration();
-        if state.protocol().min_reader_version() > 1
-            || config.iter().any(|(k, v)| {
-                k.starts_with("delta.constraints.")
-                    || (k == "delta.enableChangeDataFeed" && v.eq_ignore_ascii_case("true"))
-            })
-            || state.schema().fields().any(|f| {
-                f.metadata().keys().any(|k| {
-                    k.starts_with("delta.invariants")
-                        || k.starts_with("delta.generationExpression")
-                        || k.starts_with("delta.identity")
-                })
-            })
+        if crate::delta::writes_only_through_merge(table).is_some()
+            || state
+                .metadata()
+                .configuration()
+                .iter()
+                .any(|(k, v)| k == "delta.enableChangeDataFeed" && v.eq_ignore_ascii_case("true"))
         {
             return Ok(None);
         }

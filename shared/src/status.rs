@@ -48,6 +48,8 @@ pub struct TableStatus {
     pub catalog: Option<Vec<EntryStatus>>,
     /// `delta.enableChangeDataFeed` is on.
     pub change_data_feed: bool,
+    /// When tributary adopted the table (another writer created it; `None`: tributary did).
+    pub adopted: Option<DateTime<Utc>>,
     /// The table keeps only its history table (no `target`): `target` is the history
     /// table, `rows` its versions, and no tombstones are kept.
     pub history_only: bool,
@@ -136,6 +138,7 @@ pub async fn table_status(
         manifests: None,
         catalog: None,
         change_data_feed: false,
+        adopted: None,
         history_only: cfg.target.is_none(),
         drift: None,
         watermark: None,
@@ -162,6 +165,7 @@ pub async fn table_status(
     };
     let props = delta::props(&table);
     st.change_data_feed = props.change_data_feed;
+    st.adopted = props.adopted;
     st.drift = drift(cfg, options, storage, &table).await?;
     file_figures(cfg, &table, &mut st)?;
     // A history table's newest change closed a version or was its last.

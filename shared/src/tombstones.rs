@@ -26,7 +26,7 @@ use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::row::OwnedRow;
 use deltalake::datafusion::common::Column;
-use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
+use deltalake::datafusion::prelude::{lit, Expr};
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
@@ -275,7 +275,7 @@ impl<'a> Tombstones<'a> {
         }
         let cfg = self.cfg;
         let label = &self.label;
-        let ctx = SessionContext::new();
+        let ctx = crate::delta::session();
         self.table
             .update_datafusion_session(&ctx.state())
             .map_err(|e| Error::delta(label, e))?;

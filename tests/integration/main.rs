@@ -11,9 +11,11 @@
 //! - `reupload`: CDC files overwritten after they were merged;
 //! - `widen`: source columns widened while replication runs (#26);
 //! - `watermark`: watermarks and group cuts (#27);
+//! - `existing`: tables tributary did not create (adoption, INT96, constraints, appendOnly);
 //! - `maintenance`: compaction, vacuum, tombstones, manifests, maintenance racing merges.
 
 mod convergence;
+mod existing;
 mod history;
 mod integrity;
 mod large;

@@ -1101,6 +1101,7 @@ async fn merge_versions(
         .with_source_alias("s")
         .with_target_alias("t")
         .with_merge_schema(new_columns)
+        .with_session_state(delta::merge_session())
         .with_writer_properties(delta::writer_properties(cfg))
         .with_commit_properties(
             delta::tributary_commit(files).with_application_transactions(txns.to_vec()),

@@ -290,6 +290,7 @@ impl DeltaSink {
         if first_read.is_none() {
             *first_read = Some(Before::of(table, &target)?);
         }
+        let target = adopt(table, target).await?;
         let target = delta::record_kinds(target, batch.kinds.as_deref()).await?;
         plan::recheck_kinds(
             batch.changes,
@@ -557,6 +558,38 @@ fn file_records(table: &TableConfig, batch: &Batch<'_>) -> Vec<Transaction> {
 /// Add a catalog sync's report to the table's.
 pub(super) fn absorb(report: &mut TableReport, r: Option<crate::catalog::CatalogReport>) {
     crate::commit::absorb(&mut report.catalog, r);
+}
+
+/// Adopt a table another writer created (Spark, Databricks, an earlier job): it has no
+/// order-key column, so tributary adds it, nullable, with a metadata commit — what Spark's
+/// `ALTER TABLE ADD COLUMNS` writes — and records the adoption (`tributary.adopted`) and,
+/// from then on, the CDC files it applies (as in a table it creates). The rows already in
+/// the table have no order key and rank below every change (`t.seq IS NULL` is older): the
+/// first change of each key replaces its row; a re-delivered file is screened out.
+pub(crate) async fn adopt(table: &TableConfig, target: DeltaTable) -> Result<DeltaTable> {
+    let Some(schema) = delta::arrow_schema(&target) else {
+        return Ok(target);
+    };
+    if schema.field_with_name(&table.sequence_column).is_ok() {
+        return Ok(target);
+    }
+    tracing::info!(table = %table.name, column = %table.sequence_column, "adopting a table tributary did not create: adding its order-key column");
+    let column = deltalake::kernel::StructField::new(
+        table.sequence_column.clone(),
+        deltalake::kernel::DataType::STRING,
+        true,
+    );
+    let target = target
+        .add_columns()
+        .with_fields([column])
+        .with_commit_properties(delta::tributary_commit(&[]))
+        .await
+        .map_err(|e| crate::error::Error::delta(&table.name, e))?;
+    // From now on every CDC file applied is recorded, as in a table tributary creates: a
+    // re-delivered file is then screened out, and commits nothing.
+    let mut props = TableProps::for_adoption(chrono::Utc::now());
+    props.extend(crate::applied::new_table_properties(table));
+    delta::set_properties(target, props).await
 }
 
 /// `change_data_feed = true` on a table that does not have the feed on yet: turned on (a

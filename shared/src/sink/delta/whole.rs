@@ -92,6 +92,18 @@ impl DeltaSink {
         }
         let start = Instant::now();
         let view = TableView::open(table, &self.options).await?;
+        if view
+            .schema
+            .as_ref()
+            .is_some_and(|s| s.field_with_name(&table.sequence_column).is_err())
+        {
+            return Ok(Whole::Fallback(
+                "a table tributary did not create: adopted by the first slice's merge",
+            ));
+        }
+        if let Some(why) = crate::delta::writes_only_through_merge(&view.table) {
+            return Ok(Whole::Fallback(why));
+        }
         let mut slices = super::slices_of(table, &view, file, raw)?;
         let Some(first) = slices.next_slice()? else {
             return Ok(Whole::Fallback("no rows"));

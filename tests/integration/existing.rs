@@ -1,0 +1,346 @@
+//! Delta tables tributary did not create (#43): tables another writer (Spark, Databricks, an
+//! earlier job) made, with the features such tables carry, built here by the tests
+//! themselves — a commit log written by hand and data files in Spark's shapes (INT96
+//! timestamps) — and tables with constraints and `appendOnly`. Each is merged into exactly,
+//! or refused by name with the table's log unchanged and the failure not retryable.
+
+use std::sync::Arc;
+
+use parquet::data_type::{ByteArray, ByteArrayType, Int64Type, Int96, Int96Type};
+use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::parser::parse_message_type;
+use tributary::{delta, FileStatus};
+use tributary_tests::*;
+
+/// A table `t` keyed by `id` whose CDC files land under `raw/src/t/`.
+const T_TABLE: &str = r#"
+[[table]]
+name = "t"
+source = "raw/src/t/"
+target = "curated/t"
+primary_key = ["id"]
+"#;
+
+/// Write the first commit of a table another writer created at `curated/t`: its protocol,
+/// `schema` (Delta's JSON field list), properties and one data file.
+fn create_foreign_table(fx: &Fixture, fields: &str, configuration: &str, file: &[u8]) {
+    let root = fx.path("curated/t");
+    std::fs::create_dir_all(root.join("_delta_log")).unwrap();
+    std::fs::write(root.join("part-00000-spark.snappy.parquet"), file).unwrap();
+    let schema = format!(r#"{{"type":"struct","fields":[{fields}]}}"#);
+    let log = [
+        serde_json::json!({"commitInfo":{"timestamp":1700000000000i64,"operation":"WRITE",
+            "operationParameters":{"mode":"ErrorIfExists"},"engineInfo":"Apache-Spark/3.5.0 Delta-Lake/3.2.0"}}),
+        serde_json::json!({"protocol":{"minReaderVersion":1,"minWriterVersion":2}}),
+        serde_json::json!({"metaData":{"id":"5fba94ed-9794-4965-ba6e-6ee3c0d22af9",
+            "format":{"provider":"parquet","options":{}},"schemaString":schema,
+            "partitionColumns":[],"configuration":serde_json::from_str::<serde_json::Value>(configuration).unwrap(),
+            "createdTime":1700000000000i64}}),
+        serde_json::json!({"add":{"path":"part-00000-spark.snappy.parquet","partitionValues":{},
+            "size":file.len(),"modificationTime":1700000000000i64,"dataChange":true}}),
+    ]
+    .iter()
+    .map(|v| v.to_string())
+    .collect::<Vec<_>>()
+    .join("\n");
+    std::fs::write(root.join("_delta_log/00000000000000000000.json"), log).unwrap();
+}
+
+/// Spark's INT96 form of an instant (nanoseconds of the day, Julian day).
+fn int96(t: chrono::DateTime<chrono::Utc>) -> Int96 {
+    let days = t
+        .date_naive()
+        .signed_duration_since(chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap())
+        .num_days();
+    let nanos =
+        (t.timestamp() - days * 86_400) * 1_000_000_000 + i64::from(t.timestamp_subsec_nanos());
+    let mut v = Int96::new();
+    v.set_data(
+        nanos as u32,
+        (nanos >> 32) as u32,
+        (2_440_588 + days) as u32,
+    );
+    v
+}
+
+/// A Parquet file as Spark 3 writes timestamps by default (INT96): `id`, `ts`, `name`.
+fn spark_int96_file(rows: &[(i64, chrono::DateTime<chrono::Utc>, &str)]) -> Vec<u8> {
+    let schema = Arc::new(
+        parse_message_type(
+            "message spark_schema { required int64 id; optional int96 ts; optional binary name (STRING); }",
+        )
+        .unwrap(),
+    );
+    let mut out = Vec::new();
+    let mut w = SerializedFileWriter::new(
+        &mut out,
+        schema,
+        Arc::new(WriterProperties::builder().build()),
+    )
+    .unwrap();
+    let mut rg = w.next_row_group().unwrap();
+    let defined = vec![1i16; rows.len()];
+    let mut col = rg.next_column().unwrap().unwrap();
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    col.typed::<Int64Type>()
+        .write_batch(&ids, None, None)
+        .unwrap();
+    col.close().unwrap();
+    let mut col = rg.next_column().unwrap().unwrap();
+    let ts: Vec<Int96> = rows.iter().map(|r| int96(r.1)).collect();
+    col.typed::<Int96Type>()
+        .write_batch(&ts, Some(&defined), None)
+        .unwrap();
+    col.close().unwrap();
+    let mut col = rg.next_column().unwrap().unwrap();
+    let names: Vec<ByteArray> = rows.iter().map(|r| ByteArray::from(r.2)).collect();
+    col.typed::<ByteArrayType>()
+        .write_batch(&names, Some(&defined), None)
+        .unwrap();
+    col.close().unwrap();
+    rg.close().unwrap();
+    w.close().unwrap();
+    out
+}
+
+const SPARK_FIELDS: &str = r#"{"name":"id","type":"long","nullable":false,"metadata":{}},{"name":"ts","type":"timestamp","nullable":true,"metadata":{}},{"name":"name","type":"string","nullable":true,"metadata":{}}"#;
+
+async fn text(fx: &Fixture, sql: &str) -> Vec<String> {
+    let t = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .unwrap();
+    column_text(&delta::query(&t, sql).await.unwrap())
+}
+
+fn log_files(fx: &Fixture) -> usize {
+    std::fs::read_dir(fx.path("curated/t/_delta_log"))
+        .unwrap()
+        .count()
+}
+
+/// Merging into a table Spark wrote adopts it (#43): the order-key column is added by a
+/// metadata commit, the table records the adoption, the rows it had rank below every change
+/// (an update, a delete and an insert apply; a re-delivery changes nothing), and the rows no
+/// change touched keep their values. An INT96 timestamp of 9999-12-30 in a row a MERGE
+/// rewrote (the CDC file lacks the column, so delta-rs's MERGE keeps it from the row) stays
+/// 9999-12-30: DataFusion read it as nanoseconds, which wrap (1816-03-28, exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spark_table_is_adopted_and_its_int96_timestamps_stay_exact() {
+    use chrono::TimeZone;
+    let fx = Fixture::new(T_TABLE);
+    let far = chrono::Utc
+        .with_ymd_and_hms(9999, 12, 30, 23, 59, 59)
+        .unwrap();
+    let old = chrono::Utc.with_ymd_and_hms(1500, 2, 28, 1, 2, 3).unwrap();
+    let now = chrono::Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap()
+        + chrono::Duration::microseconds(123_456);
+    create_foreign_table(
+        &fx,
+        SPARK_FIELDS,
+        "{}",
+        &spark_int96_file(&[(1, far, "a"), (2, old, "b"), (3, now, "c"), (4, far, "d")]),
+    );
+    // Updates of 1 and 3 without the `ts` column, a delete of 2, an insert of 5.
+    let cdc = fx.put_batch(
+        "src/t",
+        "20240601-120000000.parquet",
+        &batch(vec![
+            ("Op", strings(&["U", "U", "D", "I"])),
+            (
+                "id",
+                Arc::new(tributary::deltalake::arrow::array::Int64Array::from(vec![
+                    1, 3, 2, 5,
+                ])),
+            ),
+            ("name", strings(&["a2", "c2", "b", "e"])),
+        ]),
+    );
+    let r = fx.merge_ok(std::slice::from_ref(&cdc)).await;
+    assert!(
+        matches!(r.files[0].status, FileStatus::Merged { .. }),
+        "{r:?}"
+    );
+    let rows = "SELECT CONCAT(CAST(id AS VARCHAR), '|', COALESCE(CAST(ts AS VARCHAR), '<null>'), '|', name, '|', CAST(_tributary_seq IS NULL AS VARCHAR)) FROM t ORDER BY id";
+    let want = vec![
+        "1|9999-12-30T23:59:59Z|a2|false",
+        "3|2024-05-01T12:00:00.123456Z|c2|false",
+        "4|9999-12-30T23:59:59Z|d|true",
+        "5|<null>|e|false",
+    ];
+    assert_eq!(text(&fx, rows).await, want);
+    let t = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .unwrap();
+    assert!(
+        delta::props(&t).adopted.is_some(),
+        "the adoption is recorded"
+    );
+    // Re-delivered: nothing changes, nothing is committed.
+    let version = t.version();
+    fx.merge_ok(&[cdc]).await;
+    assert_eq!(text(&fx, rows).await, want);
+    let t = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(t.version(), version);
+}
+
+/// A CHECK constraint holds on every path (#43): an insert-only file went through the append,
+/// which wrote the rows unchecked (exit 0, `(4, 500)` in the table), while a file with an
+/// update was refused. Now both are refused, not retryable, the table's log unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_constraint_refuses_inserts_as_it_refuses_updates() {
+    let fx = Fixture::new(T_TABLE);
+    let int64 = |v: Vec<i64>| -> tributary::deltalake::arrow::array::ArrayRef {
+        Arc::new(tributary::deltalake::arrow::array::Int64Array::from(v))
+    };
+    let load = fx.put_batch(
+        "src/t",
+        "LOAD00000001.parquet",
+        &batch(vec![
+            ("id", int64(vec![1, 2])),
+            ("amount", int64(vec![10, 20])),
+        ]),
+    );
+    fx.merge_ok(&[load]).await;
+    let t = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .unwrap();
+    t.add_constraint()
+        .with_constraint("amount_below_100", "amount < 100")
+        .await
+        .unwrap();
+    let before = log_files(&fx);
+    for (name, ops, ids) in [
+        ("20240101-000000001.parquet", vec!["I", "I"], vec![3, 4]),
+        ("20240101-000000002.parquet", vec!["U", "I"], vec![1, 4]),
+    ] {
+        let f = fx.put_batch(
+            "src/t",
+            name,
+            &batch(vec![
+                ("Op", strings(&ops)),
+                ("id", int64(ids)),
+                ("amount", int64(vec![30, 500])),
+            ]),
+        );
+        let r = fx.engine.process(std::slice::from_ref(&f)).await;
+        let e = Fixture::failure(&r, &f);
+        assert!(e.to_string().contains("amount < 100"), "{name}: {e}");
+        assert!(!e.is_retryable(), "{name}: {e}");
+        assert_eq!(
+            log_files(&fx),
+            before,
+            "{name}: the table's log is unchanged"
+        );
+    }
+    assert_eq!(
+        text(
+            &fx,
+            "SELECT CONCAT(CAST(id AS VARCHAR), ':', CAST(amount AS VARCHAR)) FROM t ORDER BY id"
+        )
+        .await,
+        vec!["1:10", "2:20"]
+    );
+}
+
+/// A delete or an update on an `appendOnly` table fails the same way at every attempt:
+/// not retryable (before: retried for about 70 minutes before the dead-letter queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_on_an_append_only_table_is_refused_and_not_retried() {
+    let fx = Fixture::new(T_TABLE);
+    let int64 = |v: Vec<i64>| -> tributary::deltalake::arrow::array::ArrayRef {
+        Arc::new(tributary::deltalake::arrow::array::Int64Array::from(v))
+    };
+    let load = fx.put_batch(
+        "src/t",
+        "LOAD00000001.parquet",
+        &batch(vec![
+            ("id", int64(vec![1, 2])),
+            ("amount", int64(vec![10, 20])),
+        ]),
+    );
+    fx.merge_ok(&[load]).await;
+    let t = delta::open(&fx.url("curated/t"), &Default::default())
+        .await
+        .unwrap();
+    t.set_tbl_properties()
+        .with_properties([("delta.appendOnly".to_string(), "true".to_string())].into())
+        .await
+        .unwrap();
+    let f = fx.put_batch(
+        "src/t",
+        "20240101-000000001.parquet",
+        &batch(vec![
+            ("Op", strings(&["D"])),
+            ("id", int64(vec![1])),
+            ("amount", int64(vec![10])),
+        ]),
+    );
+    let r = fx.engine.process(std::slice::from_ref(&f)).await;
+    let e = Fixture::failure(&r, &f);
+    assert!(e.to_string().contains("append-only"), "{e}");
+    assert!(!e.is_retryable(), "{e}");
+    assert_eq!(
+        text(&fx, "SELECT CAST(id AS VARCHAR) AS i FROM t ORDER BY i").await,
+        vec!["1", "2"]
+    );
+}
+
+/// A Spark 3.1 table's version checksum (`_delta_log/<v>.crc` without `metadata`) is read
+/// past quietly (#44): the kernel skips it and reads the log, and its WARN — with a stack
+/// trace where RUST_BACKTRACE is set — came at every load of the table. Shown with the
+/// libraries' plain `warn` level, absent with the functions' and the CLI's filters.
+#[test]
+fn a_spark_3_1_version_checksum_is_read_past_without_a_warning() {
+    use chrono::TimeZone;
+    let merge_logging = |filter: &str| {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(move || writer.clone())
+            .finish();
+        let fx = Fixture::new(T_TABLE);
+        let t = chrono::Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        create_foreign_table(&fx, SPARK_FIELDS, "{}", &spark_int96_file(&[(1, t, "a")]));
+        std::fs::write(
+            fx.path("curated/t/_delta_log/00000000000000000000.crc"),
+            r#"{"tableSizeBytes":1024,"numFiles":1,"numMetadata":1,"numProtocol":1,"numTransactions":0}"#,
+        )
+        .unwrap();
+        let cdc = fx.put_batch(
+            "src/t",
+            "20240601-120000000.parquet",
+            &batch(vec![
+                ("Op", strings(&["U"])),
+                (
+                    "id",
+                    Arc::new(tributary::deltalake::arrow::array::Int64Array::from(vec![
+                        1,
+                    ])),
+                ),
+                ("name", strings(&["b"])),
+            ]),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            // On this thread: the subscriber is this thread's (delta-rs hands it on to
+            // its blocking tasks).
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                fx.merge_ok(&[cdc]).await;
+                assert_eq!(text(&fx, "SELECT name FROM t").await, vec!["b"]);
+            })
+        });
+        lines.text()
+    };
+    assert!(merge_logging("warn").contains("missing field `metadata`"));
+    for filter in [tributary::LOG_FILTER, tributary::CLI_LOG_FILTER] {
+        let logged = merge_logging(filter);
+        assert!(!logged.contains("crc"), "{filter}: {logged}");
+    }
+}
