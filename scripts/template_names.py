@@ -1,6 +1,6 @@
 """Every name a deployed stack gives a resource must be unique to the stack, so that a second
 stack (another name, or the same name in another region) deploys beside the first, and must
-fit its service's limit for every stack name up to MAX_STACK_NAME characters (the README's
+fit its service's limit for every stack name up to MAX_STACK_NAME characters (docs/deploy.md's
 promise). Checked on the template as `sam deploy` sends it — transformed by the SAM
 translator — because SAM names some resources itself: a ScheduleV2 event without a `Name`
 becomes an `AWS::Scheduler::Schedule` named after its logical id, the same in every stack
@@ -29,7 +29,7 @@ REFERENCES = {("AWS::Lambda::EventSourceMapping", "FunctionName"),
               ("AWS::Lambda::EventInvokeConfig", "FunctionName"),
               ("AWS::IAM::Policy", "PolicyName")}  # inline policies: scoped to their role
 NOT_NAMES = {"AWS::Glue::Database"}
-# The longest stack name the template supports (README, "Deploy with AWS SAM"), the longest
+# The longest stack name the template supports (docs/deploy.md, "Deploy with AWS SAM"), the longest
 # region name, and a stack id's UUID, as they make derived names longest.
 MAX_STACK_NAME = 64
 MAX_REGION = 16

@@ -203,7 +203,7 @@ fn row_text(row: &Option<usize>) -> String {
 }
 
 /// What a refused type change says to do.
-pub(crate) const TYPE_CHANGE_HELP: &str = "tributary widens a column on its own only where no value can be lost (a larger integer, float to double, an integer or a decimal into a decimal with at least as many digits before and after the point); to take this type, reload the table (README, \"Table reloads\") or write to a new table";
+pub(crate) const TYPE_CHANGE_HELP: &str = "tributary widens a column on its own only where no value can be lost (a larger integer, float to double, an integer or a decimal into a decimal with at least as many digits before and after the point); to take this type, reload the table (docs/operations.md, \"Table reloads\") or write to a new table";
 
 impl Error {
     /// Whether trying the same input again can succeed without anybody changing anything.

@@ -125,7 +125,7 @@ async fn widen_table(
                 w.column,
                 w.from,
                 w.to,
-                "Reload the table (README, \"Table reloads\") or write to a new table"
+                "Reload the table (docs/operations.md, \"Table reloads\") or write to a new table"
             ),
         });
     }
