@@ -6,7 +6,11 @@
   action would fail);
 - no message can expire silently: every queue that has a dead-letter queue has an alarm on
   its oldest message's age whose threshold (a parameter's largest allowed value) is below
-  the queue's retention, and each dead-letter queue keeps messages longer than its source.
+  the queue's retention, and each dead-letter queue keeps messages longer than its source;
+- the template's Rules refuse what must not deploy (evaluated here for parameter sets, as
+  CloudFormation does before it creates anything): an existing curated bucket with the
+  default TablesPrefix (the whole bucket: the functions could write and delete any object
+  of a bucket that holds other data).
 Usage: python scripts/template_checks.py [template.yaml]"""
 
 import sys
@@ -43,6 +47,55 @@ def grants_cloudwatch(key):
             a = s.get("Action", [])
             actions |= {a} if isinstance(a, str) else set(a)
     return "kms:*" in actions or {"kms:Decrypt", "kms:GenerateDataKey*"} <= actions
+
+
+def evaluate(node, params):
+    """A Rule's condition or assertion, for parameter values (the intrinsic functions Rules
+    use here)."""
+    if isinstance(node, dict):
+        (fn, arg), = node.items()
+        if fn == "Ref":
+            return params[arg]
+        if fn == "Fn::Equals":
+            return evaluate(arg[0], params) == evaluate(arg[1], params)
+        if fn == "Fn::Not":
+            return not evaluate(arg[0], params)
+        if fn == "Fn::And":
+            return all(evaluate(a, params) for a in arg)
+        if fn == "Fn::Or":
+            return any(evaluate(a, params) for a in arg)
+        if fn == "Fn::Join":
+            return arg[0].join(evaluate(arg[1], params) if not isinstance(arg[1], list)
+                               else [evaluate(a, params) for a in arg[1]])
+        raise ValueError(f"no evaluation of {fn} in Rules")
+    return node
+
+
+def refused(t, given):
+    """The descriptions of the Rules' assertions that fail for these parameters (the others
+    at their defaults)."""
+    params = {k: (v.get("Default", "") if v.get("Type") != "CommaDelimitedList"
+                  else [x for x in str(v.get("Default", "")).split(",") if x])
+              for k, v in t.get("Parameters", {}).items()}
+    params.update(given)
+    out = []
+    for name, rule in t.get("Rules", {}).items():
+        if "RuleCondition" in rule and not evaluate(rule["RuleCondition"], params):
+            continue
+        out += [f"{name}: {a.get('AssertDescription', '')}" for a in rule["Assertions"]
+                if not evaluate(a["Assert"], params)]
+    return out
+
+
+def check_rules(t):
+    bad = []
+    if refused(t, {}):
+        bad.append(f"the defaults are refused: {refused(t, {})}")
+    if not refused(t, {"CuratedBucketName": "existing-bucket"}):
+        bad.append("an existing curated bucket with the default TablesPrefix (the whole bucket) deploys")
+    if refused(t, {"CuratedBucketName": "existing-bucket", "TablesPrefix": "delta/"}):
+        bad.append("an existing curated bucket with a TablesPrefix is refused")
+    return bad
 
 
 def check(path):
@@ -88,10 +141,12 @@ def check(path):
         if dlq_retention <= retention:
             bad.append(f"{name}: its dead-letter queue {dlq} keeps messages {dlq_retention:.0f} s, not longer "
                        f"than it does ({retention:.0f} s)")
+    bad += check_rules(t)
     if bad:
         sys.exit("template checks:\n  " + "\n  ".join(bad))
     print(f"{path}: alarm topics publishable by CloudWatch ({len(topics)}); "
-          "every queue's oldest message alarmed below its retention")
+          "every queue's oldest message alarmed below its retention; the Rules refuse an existing "
+          "curated bucket without a TablesPrefix")
 
 
 if __name__ == "__main__":

@@ -413,6 +413,38 @@ async fn merges_leave_log_cleanup_to_maintenance() {
     assert_eq!(fx.items_rows().await.len(), 4);
 }
 
+/// VACUUM deletes only what a Delta writer made (#44): delta-rs's full mode deleted every
+/// object of the table's folder its log does not reference, so a `target` set over other
+/// data lost it at the first maintenance. A data file of a write that never committed is
+/// still removed; another tool's files, and Parquet files outside the partition layout, stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vacuum_leaves_files_no_delta_writer_made() {
+    let short = ITEMS_TABLE.replace(
+        "drop_columns",
+        "vacuum_retention_hours = 0.0003\nmin_vacuum_retention_hours = 0.0001\ndrop_columns",
+    );
+    let fx = Fixture::new(&short);
+    let u = fx.put_items("20240101-1.parquet", &[c('I', &ts(1), 1, "a", 1)]);
+    fx.merge_ok(&[u]).await;
+    let data = parquet_files(&fx.path("curated/items"))[0].clone();
+    let foreign = ["notes.txt", "exports/part-00000-other.parquet", "dms/shop/x/LOAD00000001.parquet"];
+    for f in foreign {
+        let p = fx.path(&format!("curated/items/{f}"));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::copy(&data, &p).unwrap();
+    }
+    let orphan = fx.path("curated/items/part=a/part-00009-uncommitted.snappy.parquet");
+    std::fs::copy(&data, &orphan).unwrap();
+    // Past the retention (1.08 s).
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let r = maintain(&fx, false).await.unwrap();
+    assert!(!exists(&orphan), "the uncommitted data file is vacuumed: {r:?}");
+    for f in foreign {
+        assert!(exists(&fx.path(&format!("curated/items/{f}"))), "{f} is kept");
+    }
+    assert_eq!(fx.items_rows().await, vec![(1, "a".into(), 1)]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vacuum_respects_retention_and_refuses_short_ones() {
     let short = ITEMS_TABLE.replace(

@@ -435,6 +435,13 @@ async fn compact_table(
     Ok((removed, compacted))
 }
 
+/// VACUUM past the retention, deleting only what a Delta writer made: the files the log
+/// removed (delta-rs's lite mode), then the unreferenced files of failed or uncommitted
+/// writes — among the files no commit references (full mode, listed as a dry run), only
+/// Parquet data files in the table's partition layout (`col=value/…/name.parquet`) and
+/// deletion-vector files. Anything else in the table's folder (another tool's files, a
+/// folder of other data under a `target` set too high) is left, and named in a WARN:
+/// delta-rs's full mode deletes every object of the folder the log does not reference.
 async fn vacuum(
     table: DeltaTable,
     retention: std::time::Duration,
@@ -442,15 +449,68 @@ async fn vacuum(
 ) -> Result<(DeltaTable, usize)> {
     let retention = chrono::Duration::from_std(retention)
         .map_err(|e| Error::config(label, format!("vacuum retention out of range: {e}")))?;
-    let (table, m) = table
+    let (table, removed) = table
+        .vacuum()
+        .with_retention_period(retention)
+        .with_enforce_retention_duration(false)
+        .with_mode(VacuumMode::Lite)
+        .with_commit_properties(delta::tributary_commit(&[]))
+        .await
+        .map_err(|e| Error::delta(label, e))?;
+    let (table, unreferenced) = table
         .vacuum()
         .with_retention_period(retention)
         .with_enforce_retention_duration(false)
         .with_mode(VacuumMode::Full)
-        .with_commit_properties(delta::tributary_commit(&[]))
+        .with_dry_run(true)
         .await
         .map_err(|e| Error::delta(label, e))?;
-    Ok((table, m.files_deleted.len()))
+    let partitions = table
+        .snapshot()
+        .map_err(|e| Error::delta(label, e))?
+        .metadata()
+        .partition_columns()
+        .clone();
+    let (orphans, foreign): (Vec<String>, Vec<String>) = unreferenced
+        .files_deleted
+        .into_iter()
+        .partition(|p| written_by_delta(p, &partitions));
+    if !foreign.is_empty() {
+        tracing::warn!(table = label, kept = foreign.len(), first = ?&foreign[..foreign.len().min(5)], "objects in the table's folder that no Delta writer made are never vacuumed; move them out of it");
+    }
+    let store = table.log_store().object_store(None);
+    let mut deleted = removed.files_deleted.len();
+    for p in orphans {
+        // As listed: parsed, not re-encoded (a partition value's `%3D` stays as it is).
+        let Ok(path) = deltalake::Path::parse(&p) else {
+            continue;
+        };
+        match object_store::ObjectStoreExt::delete(store.as_ref(), &path).await {
+            Ok(()) => deleted += 1,
+            Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
+            Err(e) => return Err(Error::storage(label, e)),
+        }
+    }
+    Ok((table, deleted))
+}
+
+/// Whether a path relative to a table's root is a file a Delta writer makes there: a
+/// Parquet data file directly in the partition folders of the table's partition columns (in
+/// their order), or a deletion-vector file at the root.
+fn written_by_delta(path: &str, partition_columns: &[String]) -> bool {
+    let mut parts: Vec<&str> = path.split('/').collect();
+    let Some(name) = parts.pop() else {
+        return false;
+    };
+    if parts.is_empty() && name.starts_with("deletion_vector_") && name.ends_with(".bin") {
+        return true;
+    }
+    name.ends_with(".parquet")
+        && parts.len() == partition_columns.len()
+        && parts
+            .iter()
+            .zip(partition_columns)
+            .all(|(p, c)| p.split_once('=').is_some_and(|(k, _)| k == c))
 }
 
 /// The newest `deleted_at` among tombstones recorded before `cutoff` (`None`: none expire).
@@ -785,6 +845,27 @@ pub async fn sync_catalog(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Vacuum deletes only what a Delta writer makes in the table's layout (#44): data files
+    /// in the partition folders, deletion vectors; never another tool's files.
+    #[test]
+    fn only_files_a_delta_writer_makes_are_vacuumed() {
+        let parts = vec!["route_id".to_string(), "day".to_string()];
+        assert!(written_by_delta("route_id=A/day=1/part-00000-x.snappy.parquet", &parts));
+        assert!(written_by_delta("deletion_vector_0c7f.bin", &parts));
+        for other in [
+            "part-00000-x.snappy.parquet",
+            "route_id=A/part-00000-x.parquet",
+            "day=1/route_id=A/part-0.parquet",
+            "route_id=A/day=1/notes.txt",
+            "dms/shop/orders/LOAD00000001.parquet",
+            "route_id=A/day=1/.part-0.parquet.crc",
+        ] {
+            assert!(!written_by_delta(other, &parts), "{other}");
+        }
+        assert!(written_by_delta("part-0.parquet", &[]));
+        assert!(!written_by_delta("exports/part-0.parquet", &[]));
+    }
 
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
