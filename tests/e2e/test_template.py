@@ -531,6 +531,14 @@ def check_consumers(aws, curated):
         ("s3:ListBucket", f"arn:aws:s3:::{curated}", dict(https, **{"s3:prefix": "config/"}), "denied"),
         ("s3:ListBucket", f"arn:aws:s3:::{curated}", https, "denied"),
         ("s3:PutObject", f"arn:aws:s3:::{curated}/delta/tmplb/x.parquet", https, "denied"),
+        # tributary's internal tables: keys of deleted rows, every value a row had, staging.
+        ("s3:GetObject", f"arn:aws:s3:::{curated}/delta/tmplb/_tributary_tombstones/_delta_log/00000000000000000000.json",
+         https, "denied"),
+        ("s3:GetObject", f"arn:aws:s3:::{curated}/delta/tmplb/_tributary_tombstones/part-00000-x.parquet", https, "denied"),
+        ("s3:GetObject", f"arn:aws:s3:::{curated}/delta/h/_tributary_changes/part-00000-x.parquet", https, "denied"),
+        ("s3:GetObject", f"arn:aws:s3:::{curated}/delta/tmplb/_tributary_widening.json", https, "denied"),
+        ("s3:GetObject", f"arn:aws:s3:::{curated}/delta/tmplb/_symlink_format_manifest/manifest", https, "Allowed"),
+        ("s3:GetObject", f"arn:aws:s3:::{curated}/delta/_tributary_cuts/dms.json", https, "Allowed"),
     ]
     results = iam.evaluate([{"principal": f"arn:aws:iam::{CONSUMER}:role/athena", "action": a, "resource": r,
                              "account": template_stack.ACCOUNT, "context": c, "identityPolicies": allow_all,
