@@ -1074,11 +1074,21 @@ async fn merge_versions(
     let label = cfg.label(crate::config::Managed::History);
     let delta_err = |e| Error::delta(&label, e);
     let seq = cfg.sequence_column.as_str();
+    // A version is its key and its first order key. The order key is matched with `IS NOT
+    // DISTINCT FROM` (the same for these never-null values) rather than `=`: delta-rs turns
+    // each `=` of the ON clause into a range of the MERGE's read predicate, and with the
+    // order keys' range in it a concurrent writer's version of the same key (another order
+    // key) was no conflict — both committed, and the key had two current versions. Read
+    // by key alone, any concurrent commit of one of the keys conflicts.
     let on = conjunction(
         cfg.primary_key
             .iter()
             .map(|k| qcol("t", k).eq(qcol("s", k)))
-            .chain([qcol("t", seq).eq(qcol("s", seq))]),
+            .chain([deltalake::datafusion::logical_expr::binary_expr(
+                qcol("t", seq),
+                deltalake::datafusion::logical_expr::Operator::IsNotDistinctFrom,
+                qcol("s", seq),
+            )]),
     )
     .ok_or_else(|| Error::internal("empty primary key"))?;
     let columns: Vec<String> = source

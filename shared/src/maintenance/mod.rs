@@ -851,7 +851,10 @@ mod tests {
     #[test]
     fn only_files_a_delta_writer_makes_are_vacuumed() {
         let parts = vec!["route_id".to_string(), "day".to_string()];
-        assert!(written_by_delta("route_id=A/day=1/part-00000-x.snappy.parquet", &parts));
+        assert!(written_by_delta(
+            "route_id=A/day=1/part-00000-x.snappy.parquet",
+            &parts
+        ));
         assert!(written_by_delta("deletion_vector_0c7f.bin", &parts));
         for other in [
             "part-00000-x.snappy.parquet",
