@@ -7,10 +7,13 @@
 - no message can expire silently: every queue that has a dead-letter queue has an alarm on
   its oldest message's age whose threshold (a parameter's largest allowed value) is below
   the queue's retention, and each dead-letter queue keeps messages longer than its source;
+- every queue, dead-letter queues included, has an alarm on its oldest message's age below
+  its retention;
 - the template's Rules refuse what must not deploy (evaluated here for parameter sets, as
   CloudFormation does before it creates anything): an existing curated bucket with the
   default TablesPrefix (the whole bucket: the functions could write and delete any object
-  of a bucket that holds other data).
+  of a bucket that holds other data), AlarmEmail with AlarmTopicArn (one was ignored),
+  an empty consumer account ID.
 Usage: python scripts/template_checks.py [template.yaml]"""
 
 import sys
@@ -64,6 +67,8 @@ def evaluate(node, params):
             return all(evaluate(a, params) for a in arg)
         if fn == "Fn::Or":
             return any(evaluate(a, params) for a in arg)
+        if fn == "Fn::Contains":
+            return evaluate(arg[1], params) in evaluate(arg[0], params)
         if fn == "Fn::Join":
             return arg[0].join(evaluate(arg[1], params) if not isinstance(arg[1], list)
                                else [evaluate(a, params) for a in arg[1]])
@@ -95,6 +100,12 @@ def check_rules(t):
         bad.append("an existing curated bucket with the default TablesPrefix (the whole bucket) deploys")
     if refused(t, {"CuratedBucketName": "existing-bucket", "TablesPrefix": "delta/"}):
         bad.append("an existing curated bucket with a TablesPrefix is refused")
+    if not refused(t, {"AlarmEmail": "ops@example.com", "AlarmTopicArn": "arn:aws:sns:us-east-1:123456789012:t"}):
+        bad.append("AlarmEmail and AlarmTopicArn together deploy (the topic would be ignored)")
+    if not refused(t, {"ConsumerAccountIds": ["123456789012", ""]}):
+        bad.append("ConsumerAccountIds with an empty entry deploys (S3 rejects the policy)")
+    if refused(t, {"ConsumerAccountIds": ["123456789012", "210987654321"]}):
+        bad.append("two consumer accounts are refused")
     return bad
 
 
@@ -129,13 +140,15 @@ def check(path):
                 if d["Name"] == "QueueName" and ref(d["Value"]):
                     age_alarms.setdefault(ref(d["Value"]), []).append(number(props["Threshold"]))
     for name, q in sorted(res.items()):
-        redrive = q["Properties"].get("RedrivePolicy") if q["Type"] == "AWS::SQS::Queue" else None
-        if not redrive:
+        if q["Type"] != "AWS::SQS::Queue":
             continue
         retention = number(q["Properties"].get("MessageRetentionPeriod", 345600))
         if not any(th < retention for th in age_alarms.get(name, [])):
             bad.append(f"{name}: no alarm on ApproximateAgeOfOldestMessage below its retention ({retention:.0f} s): "
                        "a message could expire there unseen")
+        redrive = q["Properties"].get("RedrivePolicy")
+        if not redrive:
+            continue
         dlq = ref(redrive["deadLetterTargetArn"])
         dlq_retention = number(res[dlq]["Properties"].get("MessageRetentionPeriod", 345600))
         if dlq_retention <= retention:
@@ -145,8 +158,9 @@ def check(path):
     if bad:
         sys.exit("template checks:\n  " + "\n  ".join(bad))
     print(f"{path}: alarm topics publishable by CloudWatch ({len(topics)}); "
-          "every queue's oldest message alarmed below its retention; the Rules refuse an existing "
-          "curated bucket without a TablesPrefix")
+          "every queue's oldest message, dead-letter queues included, alarmed below its retention; "
+          "the Rules refuse an existing curated bucket without a TablesPrefix, two alarm destinations "
+          "and an empty consumer account ID")
 
 
 if __name__ == "__main__":
