@@ -953,6 +953,9 @@ async fn history_rows(table: &url::Url, filter: &str) -> Vec<String> {
         .collect()
 }
 
+/// A CDC row of [`cdc_rows`]: op, id, v.
+type ChangeRow = (&'static str, i64, i64);
+
 fn history_race_cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
@@ -979,12 +982,12 @@ proptest::proptest! {
         // Changes in order: per key, an insert first, then updates and deletes (an insert
         // again after a delete); one or two changes per file, times increasing.
         let mut live = [false; 3];
-        let mut files: Vec<(String, Vec<(&'static str, i64, i64)>)> = Vec::new();
+        let mut files: Vec<(String, Vec<ChangeRow>)> = Vec::new();
         for f in 0..8usize {
             let mut rows = Vec::new();
             for _ in 0..rng.random_range(1..=2) {
                 let k = rng.random_range(0..3usize);
-                if rows.iter().any(|r: &(&str, i64, i64)| r.1 == k as i64 + 1) {
+                if rows.iter().any(|r: &ChangeRow| r.1 == k as i64 + 1) {
                     continue; // one change per key and file: one sequence value per file
                 }
                 let op = match (live[k], rng.random_range(0..4)) {

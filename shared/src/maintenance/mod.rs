@@ -470,7 +470,7 @@ async fn vacuum(
         .map_err(|e| Error::delta(label, e))?
         .metadata()
         .partition_columns()
-        .clone();
+        .to_vec();
     let (orphans, foreign): (Vec<String>, Vec<String>) = unreferenced
         .files_deleted
         .into_iter()
