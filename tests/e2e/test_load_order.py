@@ -58,13 +58,56 @@ def test_every_version_of_a_backfill_is_a_state_the_source_had(tmp_path):
             table[key] = (val, part)
             h ^= hash((key, table[key]))
         states.add(h)
+    curated = str(tmp_path / "curated" / "items")
+    merge_and_check(tmp_path, raw, curated, states, table, first=0)
+    # Then a CDC file larger than a slice (3,000 changes) between two small ones, in one call.
+    later = [
+        [("U", 5, 55, "h")],
+        [(("D", "I", "U", "U")[i % 4], (i * 7919) % (N + 200) + 1, 1000 + i, "fg"[i % 2]) for i in range(3000)],
+        [("D", 5, 0, "h"), ("U", 6, 66, "h")],
+    ]
+    # A key inserted twice in the big file would be an update: keep DMS's shape (I only
+    # when absent, U/D only when present), as the source produced it.
+    live = set(table)
+    big = []
+    for op, key, val, part in later[1]:
+        op = "I" if key not in live else ("D" if op == "D" else "U")
+        (live.discard if op == "D" else live.add)(key)
+        big.append((op, key, val, part))
+    later[1] = big
+    first = deltalake.DeltaTable(curated).version() + 1
+    states = set()
+    h = sum_digest(table)
+    states.add(h)
+    for k, f in enumerate(later):
+        write(raw / f"20240101-1{k + 3}0000000.parquet", [c[0] for c in f], [c[1] for c in f],
+              [c[2] for c in f], [c[3] for c in f])
+        for op, key, val, part in f:
+            if key in table:
+                h ^= hash((key, table.pop(key)))
+            if op != "D":
+                table[key] = (val, part)
+                h ^= hash((key, table[key]))
+            states.add(h)
+    merge_and_check(tmp_path, raw, curated, states, table, first)
+
+
+def sum_digest(table):
+    h = 0
+    for key, value in table.items():
+        h ^= hash((key, value))
+    return h
+
+
+def merge_and_check(tmp_path, raw, curated, states, table, first):
+    """`tributary merge` of the folder (files applied already change nothing); every version
+    from `first` on is one of `states`; the last equals `table`, read with DuckDB."""
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     out = subprocess.run([str(target / "debug" / "tributary"), "merge", "--config", str(tmp_path / "tributary.toml"),
                           str(raw) + "/"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    curated = str(tmp_path / "curated" / "items")
     latest = deltalake.DeltaTable(curated).version()
-    for v in range(latest + 1):
+    for v in range(first, latest + 1):
         t = deltalake.DeltaTable(curated, version=v).to_pyarrow_table(columns=["id", "val", "part"]).to_pylist()
         digest = 0
         for r in t:
