@@ -9,6 +9,7 @@ their redrive policies, queue policies, the EventBridge rule, IAM roles, log gro
 alarms, dashboard — is created by CloudFormation from the template itself, and the
 end-to-end tests run the real function binaries against it."""
 
+import importlib.util
 import json
 import os
 import re
@@ -16,36 +17,19 @@ import time
 from pathlib import Path
 
 import boto3
-from cfnlint.decode import decode_str
-from samtranslator.translator.transform import transform
 
 ROOT = Path(__file__).resolve().parents[2]
+# The SAM transform as `sam deploy` runs it, in one place: scripts/template_names.py.
+_spec = importlib.util.spec_from_file_location("template_names", ROOT / "scripts" / "template_names.py")
+template_names = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(template_names)
 REMOVED_TYPES = ("AWS::Lambda::", "AWS::Scheduler::", "AWS::StepFunctions::", "AWS::Glue::")
-ACCOUNT = "000000000000"
-
-
-class _Policies:
-    """AWS managed policy names → ARNs (the translator asks IAM otherwise)."""
-
-    def load(self):
-        class Arns(dict):
-            def __missing__(self, name):
-                return f"arn:aws:iam::aws:policy/service-role/{name}"
-        return Arns()
+ACCOUNT = template_names.ACCOUNT
 
 
 def deployable(region):
     """The transformed template without the resources LocalStack cannot create."""
-    os.environ.setdefault("AWS_DEFAULT_REGION", region)  # the translator reads it
-    template, errors = decode_str((ROOT / "template.yaml").read_text())
-    assert not errors, errors
-    template = json.loads(json.dumps(template))
-    template["Globals"]["Function"]["CodeUri"] = "s3://placeholder/bootstrap.zip"
-    for r in template["Resources"].values():
-        if r["Type"] == "AWS::Serverless::Function":
-            r["Properties"].pop("CodeUri", None)
-    out = transform(template, {"AWS::Region": region, "AWS::AccountId": ACCOUNT,
-                               "AWS::Partition": "aws"}, _Policies())
+    out = template_names.transformed(str(ROOT / "template.yaml"), region)
     removed = {n for n, r in out["Resources"].items() if r["Type"].startswith(REMOVED_TYPES)}
     functions = {n: out["Resources"][n] for n in removed
                  if out["Resources"][n]["Type"] == "AWS::Lambda::Function"}

@@ -48,16 +48,9 @@ def test_every_version_of_a_backfill_is_a_state_the_source_had(tmp_path):
         write(raw / f"20240101-1{k}0000000.parquet", [c[0] for c in f], [c[1] for c in f],
               [c[2] for c in f], [c[3] for c in f])
         changes += f
-    # Every state: after each prefix of the changes, as a frozenset of rows (updated
-    # incrementally: a hash of the row set per prefix).
-    table, states, h = {}, {0}, 0
-    for op, key, val, part in changes:
-        if key in table:
-            h ^= hash((key, table.pop(key)))
-        if op != "D":
-            table[key] = (val, part)
-            h ^= hash((key, table[key]))
-        states.add(h)
+    # Every state the source had: after each prefix of the changes.
+    table, states = {}, {0}
+    apply(table, changes, states)
     curated = str(tmp_path / "curated" / "items")
     merge_and_check(tmp_path, raw, curated, states, table, first=0)
     # Then a CDC file larger than a slice (3,000 changes) between two small ones, in one call.
@@ -76,27 +69,32 @@ def test_every_version_of_a_backfill_is_a_state_the_source_had(tmp_path):
         big.append((op, key, val, part))
     later[1] = big
     first = deltalake.DeltaTable(curated).version() + 1
-    states = set()
-    h = sum_digest(table)
-    states.add(h)
+    states = {digest(table.items())}
     for k, f in enumerate(later):
         write(raw / f"20240101-1{k + 3}0000000.parquet", [c[0] for c in f], [c[1] for c in f],
               [c[2] for c in f], [c[3] for c in f])
-        for op, key, val, part in f:
-            if key in table:
-                h ^= hash((key, table.pop(key)))
-            if op != "D":
-                table[key] = (val, part)
-                h ^= hash((key, table[key]))
-            states.add(h)
+        apply(table, f, states)
     merge_and_check(tmp_path, raw, curated, states, table, first)
 
 
-def sum_digest(table):
+def digest(rows):
+    """A digest of a set of (key, (val, part)) rows that does not depend on their order."""
     h = 0
-    for key, value in table.items():
-        h ^= hash((key, value))
+    for row in rows:
+        h ^= hash(row)
     return h
+
+
+def apply(table, changes, states):
+    """Apply changes in order to `table` (key → (val, part)), adding each state's digest."""
+    h = digest(table.items())
+    for op, key, val, part in changes:
+        if key in table:
+            h ^= hash((key, table.pop(key)))
+        if op != "D":
+            table[key] = (val, part)
+            h ^= hash((key, table[key]))
+        states.add(h)
 
 
 def merge_and_check(tmp_path, raw, curated, states, table, first):
@@ -109,9 +107,7 @@ def merge_and_check(tmp_path, raw, curated, states, table, first):
     latest = deltalake.DeltaTable(curated).version()
     for v in range(first, latest + 1):
         t = deltalake.DeltaTable(curated, version=v).to_pyarrow_table(columns=["id", "val", "part"]).to_pylist()
-        digest = 0
-        for r in t:
-            digest ^= hash((r["id"], (r["val"], r["part"])))
-        assert digest in states, f"version {v} ({len(t)} rows) is not a state the source had"
+        assert digest((r["id"], (r["val"], r["part"])) for r in t) in states, \
+            f"version {v} ({len(t)} rows) is not a state the source had"
     final = sorted((k, v, p) for k, (v, p) in table.items())
     assert rows(connect(), curated, "id, val, part", order="id") == final

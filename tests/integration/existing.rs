@@ -186,15 +186,13 @@ async fn a_spark_table_is_adopted_and_its_int96_timestamps_stay_exact() {
     assert_eq!(t.version(), version);
 }
 
-/// A CHECK constraint holds on every path (#43): an insert-only file went through the append,
-/// which wrote the rows unchecked (exit 0, `(4, 500)` in the table), while a file with an
-/// update was refused. Now both are refused, not retryable, the table's log unchanged.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_check_constraint_refuses_inserts_as_it_refuses_updates() {
+fn int64(v: Vec<i64>) -> tributary::deltalake::arrow::array::ArrayRef {
+    Arc::new(tributary::deltalake::arrow::array::Int64Array::from(v))
+}
+
+/// Table `t` created by tributary from a full load of (1, 10), (2, 20): id, amount.
+async fn loaded() -> (Fixture, tributary::deltalake::DeltaTable) {
     let fx = Fixture::new(T_TABLE);
-    let int64 = |v: Vec<i64>| -> tributary::deltalake::arrow::array::ArrayRef {
-        Arc::new(tributary::deltalake::arrow::array::Int64Array::from(v))
-    };
     let load = fx.put_batch(
         "src/t",
         "LOAD00000001.parquet",
@@ -207,6 +205,15 @@ async fn a_check_constraint_refuses_inserts_as_it_refuses_updates() {
     let t = delta::open(&fx.url("curated/t"), &Default::default())
         .await
         .unwrap();
+    (fx, t)
+}
+
+/// A CHECK constraint holds on every path (#43): an insert-only file went through the append,
+/// which wrote the rows unchecked (exit 0, `(4, 500)` in the table), while a file with an
+/// update was refused. Now both are refused, not retryable, the table's log unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_constraint_refuses_inserts_as_it_refuses_updates() {
+    let (fx, t) = loaded().await;
     t.add_constraint()
         .with_constraint("amount_below_100", "amount < 100")
         .await
@@ -249,22 +256,7 @@ async fn a_check_constraint_refuses_inserts_as_it_refuses_updates() {
 /// not retryable (before: retried for about 70 minutes before the dead-letter queue).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_on_an_append_only_table_is_refused_and_not_retried() {
-    let fx = Fixture::new(T_TABLE);
-    let int64 = |v: Vec<i64>| -> tributary::deltalake::arrow::array::ArrayRef {
-        Arc::new(tributary::deltalake::arrow::array::Int64Array::from(v))
-    };
-    let load = fx.put_batch(
-        "src/t",
-        "LOAD00000001.parquet",
-        &batch(vec![
-            ("id", int64(vec![1, 2])),
-            ("amount", int64(vec![10, 20])),
-        ]),
-    );
-    fx.merge_ok(&[load]).await;
-    let t = delta::open(&fx.url("curated/t"), &Default::default())
-        .await
-        .unwrap();
+    let (fx, t) = loaded().await;
     t.set_tbl_properties()
         .with_properties([("delta.appendOnly".to_string(), "true".to_string())].into())
         .await

@@ -427,7 +427,11 @@ async fn vacuum_leaves_files_no_delta_writer_made() {
     let u = fx.put_items("20240101-1.parquet", &[c('I', &ts(1), 1, "a", 1)]);
     fx.merge_ok(&[u]).await;
     let data = parquet_files(&fx.path("curated/items"))[0].clone();
-    let foreign = ["notes.txt", "exports/part-00000-other.parquet", "dms/shop/x/LOAD00000001.parquet"];
+    let foreign = [
+        "notes.txt",
+        "exports/part-00000-other.parquet",
+        "dms/shop/x/LOAD00000001.parquet",
+    ];
     for f in foreign {
         let p = fx.path(&format!("curated/items/{f}"));
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -438,9 +442,15 @@ async fn vacuum_leaves_files_no_delta_writer_made() {
     // Past the retention (1.08 s).
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let r = maintain(&fx, false).await.unwrap();
-    assert!(!exists(&orphan), "the uncommitted data file is vacuumed: {r:?}");
+    assert!(
+        !exists(&orphan),
+        "the uncommitted data file is vacuumed: {r:?}"
+    );
     for f in foreign {
-        assert!(exists(&fx.path(&format!("curated/items/{f}"))), "{f} is kept");
+        assert!(
+            exists(&fx.path(&format!("curated/items/{f}"))),
+            "{f} is kept"
+        );
     }
     assert_eq!(fx.items_rows().await, vec![(1, "a".into(), 1)]);
 }
