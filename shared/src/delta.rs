@@ -537,6 +537,43 @@ pub(crate) fn align_to_table(
     Ok(())
 }
 
+/// Add the columns of `schema` (the plan's) the table lacks, nullable, by a metadata commit
+/// before the merge writes them — what Spark's `ALTER TABLE ADD COLUMNS` commits; the rows
+/// already in the table have nulls there. A conflict (another writer's metadata commit) is
+/// retried by the caller's attempt like the merge's own.
+pub(crate) async fn add_new_columns(
+    table_cfg: &TableConfig,
+    table: DeltaTable,
+    schema: &Schema,
+) -> Result<DeltaTable> {
+    let Some(tschema) = arrow_schema(&table) else {
+        return Ok(table);
+    };
+    let new: Vec<Field> = schema
+        .fields()
+        .iter()
+        .filter(|f| tschema.field_with_name(f.name()).is_err())
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    if new.is_empty() {
+        return Ok(table);
+    }
+    let names: Vec<String> = new.iter().map(|f| f.name().clone()).collect();
+    tracing::info!(table = %table_cfg.name, columns = ?names, "adding the files' new columns to the table");
+    let kernel: StructType = (&Schema::new(new))
+        .try_into_kernel()
+        .map_err(|e| Error::Schema {
+            table: table_cfg.name.clone(),
+            message: format!("cannot map the new columns {names:?} to Delta types: {e}"),
+        })?;
+    table
+        .add_columns()
+        .with_fields(kernel.fields().cloned().collect::<Vec<_>>())
+        .with_commit_properties(tributary_commit(&[]))
+        .await
+        .map_err(|e| Error::delta(&table_cfg.name, e))
+}
+
 /// What a MERGE commits besides the plan.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct MergeExtras {

@@ -12,16 +12,30 @@
 //! statistics as every other write) and committed as a MERGE with the plan's key range as
 //! its read predicate, so that concurrent writers conflict exactly as with delta-rs's MERGE.
 //!
-//! Only plans and tables where that is the same as tributary's MERGE take this path
-//! ([`Rewrite::eligible`]); everything else (sparse columns, new columns, reloads, change
-//! data feed, tables with deletion vectors, column mapping, constraints or generated
-//! columns, keys of other types) is MERGEd (docs/design.md, "Copy-on-write rewrite").
+//! Per column, an update takes the plan's value or keeps the row's: a column of the table
+//! the plan lacks keeps the row's value, a sparse column takes the plan's only where the
+//! change that set it is newer than the row (plan.rs); inserts have nulls there. Columns
+//! the plan brings and the table lacks are added before, by a metadata commit
+//! (`delta::add_new_columns`). A reload deletes the rows no change matches whose order key
+//! is below the new load's (every file read). Keys of a type without statistics pruning
+//! (decimals, dates, timestamps, binary) are looked up in every file.
+//!
+//! On a table with the change data feed, the merge's row images (pre- and post-images of
+//! updates, deletes, inserts) are written as `_change_data` files and committed as `cdc`
+//! actions, as the protocol specifies.
+//!
+//! Only tables where that is the same as tributary's MERGE take this path
+//! ([`Rewrite::eligible`]); the rest (tables with deletion vectors or column mapping,
+//! constraints, invariants, generated or identity columns, order keys that are not
+//! strings) is MERGEd (docs/design.md, "Copy-on-write rewrite").
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
-use arrow::datatypes::DataType;
+use arrow::array::{
+    new_null_array, Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array,
+};
+use arrow::datatypes::{DataType, SchemaRef};
 use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
@@ -53,10 +67,37 @@ pub(crate) struct Applied {
     pub(crate) files_folded: usize,
 }
 
+/// Where an update takes a column's value from.
+enum Keep {
+    /// The plan's value.
+    Never,
+    /// The row's value (a column of the table the plan lacks).
+    Always,
+    /// The plan's value where the change that set it (its order key here) is newer than
+    /// the row, else the row's (a sparse column).
+    Sparse(StringArray),
+}
+
+impl Keep {
+    /// Whether plan row `p` gives the value of the row whose order key is `tseq[i]`.
+    fn takes_plan(&self, p: usize, tseq: &StringArray, i: usize) -> bool {
+        match self {
+            Keep::Never => true,
+            Keep::Always => false,
+            Keep::Sparse(seq) => {
+                seq.is_valid(p) && (tseq.is_null(i) || seq.value(p) > tseq.value(i))
+            }
+        }
+    }
+}
+
 /// The plan indexed by key, in the table's schema, ready to apply to data files.
 pub(crate) struct Rewrite {
-    /// The plan's rows in the table's schema (same column order and types).
+    /// The plan's rows in the table's schema (same column order and types; nulls in the
+    /// columns the plan lacks).
     rows: RecordBatch,
+    /// Per column of `rows`, where an update takes its value from.
+    keep: Vec<Keep>,
     ops: Vec<PlanOp>,
     /// Encoded key → plan row.
     index: KeyIndex,
@@ -68,7 +109,14 @@ pub(crate) struct Rewrite {
     /// The plan's first key column values, sorted (file pruning).
     sorted_keys: Vec<KeyBound>,
     key0: String,
-    range: KeyRange,
+    /// The plan's range of first key values (integer and string keys): the files whose
+    /// statistics can hold one are read, and the commit declares it as what it read. None:
+    /// every file read, and the commit reads the whole table.
+    range: Option<KeyRange>,
+    /// A reload: the rows no change matches and whose order key is below this are deleted.
+    reload: Option<String>,
+    /// The table keeps a change data feed: the merge's row images go to `_change_data`.
+    feed: bool,
     /// Decoded bytes of a file held back before its first changed row (half the table's
     /// `slice_mb`); past that, the file is read on without holding its rows, and read again
     /// if it changes after all.
@@ -84,40 +132,62 @@ impl Rewrite {
         plan: &MergePlan,
         extras: &MergeExtras,
     ) -> Result<Option<Rewrite>> {
-        if !cfg.rewrite
-            || extras.delete_unmatched_below.is_some()
-            || !plan.sparse.is_empty()
-            || plan.batch.num_rows() == 0
-            || cfg.change_data_feed
-        {
+        let reload = extras.delete_unmatched_below.clone();
+        if !cfg.rewrite || (plan.batch.num_rows() == 0 && reload.is_none()) {
             return Ok(None);
         }
         let label = cfg.name.as_str();
         let Ok(state) = table.snapshot() else {
             return Ok(None);
         };
-        if crate::delta::writes_only_through_merge(table).is_some()
-            || state
-                .metadata()
-                .configuration()
-                .iter()
-                .any(|(k, v)| k == "delta.enableChangeDataFeed" && v.eq_ignore_ascii_case("true"))
+        if crate::delta::writes_only_through_merge(table).is_some() {
+            return Ok(None);
+        }
+        let feed = crate::delta::props(table).change_data_feed;
+        let schema = state.snapshot().arrow_schema();
+        // Every column of the plan is a column of the table, in its type (new columns were
+        // added by a metadata commit before; `delta::align_to_table` converted types).
+        if plan
+            .table_schema()
+            .fields()
+            .iter()
+            .any(|f| schema.field_with_name(f.name()).is_err())
         {
             return Ok(None);
         }
-        let schema = state.snapshot().arrow_schema();
-        // The plan must set every column of the table, in its types (no schema evolution,
-        // no column the MERGE would leave as it was).
-        let plan_schema = plan.table_schema();
-        if plan_schema.fields().len() != schema.fields().len() {
-            return Ok(None);
-        }
+        let partition_columns = state.metadata().partition_columns();
+        let n = plan.batch.num_rows();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        let mut keep = Vec::with_capacity(schema.fields().len());
         for f in schema.fields() {
-            match plan.batch.column_by_name(f.name()) {
-                Some(c) if c.data_type() == f.data_type() => columns.push(c.clone()),
-                _ => return Ok(None),
+            let sparse = plan.sparse.iter().find(|s| &s.column == f.name());
+            let k = match (plan.batch.column_by_name(f.name()), sparse) {
+                (Some(c), _) if c.data_type() != f.data_type() => return Ok(None),
+                (Some(c), None) => {
+                    columns.push(c.clone());
+                    Keep::Never
+                }
+                (Some(c), Some(s)) => {
+                    let seq = plan.column(&s.seq_column)?;
+                    let Some(seq) = seq.as_string_opt::<i32>() else {
+                        return Ok(None);
+                    };
+                    columns.push(c.clone());
+                    Keep::Sparse(seq.clone())
+                }
+                (None, _) => {
+                    columns.push(new_null_array(f.data_type(), n));
+                    Keep::Always
+                }
+            };
+            // Keys, the order key and partition values are whole in every change.
+            let whole = cfg.primary_key.contains(f.name())
+                || f.name() == &cfg.sequence_column
+                || partition_columns.contains(f.name());
+            if whole && !matches!(k, Keep::Never) {
+                return Ok(None);
             }
+            keep.push(k);
         }
         let rows = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow)?;
         let Some(seq_column) = schema
@@ -134,31 +204,38 @@ impl Rewrite {
         let Some(keys0) = rows.column_by_name(&key0) else {
             return Ok(None);
         };
-        let Some(range) = KeyRange::of(keys0)? else {
-            return Ok(None);
+        let range = KeyRange::of(keys0)?;
+        let mut sorted_keys = match range {
+            Some(_) => key_bounds(keys0)?,
+            None => Vec::new(),
         };
-        let mut sorted_keys = key_bounds(keys0)?;
         sorted_keys.sort();
         let index = KeyIndex::new(&rows, &cfg.primary_key).map_err(|e| match e {
             Error::Internal(m) => Error::internal(format!("table {label}: {m}")),
             e => e,
         })?;
-        let partitions = partition_index(&rows, state.metadata().partition_columns())?;
+        let partitions = partition_index(&rows, partition_columns)?;
         Ok(Some(Rewrite {
             ops: plan.ops()?,
             rows,
+            keep,
             index,
             partitions,
             seq_column,
             sorted_keys,
             key0,
             range,
+            reload,
+            feed,
             held_bytes: cfg.slice_bytes / 2,
         }))
     }
 
     /// Whether a file's key statistics can hold a key of the plan (no statistics: yes).
     fn may_hold(&self, f: &LogicalFileView) -> bool {
+        let Some(range) = self.range.as_ref().filter(|_| self.reload.is_none()) else {
+            return true;
+        };
         let Some(stats) = f.stats() else {
             return true;
         };
@@ -166,7 +243,7 @@ impl Rewrite {
             return true;
         };
         let bound = |which: &str| -> Option<KeyBound> {
-            match (&self.range.lo, v.get(which)?.get(&self.key0)?) {
+            match (&range.lo, v.get(which)?.get(&self.key0)?) {
                 (KeyBound::Int(_), serde_json::Value::Number(n)) => n.as_i64().map(KeyBound::Int),
                 (KeyBound::Text(_), serde_json::Value::String(s)) => {
                     Some(KeyBound::Text(s.clone()))
@@ -183,7 +260,8 @@ impl Rewrite {
     }
 
     /// Apply the plan to a batch of a file's rows: the batch to write instead, and whether
-    /// it differs; the plan rows matched and the rows updated and deleted add up in `out`.
+    /// it differs; the plan rows matched, the rows updated and deleted, and the updated
+    /// rows that leave for another partition add up in `out`.
     fn apply(&self, b: &RecordBatch, out: &mut FileResult) -> Result<(RecordBatch, bool)> {
         let seq = self.rows.column(self.seq_column).as_string::<i32>();
         let found = self.index.lookup(b)?;
@@ -201,12 +279,28 @@ impl Rewrite {
             (Some((_, plan, _)), Some(file)) => plan.row(p) != file.row(0),
             _ => false,
         };
-        // (0, row) keeps the file's row, (1, plan row) replaces it.
+        // (0, row) keeps the file's row, (1, plan row) replaces it; the updates among them
+        // as (position in picks, file row, plan row).
         let mut picks: Vec<(usize, usize)> = Vec::with_capacity(b.num_rows());
+        let mut updates: Vec<(usize, usize, usize)> = Vec::new();
+        let mut moved: Vec<(usize, usize)> = Vec::new();
+        let mut moved_updates: Vec<(usize, usize, usize)> = Vec::new();
+        // The file rows deleted (change data feed).
+        let mut gone: Vec<u32> = Vec::new();
         let mut changed = false;
         for (i, p) in found.into_iter().enumerate() {
             let Some(p) = p else {
-                picks.push((0, i));
+                let gone_row = self
+                    .reload
+                    .as_deref()
+                    .is_some_and(|floor| tseq.is_null(i) || tseq.value(i) < floor);
+                if gone_row {
+                    out.deleted += 1;
+                    changed = true;
+                    gone.push(i as u32);
+                } else {
+                    picks.push((0, i));
+                }
                 continue;
             };
             out.matched.push(p);
@@ -216,8 +310,10 @@ impl Rewrite {
                 (false, _) => picks.push((0, i)),
                 (true, PlanOp::Upsert) => {
                     if moves(p) {
-                        out.moved.push(p as u32);
+                        moved_updates.push((moved.len(), i, p));
+                        moved.push((1, p));
                     } else {
+                        updates.push((picks.len(), i, p));
                         picks.push((1, p));
                     }
                     out.updated += 1;
@@ -226,15 +322,69 @@ impl Rewrite {
                 (true, PlanOp::Delete) => {
                     out.deleted += 1;
                     changed = true;
+                    gone.push(i as u32);
                 }
             }
         }
         if !changed {
             return Ok((b.clone(), false));
         }
-        let batch = arrow::compute::interleave_record_batch(&[b, &self.rows], &picks)
-            .map_err(Error::arrow)?;
-        Ok((batch, true))
+        let moved = match moved.is_empty() {
+            true => None,
+            false => Some(self.merged(b, tseq, &moved, &moved_updates)?),
+        };
+        let merged = self.merged(b, tseq, &picks, &updates)?;
+        if self.feed {
+            let rows = |idx: Vec<u32>| {
+                arrow::compute::take_record_batch(b, &UInt32Array::from(idx)).map_err(Error::arrow)
+            };
+            let pre = updates.iter().chain(&moved_updates).map(|u| u.1 as u32);
+            out.feed.preimages.push(rows(pre.collect())?);
+            out.feed.deletes.push(rows(gone)?);
+            let post: Vec<u32> = updates.iter().map(|u| u.0 as u32).collect();
+            out.feed.postimages.push(
+                arrow::compute::take_record_batch(&merged, &UInt32Array::from(post))
+                    .map_err(Error::arrow)?,
+            );
+            out.feed.postimages.extend(moved.clone());
+        }
+        out.moved.extend(moved);
+        Ok((merged, true))
+    }
+
+    /// The rows `picks` chooses from the file's batch (0) and the plan (1); in the
+    /// `updates` among them, a column the plan does not give (see [`Keep`]) keeps the
+    /// file row's value.
+    fn merged(
+        &self,
+        b: &RecordBatch,
+        tseq: &StringArray,
+        picks: &[(usize, usize)],
+        updates: &[(usize, usize, usize)],
+    ) -> Result<RecordBatch> {
+        if self.keep.iter().all(|k| matches!(k, Keep::Never)) {
+            return arrow::compute::interleave_record_batch(&[b, &self.rows], picks)
+                .map_err(Error::arrow);
+        }
+        let columns = self
+            .keep
+            .iter()
+            .enumerate()
+            .map(|(c, keep)| {
+                let sources = [b.column(c).as_ref(), self.rows.column(c).as_ref()];
+                if matches!(keep, Keep::Never) {
+                    return arrow::compute::interleave(&sources, picks).map_err(Error::arrow);
+                }
+                let mut own = picks.to_vec();
+                for &(at, i, p) in updates {
+                    if !keep.takes_plan(p, tseq, i) {
+                        own[at] = (0, i);
+                    }
+                }
+                arrow::compute::interleave(&sources, &own).map_err(Error::arrow)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        RecordBatch::try_new(self.rows.schema(), columns).map_err(Error::arrow)
     }
 
     /// Rewrite a group of files of one partition into one output (files near the target
@@ -273,6 +423,7 @@ impl Rewrite {
                 if r.changed {
                     out.updated += r.updated;
                     out.deleted += r.deleted;
+                    out.feed.extend(r.feed);
                     out.moved.extend(r.moved);
                     out.removes.push(f.remove_action(true));
                 } else if let Some((rows, bytes)) = unchanged.filter(|_| f.size() <= FOLD_FILE) {
@@ -382,14 +533,10 @@ impl Rewrite {
         Ok(())
     }
 
-    /// The plan's upserts that matched no row of the table, and the updated rows that moved
-    /// to another partition: the rows written apart from the files rewritten.
-    fn inserts(&self, matched: &HashSet<u32>, moved: &HashSet<u32>) -> Result<Option<RecordBatch>> {
+    /// The plan's upserts that matched no row of the table: the rows inserted.
+    fn inserts(&self, matched: &HashSet<u32>) -> Result<Option<RecordBatch>> {
         let idx: UInt32Array = (0..self.rows.num_rows() as u32)
-            .filter(|i| {
-                moved.contains(i)
-                    || (self.ops[*i as usize] == PlanOp::Upsert && !matched.contains(i))
-            })
+            .filter(|i| self.ops[*i as usize] == PlanOp::Upsert && !matched.contains(i))
             .collect();
         if idx.is_empty() {
             return Ok(None);
@@ -449,7 +596,8 @@ impl Rewrite {
         }
         let mut applied = Applied::default();
         let mut matched: HashSet<u32> = HashSet::new();
-        let mut moved: HashSet<u32> = HashSet::new();
+        let mut moved: Vec<RecordBatch> = Vec::new();
+        let mut feed = Feed::default();
         let mut actions = Vec::new();
         let mut adds = Vec::new();
         let mut failed = None;
@@ -474,6 +622,7 @@ impl Rewrite {
             }
             matched.extend(r.matched);
             moved.extend(r.moved);
+            feed.extend(r.feed);
             adds.extend(r.adds);
             applied.updated += r.updated;
             applied.deleted += r.deleted;
@@ -487,12 +636,64 @@ impl Rewrite {
             discard(&store, &adds).await;
             return Err(e);
         }
-        if let Some(b) = this.inserts(&matched, &moved)? {
-            applied.inserted = b.num_rows() - moved.len();
-            let mut writer = DeltaWriter::new(store, config);
-            writer.write(&b).await.map_err(delta_err)?;
-            adds.extend(writer.close().await.map_err(delta_err)?);
+        // The inserts, and the updated rows that moved to another partition: written apart
+        // from the files rewritten; the change data feed's rows into `_change_data`.
+        let inserts = this.inserts(&matched)?;
+        applied.inserted = inserts.as_ref().map_or(0, RecordBatch::num_rows);
+        let feed = match this.feed {
+            true => {
+                let schema = feed_schema(&this.rows.schema());
+                let rows = feed.rows(inserts.as_ref(), &schema)?;
+                Some((
+                    rows,
+                    crate::delta::writer_config_for(
+                        snapshot,
+                        schema,
+                        Some(crate::delta::writer_properties(cfg)),
+                        None,
+                    ),
+                ))
+            }
+            false => None,
+        };
+        let apart: Vec<RecordBatch> = inserts.into_iter().chain(moved).collect();
+        let written = async {
+            let mut out = Vec::new();
+            if !apart.is_empty() {
+                let mut writer = DeltaWriter::new(store.clone(), config);
+                for b in &apart {
+                    writer.write(b).await.map_err(delta_err)?;
+                }
+                out.extend(
+                    writer
+                        .close()
+                        .await
+                        .map_err(delta_err)?
+                        .into_iter()
+                        .map(Action::Add),
+                );
+            }
+            if let Some((rows, config)) = feed.filter(|(rows, _)| !rows.is_empty()) {
+                out.extend(write_feed(&store, config, &rows).await.map_err(delta_err)?);
+            }
+            Ok::<_, Error>(out)
         }
+        .await;
+        let written = match written {
+            Ok(w) => w,
+            Err(e) => {
+                discard(&store, &adds).await;
+                return Err(e);
+            }
+        };
+        adds.extend(written.iter().filter_map(|a| match a {
+            Action::Add(a) => Some(a.clone()),
+            _ => None,
+        }));
+        let feed_files: Vec<Action> = written
+            .into_iter()
+            .filter(|a| matches!(a, Action::Cdc(_)))
+            .collect();
         applied.files_added = adds.len();
         if actions.is_empty() && adds.is_empty() {
             // Every change was stale or deleted an absent key: nothing to commit (the
@@ -500,14 +701,17 @@ impl Rewrite {
             return Ok((table, applied));
         }
         actions.extend(adds.into_iter().map(Action::Add));
+        actions.extend(feed_files);
         let on = cfg
             .primary_key
             .iter()
             .map(|k| format!("t.{k} = s.{k}"))
             .collect::<Vec<_>>()
             .join(" AND ");
+        // A reload or a key without a range read the whole table.
+        let read = this.range.as_ref().filter(|_| this.reload.is_none());
         let operation = DeltaOperation::Merge {
-            predicate: Some(this.range.predicate(&this.key0)),
+            predicate: read.map(|r| r.predicate(&this.key0)),
             merge_predicate: Some(on),
             matched_predicates: vec![],
             not_matched_predicates: vec![],
@@ -518,6 +722,48 @@ impl Rewrite {
                 .await?;
         Ok((table, applied))
     }
+}
+
+/// The schema of a table's change data feed files: its columns and `_change_type`.
+fn feed_schema(table: &SchemaRef) -> SchemaRef {
+    let mut fields: Vec<arrow::datatypes::FieldRef> = table.fields().iter().cloned().collect();
+    fields.push(Arc::new(arrow::datatypes::Field::new(
+        "_change_type",
+        DataType::Utf8,
+        false,
+    )));
+    Arc::new(arrow::datatypes::Schema::new(fields))
+}
+
+/// Write change data feed rows as the protocol's `_change_data` files (partitioned as the
+/// table): the `cdc` actions that commit them. The writer lays them out under a store
+/// rooted at `_change_data`, so the paths are prefixed back (as delta-rs's writer does).
+async fn write_feed(
+    store: &Arc<dyn deltalake::ObjectStore>,
+    config: WriterConfig,
+    rows: &[RecordBatch],
+) -> deltalake::DeltaResult<Vec<Action>> {
+    let feed_store: Arc<dyn deltalake::ObjectStore> = Arc::new(
+        object_store::prefix::PrefixStore::new(store.clone(), "_change_data"),
+    );
+    let mut writer = DeltaWriter::new(feed_store, config);
+    for b in rows {
+        writer.write(b).await?;
+    }
+    Ok(writer
+        .close()
+        .await?
+        .into_iter()
+        .map(|add| {
+            Action::Cdc(deltalake::kernel::AddCDCFile {
+                path: format!("_change_data/{}", add.path),
+                size: add.size,
+                partition_values: add.partition_values,
+                data_change: false,
+                tags: add.tags,
+            })
+        })
+        .collect())
 }
 
 /// Delete data files written but never committed (best effort: VACUUM removes what is left).
@@ -643,11 +889,56 @@ fn partition_index(
 #[derive(Default)]
 struct FileResult {
     changed: bool,
-    /// Plan rows that updated a row of this file into another partition.
-    moved: Vec<u32>,
+    /// Rows of this file updated into another partition, as they are written there.
+    moved: Vec<RecordBatch>,
     matched: Vec<u32>,
     updated: usize,
     deleted: usize,
+    feed: Feed,
+}
+
+/// A merge's rows for the change data feed (tables with `delta.enableChangeDataFeed`), by
+/// change type; the inserts are the plan's (`Rewrite::inserts`).
+#[derive(Default)]
+struct Feed {
+    preimages: Vec<RecordBatch>,
+    postimages: Vec<RecordBatch>,
+    deletes: Vec<RecordBatch>,
+}
+
+impl Feed {
+    fn extend(&mut self, other: Feed) {
+        self.preimages.extend(other.preimages);
+        self.postimages.extend(other.postimages);
+        self.deletes.extend(other.deletes);
+    }
+
+    /// The feed's rows with their `_change_type`, the inserts' too, in `schema` (the
+    /// table's and `_change_type`).
+    fn rows(self, inserts: Option<&RecordBatch>, schema: &SchemaRef) -> Result<Vec<RecordBatch>> {
+        let typed = |b: &RecordBatch, kind: &str| -> Result<Option<RecordBatch>> {
+            if b.num_rows() == 0 {
+                return Ok(None);
+            }
+            let mut columns = b.columns().to_vec();
+            columns.push(Arc::new(StringArray::from(vec![kind; b.num_rows()])));
+            RecordBatch::try_new(schema.clone(), columns)
+                .map(Some)
+                .map_err(Error::arrow)
+        };
+        let mut out = Vec::new();
+        for (batches, kind) in [
+            (self.preimages, "update_preimage"),
+            (self.postimages, "update_postimage"),
+            (self.deletes, "delete"),
+            (inserts.into_iter().cloned().collect(), "insert"),
+        ] {
+            for b in &batches {
+                out.extend(typed(b, kind)?);
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Unchanged files up to this size that a group reads (their key statistics could hold a
@@ -668,10 +959,11 @@ struct GroupResult {
     folded: usize,
     removes: Vec<deltalake::kernel::Remove>,
     adds: Vec<deltalake::kernel::Add>,
-    moved: Vec<u32>,
+    moved: Vec<RecordBatch>,
     matched: Vec<u32>,
     updated: usize,
     deleted: usize,
+    feed: Feed,
 }
 
 /// Decoded-size proxy for grouping: files of one partition are rewritten together up to

@@ -11,6 +11,7 @@
 //! - `reupload`: CDC files overwritten after they were merged;
 //! - `widen`: source columns widened while replication runs (#26);
 //! - `watermark`: watermarks and group cuts (#27);
+//! - `onepath`: the merges that were delta-rs's MERGE, through the rewrite (#43);
 //! - `existing`: tables tributary did not create (adoption, INT96, constraints, appendOnly);
 //! - `maintenance`: compaction, vacuum, tombstones, manifests, maintenance racing merges.
 
@@ -21,6 +22,7 @@ mod integrity;
 mod large;
 mod maintenance;
 mod merge;
+mod onepath;
 mod reload;
 mod reupload;
 mod types;

@@ -65,7 +65,7 @@ struct DeletesAgain<'a> {
 }
 
 impl crate::retry::Attempts for DeletesAgain<'_> {
-    type Out = (DeltaTable, deltalake::operations::merge::MergeMetrics);
+    type Out = (DeltaTable, Applied);
 
     async fn attempt(&mut self, n: u32) -> Result<Self::Out> {
         if n > 1 {
@@ -77,7 +77,9 @@ impl crate::retry::Attempts for DeletesAgain<'_> {
         let mut fix = self.deletes.clone();
         delta::align_to_table(self.table, &mut fix, &self.after)?;
         let extras = MergeExtras::default();
-        delta::merge(self.table, self.after.clone(), &fix, self.files, &extras).await
+        let (t, _, counts) =
+            write(self.table, self.after.clone(), &fix, self.files, &extras).await?;
+        Ok((t, counts))
     }
 }
 
@@ -323,13 +325,14 @@ impl DeltaSink {
         .await?;
         report.widen(&widened);
         delta::align_to_table(table, &mut plan, &target)?;
+        let target = delta::add_new_columns(table, target, &plan.table_schema()).await?;
         #[cfg(test)]
         self.hooks
             .reach(crate::testing::Point::BeforeMerge, "", vec![])
             .await;
         let read_version = target.version();
         let t = Instant::now();
-        let (target, path, counts) = write(table, target, &plan, a).await?;
+        let (target, path, counts) = write(table, target, &plan, a.files, a.extras).await?;
         record(report, path, &counts);
         report.phases_ms.merge = ms_since(t);
         report.blocked_by_tombstone = blocked;
@@ -407,9 +410,9 @@ impl DeltaSink {
         let ((t, m), _) = Retry::new(&table.name, table.max_commit_attempts)
             .drive("re-apply deletes", &mut fixing)
             .await?;
-        report.deleted += m.num_target_rows_deleted;
-        report.files_added += m.num_target_files_added;
-        report.files_removed += m.num_target_files_removed;
+        report.deleted += m.deleted;
+        report.files_added += m.files_added;
+        report.files_removed += m.files_removed;
         report.version = t.version();
         Ok(Committed {
             read,
@@ -480,17 +483,18 @@ impl Chosen {
 /// it was taken, and the counts. A rewrite that meets a data file tributary cannot read
 /// itself (a type it does not convert, a storage hiccup) is made by delta-rs's MERGE
 /// instead, which reads it its own way.
-async fn write(
+pub(super) async fn write(
     table: &TableConfig,
     target: DeltaTable,
     plan: &MergePlan,
-    a: &Attempt<'_>,
+    files: &[String],
+    extras: &MergeExtras,
 ) -> Result<(DeltaTable, WritePath, Applied)> {
-    let (target, path, counts) = match Chosen::of(table, &target, plan, a.extras).await? {
+    let (target, path, counts) = match Chosen::of(table, &target, plan, extras).await? {
         Chosen::Append(predicate) => {
             let rows = plan.batch.num_rows();
             let (target, written) =
-                delta::append(table, target, plan, predicate, a.files, a.extras).await?;
+                delta::append(table, target, plan, predicate, files, extras).await?;
             let counts = Applied {
                 inserted: rows,
                 files_added: written,
@@ -498,15 +502,15 @@ async fn write(
             };
             (target, WritePath::Append, counts)
         }
-        Chosen::Rewrite(rw) => match rw.run(table, target.clone(), a.files, a.extras).await {
+        Chosen::Rewrite(rw) => match rw.run(table, target.clone(), files, extras).await {
             Ok((target, counts)) => (target, WritePath::Rewrite, counts),
             Err(e) if e.is_unreadable_data_file() => {
                 tracing::warn!(table = %table.name, error = %e, "copy-on-write rewrite not possible; merging with delta-rs's MERGE");
-                merge(table, target, plan, a).await?
+                merge(table, target, plan, files, extras).await?
             }
             Err(e) => return Err(e),
         },
-        Chosen::Merge => merge(table, target, plan, a).await?,
+        Chosen::Merge => merge(table, target, plan, files, extras).await?,
     };
     Ok((target, path, counts))
 }
@@ -516,9 +520,10 @@ async fn merge(
     table: &TableConfig,
     target: DeltaTable,
     plan: &MergePlan,
-    a: &Attempt<'_>,
+    files: &[String],
+    extras: &MergeExtras,
 ) -> Result<(DeltaTable, WritePath, Applied)> {
-    let (target, m) = delta::merge(table, target, plan, a.files, a.extras).await?;
+    let (target, m) = delta::merge(table, target, plan, files, extras).await?;
     let counts = Applied {
         inserted: m.num_target_rows_inserted,
         updated: m.num_target_rows_updated,

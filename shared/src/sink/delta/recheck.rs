@@ -40,12 +40,13 @@ pub(super) async fn recheck_tombstones(
         };
         plan::apply_tombstones(plan, table, &read)?;
         delta::align_to_table(table, &mut fix, &target)?;
-        let (t, m) = delta::merge(table, target, &fix, files, &MergeExtras::default()).await?;
+        let (t, _, m) =
+            super::batch::write(table, target, &fix, files, &MergeExtras::default()).await?;
         target = t;
-        report.deleted += m.num_target_rows_deleted;
+        report.deleted += m.deleted;
         report.blocked_by_tombstone += fix.deletes;
-        report.files_added += m.num_target_files_added;
-        report.files_removed += m.num_target_files_removed;
+        report.files_added += m.files_added;
+        report.files_removed += m.files_removed;
     }
     Err(Error::Contention {
         table: table.name.clone(),
