@@ -17,11 +17,15 @@
 //! Values are judged decoded: dictionary and run-end encoded arrays are unpacked and view
 //! types read as their plain types ([`decode`]) before any rule looks at them.
 
+use std::sync::Arc;
+
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::compute::kernels::cmp::not_distinct;
 use arrow::compute::{cast_with_options, CastOptions};
-use arrow::datatypes::{DataType, TimeUnit};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::util::display::{array_value_to_string, FormatOptions};
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use parquet::basic::Type as PhysicalType;
 
 /// The type a new column gets in the Delta table (Delta has no unsigned, time-of-day or
 /// nanosecond types; timestamps become `timestamp` (UTC), as Spark writes them). `None` when
@@ -543,6 +547,41 @@ fn fraction_digits(text: &str) -> usize {
         .iter()
         .rposition(|b| *b != b'0')
         .map_or(0, |p| p + 1)
+}
+
+/// A Parquet file's Arrow schema with its top-level INT96 columns typed as microsecond
+/// timestamps (their time zone kept), to read it with
+/// (`ArrowReaderOptions::with_schema`); `None` when it has none. The reader's default,
+/// nanoseconds, wraps outside 1677-09-21..2262-04-11 (Spark's `9999-12-31` read as
+/// `1816-03-30`); microseconds are the unit of Delta's `timestamp`, so every value Spark or
+/// any Delta writer stores reads exactly. Nested INT96 values are read
+/// as nanoseconds (the source's check, `source::parquet::check_int96`, covers their range).
+pub(crate) fn int96_as_micros(metadata: &ArrowReaderMetadata) -> Option<Arc<Schema>> {
+    let descr = metadata.metadata().file_metadata().schema_descr();
+    let top: Vec<&str> = descr
+        .columns()
+        .iter()
+        .filter(|c| c.physical_type() == PhysicalType::INT96 && c.path().parts().len() == 1)
+        .map(|c| c.path().parts()[0].as_str())
+        .collect();
+    if top.is_empty() {
+        return None;
+    }
+    let schema = metadata.schema();
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Timestamp(_, tz) if top.contains(&f.name().as_str()) => f
+                .as_ref()
+                .clone()
+                .with_data_type(DataType::Timestamp(TimeUnit::Microsecond, tz.clone())),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Some(Arc::new(
+        Schema::new(fields).with_metadata(schema.metadata().clone()),
+    ))
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@ use arrow::datatypes::{DataType, Schema, SchemaRef};
 use deltalake::kernel::LogicalFileView;
 use deltalake::ObjectStore;
 use object_store::ObjectStoreExt;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 
 use crate::manifest::Partition;
 
@@ -171,12 +173,16 @@ async fn stream_fetching_whole(
         whole_file,
         whole: None,
     };
-    let stream = ParquetRecordBatchStreamBuilder::new(reader)
+    let mut reader = reader;
+    let unreadable = |e: parquet::errors::ParquetError| ReadError {
+        file: label.clone(),
+        message: e.to_string(),
+    };
+    let metadata = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
         .await
-        .map_err(|e| ReadError {
-            file: label.clone(),
-            message: e.to_string(),
-        })?
+        .map_err(unreadable)?;
+    let metadata = int96_as_micros(metadata).map_err(unreadable)?;
+    let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata)
         .with_batch_size(8192)
         .build()
         .map_err(|e| ReadError {
@@ -215,8 +221,10 @@ pub(crate) async fn read(
         .bytes()
         .await
         .map_err(|e| err(e.to_string()))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .map_err(|e| err(e.to_string()))?
+    let metadata = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())
+        .and_then(int96_as_micros)
+        .map_err(|e| err(e.to_string()))?;
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata)
         .build()
         .map_err(|e| err(e.to_string()))?;
     let batches: Vec<RecordBatch> = reader
@@ -227,6 +235,19 @@ pub(crate) async fn read(
         .map(|b| to_table_schema(b, schema, partition))
         .collect::<std::result::Result<_, String>>()
         .map_err(err)
+}
+
+/// The file's metadata for reading top-level INT96 timestamps (Spark's) as microseconds,
+/// the unit of Delta's `timestamp` (`coerce::int96_as_micros`): read as nanoseconds, the
+/// reader's default, a date past 2262 wraps and the file could not be read.
+fn int96_as_micros(metadata: ArrowReaderMetadata) -> parquet::errors::Result<ArrowReaderMetadata> {
+    match crate::coerce::int96_as_micros(&metadata) {
+        Some(schema) => ArrowReaderMetadata::try_new(
+            metadata.metadata().clone(),
+            ArrowReaderOptions::new().with_schema(schema),
+        ),
+        None => Ok(metadata),
+    }
 }
 
 fn to_table_schema(

@@ -7,9 +7,6 @@
 //! microsecond, so the raw values are checked first ([`check_int96`]): such digits fail the
 //! file, as any timestamp they would be truncated from does.
 
-use std::sync::Arc;
-
-use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
@@ -78,7 +75,7 @@ fn build<T: ChunkReader + 'static>(
         |e: parquet::errors::ParquetError| bad(format!("not a readable Parquet file: {e}"));
     let metadata =
         ArrowReaderMetadata::load(&src, ArrowReaderOptions::new()).map_err(unreadable)?;
-    let metadata = match int96_as_micros(&metadata) {
+    let metadata = match crate::coerce::int96_as_micros(&metadata) {
         Some(schema) => ArrowReaderMetadata::try_new(
             metadata.metadata().clone(),
             ArrowReaderOptions::new().with_schema(schema),
@@ -107,37 +104,6 @@ fn build<T: ChunkReader + 'static>(
         b.map_err(|e| Error::bad_input(&name, Location::File, format!("corrupt Parquet data: {e}")))
     }));
     Ok((at_least_one(schema, batches), Some(rows)))
-}
-
-/// The file's Arrow schema with its top-level INT96 columns typed as microsecond
-/// timestamps (their time zone kept); `None` when it has none. Nested INT96 values are read
-/// as nanoseconds (their range is checked by [`check_int96`]).
-fn int96_as_micros(metadata: &ArrowReaderMetadata) -> Option<Arc<Schema>> {
-    let descr = metadata.metadata().file_metadata().schema_descr();
-    let top: Vec<&str> = descr
-        .columns()
-        .iter()
-        .filter(|c| c.physical_type() == PhysicalType::INT96 && c.path().parts().len() == 1)
-        .map(|c| c.path().parts()[0].as_str())
-        .collect();
-    if top.is_empty() {
-        return None;
-    }
-    let schema = metadata.schema();
-    let fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|f| match f.data_type() {
-            DataType::Timestamp(_, tz) if top.contains(&f.name().as_str()) => f
-                .as_ref()
-                .clone()
-                .with_data_type(DataType::Timestamp(TimeUnit::Microsecond, tz.clone())),
-            _ => f.as_ref().clone(),
-        })
-        .collect();
-    Some(Arc::new(
-        Schema::new(fields).with_metadata(schema.metadata().clone()),
-    ))
 }
 
 /// Julian day of 1970-01-01.
