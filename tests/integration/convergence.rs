@@ -82,11 +82,7 @@ proptest! {
         let rt = runtime();
         // Half the cases apply merges with tributary's copy-on-write rewrite (the default),
         // half with delta-rs's MERGE (`merge_engine = "delta-rs"`).
-        let fx = if delta_rs_merge {
-            Fixture::new(&format!("{ITEMS_TABLE}merge_engine = \"delta-rs\"\n"))
-        } else {
-            Fixture::items()
-        };
+        let fx = Fixture::items_merged_by(delta_rs_merge);
         let (load, files) = history(seed, keys, changes, max_file);
         let (urls, expected) = land(&fx, &load, &files);
         rt.block_on(deliver_shuffled(&fx, &urls, dup_seed));

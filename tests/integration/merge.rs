@@ -1427,7 +1427,7 @@ async fn small_files_a_rewrite_reads_are_folded_into_its_output() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rewrite_and_the_delta_rs_merge_give_the_same_table_and_counts() {
     let rewrite = Fixture::items();
-    let merge = Fixture::new(&format!("{ITEMS_TABLE}merge_engine = \"delta-rs\"\n"));
+    let merge = Fixture::items_merged_by(true);
     let part = |id: i64| ["a", "b", "c"][(id % 3) as usize];
     let load: Vec<Change> = (1..=60)
         .map(|id| c('I', "2024-01-01 00:00:00.000000", id, part(id), id))

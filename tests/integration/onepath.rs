@@ -281,11 +281,7 @@ proptest! {
         delta_rs_merge in any::<bool>(),
     ) {
         let rt = runtime();
-        let fx = if delta_rs_merge {
-            Fixture::new(&format!("{ITEMS_TABLE}merge_engine = \"delta-rs\"\n"))
-        } else {
-            Fixture::items()
-        };
+        let fx = Fixture::items_merged_by(delta_rs_merge);
         let (load, files) = history(seed, keys, changes, max_file);
         let note = |c: &Change| format!("{}@{}", c.val, c.ts);
         // Position 0 is the load, 1.. the CDC files; from `cut` on they carry `note`.
