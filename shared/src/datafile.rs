@@ -1,6 +1,6 @@
-//! A table's data files read directly (compaction, copy-on-write rewrites): a file's rows
-//! in the table's schema, partition values as columns. Only for tables whose files are
-//! plain Parquet, with no deletion vectors and no column mapping (callers check).
+//! A table's data files read directly (compaction, copy-on-write rewrites, scans): a file's
+//! rows in the table's schema, partition values as columns, the rows its deletion vector
+//! deletes left out. Not for tables with column mapping (callers refuse them).
 
 use std::sync::Arc;
 
@@ -34,6 +34,116 @@ impl ReadError {
 }
 
 type Result<T> = std::result::Result<T, ReadError>;
+
+/// Where a table's data files and deletion vectors are read from.
+#[derive(Clone)]
+pub(crate) struct TableFiles {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    engine: Arc<dyn delta_kernel::Engine>,
+    root: url::Url,
+}
+
+impl TableFiles {
+    pub(crate) fn of(table: &deltalake::DeltaTable) -> TableFiles {
+        let log_store = table.log_store();
+        let mut root = log_store.root_url().clone();
+        if !root.path().ends_with('/') {
+            root.set_path(&format!("{}/", root.path()));
+        }
+        TableFiles {
+            store: log_store.object_store(None),
+            engine: log_store.engine(None),
+            root,
+        }
+    }
+
+    /// The rows of `f` its deletion vector deletes (by position in the file), read with the
+    /// Delta kernel (inline, or a `deletion_vector_*.bin` file: magic number, size and
+    /// checksum checked); none without a vector.
+    pub(crate) async fn deleted(&self, f: &LogicalFileView) -> Result<Deleted> {
+        let Some(dv) = f.deletion_vector_descriptor() else {
+            return Ok(None);
+        };
+        let file = f.path().to_string();
+        let err = |message: String| ReadError {
+            file: file.clone(),
+            message: format!("its deletion vector: {message}"),
+        };
+        let dv = delta_kernel::actions::deletion_vector::DeletionVectorDescriptor::try_from(dv)
+            .map_err(|e| err(e.to_string()))?;
+        let storage = self.engine.storage_handler();
+        let root = self.root.clone();
+        let read = tokio::task::spawn_blocking(move || dv.read(storage, &root))
+            .await
+            .map_err(|e| err(e.to_string()))?
+            .map_err(|e| err(e.to_string()))?;
+        Ok(Some(Arc::new(read)))
+    }
+
+    /// [`stream`] with the file's deletion vector applied.
+    pub(crate) async fn stream(
+        &self,
+        f: &LogicalFileView,
+        schema: &SchemaRef,
+        partition: &Partition,
+    ) -> Result<impl futures::Stream<Item = Result<RecordBatch>> + Send + use<>> {
+        use futures::StreamExt;
+        let deleted = self.deleted(f).await?;
+        let rows = stream(self.store.clone(), f, schema, partition).await?;
+        let label = f.path().to_string();
+        let mut at = 0u64;
+        Ok(rows.map(move |b| {
+            let b = b?;
+            let first = at;
+            at += b.num_rows() as u64;
+            without_deleted(b, first, deleted.as_deref()).map_err(|message| ReadError {
+                file: label.clone(),
+                message,
+            })
+        }))
+    }
+
+    /// [`read`] with the file's deletion vector applied.
+    pub(crate) async fn read(
+        &self,
+        f: &LogicalFileView,
+        schema: &SchemaRef,
+        partition: &Partition,
+    ) -> Result<Vec<RecordBatch>> {
+        let deleted = self.deleted(f).await?;
+        let batches = read(self.store.clone(), f, schema, partition).await?;
+        let mut at = 0u64;
+        batches
+            .into_iter()
+            .map(|b| {
+                let first = at;
+                at += b.num_rows() as u64;
+                without_deleted(b, first, deleted.as_deref()).map_err(|message| ReadError {
+                    file: f.path().to_string(),
+                    message,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The rows a deletion vector deletes, by position in the file.
+pub(crate) type Deleted = Option<Arc<roaring::RoaringTreemap>>;
+
+/// The rows of `b` (rows `first..` of its file) that `deleted` does not hold.
+fn without_deleted(
+    b: RecordBatch,
+    first: u64,
+    deleted: Option<&roaring::RoaringTreemap>,
+) -> std::result::Result<RecordBatch, String> {
+    let end = first + b.num_rows() as u64;
+    let Some(deleted) = deleted.filter(|d| d.range_cardinality(first..end) > 0) else {
+        return Ok(b);
+    };
+    let keep: arrow::array::BooleanArray =
+        (first..end).map(|i| Some(!deleted.contains(i))).collect();
+    arrow::compute::filter_record_batch(&b, &keep).map_err(|e| e.to_string())
+}
 
 /// Bytes read from the end of a data file for its metadata in the first request.
 const FOOTER_HINT: usize = 64 * 1024;
@@ -144,8 +254,9 @@ impl parquet::arrow::async_reader::AsyncFileReader for Reader {
 }
 
 /// A data file's rows in the table's schema (as [`read`]), streamed a batch at a time: only
-/// the row group being decoded is in memory (the whole file, up to [`WHOLE_FILE`]).
-pub(crate) async fn stream(
+/// the row group being decoded is in memory (the whole file, up to [`WHOLE_FILE`]). Every
+/// row of the file: [`TableFiles::stream`] leaves out those its deletion vector deletes.
+async fn stream(
     store: Arc<dyn ObjectStore>,
     f: &LogicalFileView,
     schema: &SchemaRef,
@@ -182,7 +293,9 @@ async fn stream_fetching_whole(
         .await
         .map_err(unreadable)?;
     let metadata = int96_as_micros(metadata).map_err(unreadable)?;
+    let mask = projection(&metadata, schema);
     let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata)
+        .with_projection(mask)
         .with_batch_size(8192)
         .build()
         .map_err(|e| ReadError {
@@ -201,8 +314,9 @@ async fn stream_fetching_whole(
 }
 
 /// A data file's rows in the table's schema: columns added after it was written are null,
-/// partition columns carry the partition's values. The file is read whole.
-pub(crate) async fn read(
+/// partition columns carry the partition's values. The file is read whole, every row of it
+/// ([`TableFiles::read`] leaves out those its deletion vector deletes).
+async fn read(
     store: Arc<dyn ObjectStore>,
     f: &LogicalFileView,
     schema: &SchemaRef,
@@ -224,7 +338,9 @@ pub(crate) async fn read(
     let metadata = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())
         .and_then(int96_as_micros)
         .map_err(|e| err(e.to_string()))?;
+    let mask = projection(&metadata, schema);
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata)
+        .with_projection(mask)
         .build()
         .map_err(|e| err(e.to_string()))?;
     let batches: Vec<RecordBatch> = reader
@@ -235,6 +351,22 @@ pub(crate) async fn read(
         .map(|b| to_table_schema(b, schema, partition))
         .collect::<std::result::Result<_, String>>()
         .map_err(err)
+}
+
+/// The file's top-level columns that `schema` has (a scan of a few columns decodes only
+/// those).
+fn projection(
+    metadata: &ArrowReaderMetadata,
+    schema: &SchemaRef,
+) -> parquet::arrow::ProjectionMask {
+    let roots = metadata
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| schema.field_with_name(f.name()).is_ok())
+        .map(|(i, _)| i);
+    parquet::arrow::ProjectionMask::roots(metadata.parquet_schema(), roots)
 }
 
 /// The file's metadata for reading top-level INT96 timestamps (Spark's) as microseconds,

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::logcache::LogCache;
 use crate::plan::{is_internal, MergePlan, PlanOp, OP_COLUMN};
 use crate::props::TableProps;
+use crate::scan::{KeyBound, KeyRange};
 
 /// Every DataFusion read of a table's data files decodes Parquet INT96 timestamps (Spark's
 /// legacy type) as microseconds, the table's `timestamp` unit: DataFusion's default
@@ -805,105 +806,6 @@ pub async fn query(table: &DeltaTable, sql: &str) -> Result<Vec<RecordBatch>> {
         .map_err(|e| Error::datafusion(format!("{label}: query"), e))
 }
 
-/// The rows of `table` whose primary key (columns `key`) is one of the rows of `keys`,
-/// all columns in the table's types. The scan is pruned by the range of the first key
-/// column (file statistics); the exact keys are kept in memory.
-pub(crate) async fn rows_with_keys(
-    table: &DeltaTable,
-    label: &str,
-    key: &[String],
-    keys: &RecordBatch,
-) -> Result<Vec<RecordBatch>> {
-    use arrow::compute::filter_record_batch;
-    let Some(schema) = arrow_schema(table) else {
-        return Ok(vec![]);
-    };
-    let ctx = session();
-    table
-        .update_datafusion_session(&ctx.state())
-        .map_err(|e| Error::delta(label, e))?;
-    let provider = table
-        .table_provider()
-        .await
-        .map_err(|e| Error::datafusion(format!("{label}: table provider"), e))?;
-    let df_err = |e| Error::datafusion(format!("{label}: reading rows by key"), e);
-    let mut df = ctx.read_table(provider).map_err(df_err)?;
-    if let Some(k0) = keys.column_by_name(&key[0]) {
-        if let Some((lo, hi)) = min_max(k0)? {
-            df = df
-                .filter(Expr::Column(ucol(&key[0])).between(lit(lo), lit(hi)))
-                .map_err(df_err)?;
-        }
-    }
-    let batches = df.collect().await.map_err(df_err)?;
-    let enc = crate::plan::KeyEncoder::new(&keys.schema(), key)?;
-    let wanted: std::collections::HashSet<_> = enc.encode(keys)?.into_iter().collect();
-    let mut out = Vec::new();
-    for b in batches {
-        // DataFusion may hand back view types: back to the table's types.
-        let cols = schema
-            .fields()
-            .iter()
-            .map(|f| {
-                let c = b
-                    .column_by_name(f.name())
-                    .ok_or_else(|| Error::internal(format!("{label}: no column {}", f.name())))?;
-                arrow::compute::cast(c, f.data_type()).map_err(Error::arrow)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let b = RecordBatch::try_new(schema.clone(), cols).map_err(Error::arrow)?;
-        let key_cols = key
-            .iter()
-            .map(|k| {
-                let t = keys
-                    .schema()
-                    .field_with_name(k)
-                    .map_err(Error::arrow)?
-                    .data_type()
-                    .clone();
-                let c = b
-                    .column_by_name(k)
-                    .ok_or_else(|| Error::internal(format!("no key {k}")))?;
-                crate::coerce::exact_cast(c, &t).map_err(|e| Error::Schema {
-                    table: label.to_string(),
-                    message: format!("key column `{k}`: {}", e.describe(c.data_type(), &t)),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let key_batch = RecordBatch::try_new(keys.schema(), key_cols).map_err(Error::arrow)?;
-        let mask: arrow::array::BooleanArray = enc
-            .encode(&key_batch)?
-            .iter()
-            .map(|k| Some(wanted.contains(k)))
-            .collect();
-        out.push(filter_record_batch(&b, &mask).map_err(Error::arrow)?);
-    }
-    Ok(out)
-}
-
-/// The smallest and largest value of a column (for range pruning).
-pub(crate) fn min_max(
-    a: &ArrayRef,
-) -> Result<
-    Option<(
-        deltalake::datafusion::scalar::ScalarValue,
-        deltalake::datafusion::scalar::ScalarValue,
-    )>,
-> {
-    use deltalake::datafusion::scalar::ScalarValue;
-    if a.is_empty() {
-        return Ok(None);
-    }
-    let idx = arrow::compute::sort_to_indices(a, None, None).map_err(Error::arrow)?;
-    let scalar = |i: u32| {
-        ScalarValue::try_from_array(a, i as usize).map_err(|e| Error::datafusion("key range", e))
-    };
-    Ok(Some((
-        scalar(idx.value(0))?,
-        scalar(idx.value(idx.len() - 1))?,
-    )))
-}
-
 /// When a plan can be appended instead of merged: every row an upsert, no new column, one
 /// key column of an integer or string type, and no row of the table with a key in the
 /// plan's key range — then MERGE would insert every row, and an append writes the same rows
@@ -953,33 +855,29 @@ pub(crate) async fn append_range(
     if holds_a_row_in_range(table, key, &range) {
         return Ok(None);
     }
-    Ok((!rows_in_range(table, &range.predicate(key)).await?).then_some(range))
+    Ok((!crate::scan::rows_in_range(table, key, &range).await?).then_some(range))
 }
 
-/// Why the table's rows can be written only through delta-rs's MERGE (its writer checks
-/// every row against the table's CHECK constraints and NOT NULL invariants, computes
-/// generated columns, and refuses by name the features it lacks), or `None` when
+/// Why the table's rows can be written only through delta-rs's MERGE (it computes
+/// generated columns and writes column mapping's physical names), or `None` when
 /// tributary's own writers (the append, the whole-file append, the rewrite) write the
-/// table exactly. Before (#43), an insert-only file was appended past a CHECK constraint
-/// (exit 0, the row in the table) that a file with an update was refused by.
+/// table exactly — CHECK constraints, invariants and NOT NULL columns included, which
+/// they check on every row (`constraints`).
 pub(crate) fn writes_only_through_merge(table: &DeltaTable) -> Option<&'static str> {
     let state = table.snapshot().ok()?;
-    if state.protocol().min_reader_version() > 1 {
-        return Some("reader features (deletion vectors, column mapping)");
-    }
+    // Deletion vectors are honoured by tributary's readers (`datafile::TableFiles`); column
+    // mapping's physical names are not.
     if state
         .metadata()
         .configuration()
-        .keys()
-        .any(|k| k.starts_with("delta.constraints."))
+        .get("delta.columnMapping.mode")
+        .is_some_and(|m| m != "none")
     {
-        return Some("CHECK constraints");
+        return Some("column mapping");
     }
     state.schema().fields().find_map(|f| {
         f.metadata().keys().find_map(|k| {
-            if k.starts_with("delta.invariants") {
-                Some("column invariants")
-            } else if k.starts_with("delta.generationExpression") {
+            if k.starts_with("delta.generationExpression") {
                 Some("generated columns")
             } else if k.starts_with("delta.identity") {
                 Some("identity columns")
@@ -1023,89 +921,6 @@ fn holds_a_row_in_range(table: &DeltaTable, key: &str, range: &KeyRange) -> bool
     })
 }
 
-/// Whether the table has a row matching `predicate` (SQL; a key range).
-pub(crate) async fn rows_in_range(table: &DeltaTable, predicate: &str) -> Result<bool> {
-    let found = query(table, &format!("SELECT 1 FROM t WHERE {predicate} LIMIT 1")).await?;
-    Ok(found.iter().any(|b| b.num_rows() > 0))
-}
-
-/// A bound of a key range: integer and string keys.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum KeyBound {
-    Int(i64),
-    Text(String),
-}
-
-impl KeyBound {
-    fn literal(&self) -> String {
-        match self {
-            KeyBound::Int(v) => v.to_string(),
-            KeyBound::Text(s) => format!("'{}'", s.replace('\'', "''")),
-        }
-    }
-}
-
-/// The smallest and largest key of a batch (integer and string keys).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct KeyRange {
-    pub(crate) lo: KeyBound,
-    pub(crate) hi: KeyBound,
-}
-
-impl KeyRange {
-    /// The range of `keys`; none for other types or no keys.
-    pub(crate) fn of(keys: &ArrayRef) -> Result<Option<KeyRange>> {
-        use arrow::array::AsArray;
-        use arrow::datatypes::{DataType, Int64Type};
-        Ok(match keys.data_type() {
-            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
-                let a = arrow::compute::cast(keys, &DataType::Int64).map_err(Error::arrow)?;
-                let a = a.as_primitive::<Int64Type>();
-                match (arrow::compute::min(a), arrow::compute::max(a)) {
-                    (Some(lo), Some(hi)) => Some(KeyRange {
-                        lo: KeyBound::Int(lo),
-                        hi: KeyBound::Int(hi),
-                    }),
-                    _ => None,
-                }
-            }
-            DataType::Utf8 => {
-                let a = keys.as_string::<i32>();
-                match (arrow::compute::min_string(a), arrow::compute::max_string(a)) {
-                    (Some(lo), Some(hi)) => Some(KeyRange {
-                        lo: KeyBound::Text(lo.to_string()),
-                        hi: KeyBound::Text(hi.to_string()),
-                    }),
-                    _ => None,
-                }
-            }
-            _ => None,
-        })
-    }
-
-    /// `key >= lo AND key <= hi` (SQL).
-    pub(crate) fn predicate(&self, key: &str) -> String {
-        let ident = format!("\"{}\"", key.replace('"', "\"\""));
-        format!(
-            "{ident} >= {} AND {ident} <= {}",
-            self.lo.literal(),
-            self.hi.literal()
-        )
-    }
-
-    pub(crate) fn overlaps(&self, other: &KeyRange) -> bool {
-        self.lo <= other.hi && other.lo <= self.hi
-    }
-
-    /// The smallest range holding both.
-    pub(crate) fn union(&self, other: &KeyRange) -> KeyRange {
-        KeyRange {
-            lo: self.lo.clone().min(other.lo.clone()),
-            hi: self.hi.clone().max(other.hi.clone()),
-        }
-    }
-}
-
 /// Append the plan's rows (see [`append_predicate`]) in one commit that also records
 /// `extras.txns`. Returns the table after it and the files written.
 pub(crate) async fn append(
@@ -1116,18 +931,20 @@ pub(crate) async fn append(
     files: &[String],
     extras: &MergeExtras,
 ) -> Result<(DeltaTable, usize)> {
-    let adds = write_rows(cfg, &table, plan).await?;
+    let adds = write_rows(cfg, &table, plan, &files.join(", ")).await?;
     let written = adds.len();
     let table = commit_append(cfg, table, adds, predicate, files, &extras.txns).await?;
     Ok((table, written))
 }
 
 /// Write the plan's rows as data files of the table (in its schema; columns the plan lacks
-/// are null), without committing them: the `add` actions that would.
+/// are null), without committing them: the `add` actions that would. The rows are checked
+/// against the table's constraints first (a row that breaks one refuses `files`).
 pub(crate) async fn write_rows(
     cfg: &TableConfig,
     table: &DeltaTable,
     plan: &MergePlan,
+    files: &str,
 ) -> Result<Vec<deltalake::kernel::Action>> {
     use deltalake::datafile::writer::DeltaWriter;
     use deltalake::kernel::Action;
@@ -1145,7 +962,21 @@ pub(crate) async fn write_rows(
             None => Ok(arrow::array::new_null_array(f.data_type(), rows)),
         })
         .collect::<Result<Vec<_>>>()?;
-    let batch = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow)?;
+    let batch = RecordBatch::try_new_with_options(
+        Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .collect::<Vec<_>>(),
+        )),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(rows)),
+    )
+    .map_err(Error::arrow)?;
+    crate::constraints::Checks::of(table, label)?.verify(label, files, &cfg.primary_key, &batch)?;
+    let batch =
+        RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).map_err(Error::arrow)?;
     let config = writer_config(snapshot, Some(writer_properties(cfg)), None);
     let mut writer = DeltaWriter::new(table.log_store().object_store(None), config);
     writer.write(&batch).await.map_err(delta_err)?;

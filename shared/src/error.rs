@@ -136,6 +136,16 @@ pub enum Error {
         horizon: String,
     },
 
+    /// The table has a feature tributary cannot honour in what was asked of it (e.g. symlink
+    /// manifests of a table whose files have deletion vectors). Not retryable: it stays so
+    /// until the table or the configuration changes.
+    #[error("table {table}: {feature}: {way_forward}")]
+    Unsupported {
+        table: String,
+        feature: String,
+        way_forward: String,
+    },
+
     /// Maintenance could not rewrite a data file of the table.
     #[error("compaction: {file}: {message}")]
     Compaction { file: String, message: String },
@@ -218,6 +228,7 @@ impl Error {
             | Error::Reuploaded { .. }
             | Error::Io { .. }
             | Error::Compaction { .. }
+            | Error::Unsupported { .. }
             | Error::Arrow { .. }
             | Error::Internal(_) => false,
             Error::Storage { source, .. } => object_store_is_retryable(source),
@@ -251,6 +262,7 @@ impl Error {
             Error::Reuploaded { .. } => "reuploaded",
             Error::Io { .. } => "io",
             Error::Compaction { .. } => "compaction",
+            Error::Unsupported { .. } => "unsupported",
             Error::DataFile { .. } => "data_file",
             Error::Arrow { .. } => "arrow",
             Error::DataFusion { .. } => "datafusion",

@@ -87,6 +87,8 @@ pub struct LiveFile {
     /// The object key relative to the table (or an absolute URI), decoded.
     pub path: String,
     pub size: i64,
+    /// Whether a deletion vector deletes rows of it (compaction rewrites it without them).
+    pub deletion_vector: bool,
 }
 
 /// Outcome of a manifest sync.
@@ -125,6 +127,7 @@ pub fn live_files(table: &DeltaTable) -> Result<Vec<LiveFile>> {
             partition: Partition::of(&f, &columns),
             path: f.path().into_owned(),
             size: f.size(),
+            deletion_vector: f.deletion_vector_descriptor().is_some(),
         })
         .collect();
     out.sort();
@@ -172,6 +175,7 @@ async fn write_from(
     table: &DeltaTable,
     partitions: Option<&BTreeSet<Partition>>,
 ) -> Result<ManifestReport> {
+    refuse_deletion_vectors(table)?;
     let by_folder = expected_manifests(table)?;
     let mut report = ManifestReport {
         version: table.version().unwrap_or_default(),
@@ -202,6 +206,27 @@ async fn write_from(
         }
     }
     Ok(report)
+}
+
+/// A manifest lists whole files: one whose deletion vector deletes rows would give its
+/// readers (Athena's and Redshift Spectrum's manifest tables) rows the table no longer has.
+/// Refused by name while any live file has one (a table Spark or Databricks wrote).
+fn refuse_deletion_vectors(table: &DeltaTable) -> Result<()> {
+    let label = table.table_url().to_string();
+    let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
+    let with = snapshot
+        .log_data()
+        .iter()
+        .filter(|f| f.deletion_vector_descriptor().is_some())
+        .count();
+    if with == 0 {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        table: label,
+        feature: format!("{with} data files have deletion vectors, which a symlink manifest cannot express (its readers would see the deleted rows)"),
+        way_forward: "the manifests were left as they were; read the table with a Delta reader (Athena's or Spark's Delta support, not the manifest), or set `manifests = false` for it, or rewrite those files without their deleted rows (tributary's merges do, file by file; Spark's REORG TABLE … APPLY (PURGE) does it at once)".to_string(),
+    })
 }
 
 /// Existing manifests: (partition folder, URL); none when the folder does not exist.
@@ -567,6 +592,7 @@ mod tests {
             partition: part(Some(p)),
             path: n.into(),
             size: 1,
+            deletion_vector: false,
         };
         let before = vec![f("A", "1"), f("B", "2")];
         let after = vec![f("A", "1"), f("C", "3")];

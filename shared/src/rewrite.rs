@@ -24,10 +24,16 @@
 //! updates, deletes, inserts) are written as `_change_data` files and committed as `cdc`
 //! actions, as the protocol specifies.
 //!
+//! A data file's deletion vector is applied as it is read (`datafile::TableFiles`): the
+//! rows it deletes stay deleted, and a rewritten file leaves without them (its `remove`
+//! carries the vector). Every row written is checked against the table's CHECK
+//! constraints, invariants and NOT NULL columns (`constraints`). The history's versions
+//! are written the same way, matched on key and first order key ([`Rewrite::unconditional`]).
+//!
 //! Only tables where that is the same as tributary's MERGE take this path
-//! ([`Rewrite::eligible`]); the rest (tables with deletion vectors or column mapping,
-//! constraints, invariants, generated or identity columns, order keys that are not
-//! strings) is MERGEd (docs/design.md, "Copy-on-write rewrite").
+//! ([`Rewrite::eligible`]); the rest (tables with column mapping, generated or identity
+//! columns, order keys that are not strings) is MERGEd (docs/design.md, "Copy-on-write
+//! rewrite").
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -44,10 +50,11 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
 use crate::config::TableConfig;
-use crate::delta::{KeyBound, KeyRange, MergeExtras};
+use crate::delta::MergeExtras;
 use crate::error::{Error, Result};
 use crate::manifest::Partition;
 use crate::plan::{KeyEncoder, MergePlan, PlanOp};
+use crate::scan::{KeyBound, KeyRange};
 
 /// Groups of files read, applied and written at once: two per core of a 2-vCPU function,
 /// so that one group's reads and uploads overlap another's decoding (4 against 2 here, one
@@ -121,6 +128,17 @@ pub(crate) struct Rewrite {
     /// `slice_mb`); past that, the file is read on without holding its rows, and read again
     /// if it changes after all.
     held_bytes: usize,
+    /// Whether a matched change applies whatever the row's order key.
+    always: bool,
+    /// The table's schema, as its data files are read and written (`rows` has every
+    /// column nullable: the constraints check its nulls, by name).
+    schema: SchemaRef,
+    /// The table's constraints, checked on every row written.
+    checks: crate::constraints::Checks,
+    /// The files being applied, the table's label and key (for a refusal's message).
+    files: String,
+    label: String,
+    key: Vec<String>,
 }
 
 impl Rewrite {
@@ -189,7 +207,8 @@ impl Rewrite {
             }
             keep.push(k);
         }
-        let rows = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow)?;
+        let checks = crate::constraints::Checks::of(table, label)?;
+        let rows = RecordBatch::try_new(relaxed(&schema), columns).map_err(Error::arrow)?;
         let Some(seq_column) = schema
             .fields()
             .iter()
@@ -228,7 +247,20 @@ impl Rewrite {
             reload,
             feed,
             held_bytes: cfg.slice_bytes / 2,
+            always: false,
+            schema,
+            checks,
+            files: String::new(),
+            label: label.to_string(),
+            key: cfg.primary_key.clone(),
         }))
+    }
+
+    /// Every matched change applies, whatever the row's order key (the history's versions,
+    /// matched on key and first order key, are written as computed).
+    pub(crate) fn unconditional(mut self) -> Rewrite {
+        self.always = true;
+        self
     }
 
     /// Whether a file's key statistics can hold a key of the plan (no statistics: yes).
@@ -236,22 +268,7 @@ impl Rewrite {
         let Some(range) = self.range.as_ref().filter(|_| self.reload.is_none()) else {
             return true;
         };
-        let Some(stats) = f.stats() else {
-            return true;
-        };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&stats) else {
-            return true;
-        };
-        let bound = |which: &str| -> Option<KeyBound> {
-            match (&range.lo, v.get(which)?.get(&self.key0)?) {
-                (KeyBound::Int(_), serde_json::Value::Number(n)) => n.as_i64().map(KeyBound::Int),
-                (KeyBound::Text(_), serde_json::Value::String(s)) => {
-                    Some(KeyBound::Text(s.clone()))
-                }
-                _ => None,
-            }
-        };
-        let (Some(lo), Some(hi)) = (bound("minValues"), bound("maxValues")) else {
+        let Some((lo, hi)) = crate::scan::file_bounds(f, &self.key0, &range.lo) else {
             return true;
         };
         // The first plan key at or above the file's minimum, if it is not above its maximum.
@@ -305,7 +322,7 @@ impl Rewrite {
             };
             out.matched.push(p);
             let p = p as usize;
-            let newer = tseq.is_null(i) || seq.value(p) > tseq.value(i);
+            let newer = self.always || tseq.is_null(i) || seq.value(p) > tseq.value(i);
             match (newer, self.ops[p]) {
                 (false, _) => picks.push((0, i)),
                 (true, PlanOp::Upsert) => {
@@ -362,10 +379,6 @@ impl Rewrite {
         picks: &[(usize, usize)],
         updates: &[(usize, usize, usize)],
     ) -> Result<RecordBatch> {
-        if self.keep.iter().all(|k| matches!(k, Keep::Never)) {
-            return arrow::compute::interleave_record_batch(&[b, &self.rows], picks)
-                .map_err(Error::arrow);
-        }
         let columns = self
             .keep
             .iter()
@@ -384,7 +397,15 @@ impl Rewrite {
                 arrow::compute::interleave(&sources, &own).map_err(Error::arrow)
             })
             .collect::<Result<Vec<_>>>()?;
-        RecordBatch::try_new(self.rows.schema(), columns).map_err(Error::arrow)
+        self.checked(RecordBatch::try_new(self.rows.schema(), columns).map_err(Error::arrow)?)
+    }
+
+    /// Rows about to be written (in `rows`' schema), checked against the table's
+    /// constraints, in the table's schema.
+    fn checked(&self, b: RecordBatch) -> Result<RecordBatch> {
+        self.checks
+            .verify(&self.label, &self.files, &self.key, &b)?;
+        RecordBatch::try_new(self.schema.clone(), b.columns().to_vec()).map_err(Error::arrow)
     }
 
     /// Rewrite a group of files of one partition into one output (files near the target
@@ -396,10 +417,11 @@ impl Rewrite {
     async fn rewrite_group(
         self: Arc<Self>,
         files: Group,
-        store: Arc<dyn deltalake::ObjectStore>,
+        table_files: Arc<crate::datafile::TableFiles>,
         config: WriterConfig,
         table: String,
     ) -> Result<GroupResult> {
+        let store = table_files.store.clone();
         let mut out = GroupResult::default();
         let mut writer: Option<DeltaWriter> = None;
         // Unchanged small files read whole before the group had an output (`FOLD_FILE`),
@@ -410,13 +432,21 @@ impl Rewrite {
             for (f, partition) in &files {
                 let mut r = FileResult::default();
                 let (again, unchanged) = self
-                    .first_pass(f, &store, &config, partition, &table, &mut r, &mut writer)
+                    .first_pass(
+                        f,
+                        &table_files,
+                        &config,
+                        partition,
+                        &table,
+                        &mut r,
+                        &mut writer,
+                    )
                     .await?;
                 if again {
                     r = FileResult::default();
                     let w = writer
                         .get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
-                    self.write_pass(f, &store, partition, &table, &mut r, w)
+                    self.write_pass(f, &table_files, partition, &table, &mut r, w)
                         .await?;
                 }
                 out.matched.extend(r.matched);
@@ -465,7 +495,7 @@ impl Rewrite {
     async fn first_pass(
         &self,
         f: &LogicalFileView,
-        store: &Arc<dyn deltalake::ObjectStore>,
+        table_files: &crate::datafile::TableFiles,
         config: &WriterConfig,
         partition: &Partition,
         table: &str,
@@ -473,8 +503,10 @@ impl Rewrite {
         writer: &mut Option<DeltaWriter>,
     ) -> Result<(bool, Option<(Vec<RecordBatch>, usize)>)> {
         let delta_err = |e| Error::delta(table, e);
-        let schema = self.rows.schema();
-        let mut batches = crate::datafile::stream(store.clone(), f, &schema, partition)
+        let store = &table_files.store;
+        let schema = self.schema.clone();
+        let mut batches = table_files
+            .stream(f, &schema, partition)
             .await
             .map_err(|e| e.into_error(table))?;
         let mut held: Vec<RecordBatch> = Vec::new();
@@ -514,14 +546,15 @@ impl Rewrite {
     async fn write_pass(
         &self,
         f: &LogicalFileView,
-        store: &Arc<dyn deltalake::ObjectStore>,
+        table_files: &crate::datafile::TableFiles,
         partition: &Partition,
         table: &str,
         r: &mut FileResult,
         w: &mut DeltaWriter,
     ) -> Result<()> {
-        let schema = self.rows.schema();
-        let mut batches = crate::datafile::stream(store.clone(), f, &schema, partition)
+        let schema = self.schema.clone();
+        let mut batches = table_files
+            .stream(f, &schema, partition)
             .await
             .map_err(|e| e.into_error(table))?;
         while let Some(b) = batches.next().await {
@@ -541,9 +574,8 @@ impl Rewrite {
         if idx.is_empty() {
             return Ok(None);
         }
-        arrow::compute::take_record_batch(&self.rows, &idx)
-            .map(Some)
-            .map_err(Error::arrow)
+        let rows = arrow::compute::take_record_batch(&self.rows, &idx).map_err(Error::arrow)?;
+        self.checked(rows).map(Some)
     }
 
     /// Rewrite the files, write the inserts, commit (with the application transactions
@@ -559,22 +591,17 @@ impl Rewrite {
         let label = cfg.name.as_str();
         let delta_err = |e| Error::delta(label, e);
         let snapshot = table.snapshot().map_err(delta_err)?;
-        let store = table.log_store().object_store(None);
+        let table_files = Arc::new(crate::datafile::TableFiles::of(&table));
+        let store = table_files.store.clone();
         let partition_columns = snapshot.metadata().partition_columns().to_vec();
         let candidates: Vec<LogicalFileView> = snapshot
             .log_data()
             .iter()
             .filter(|f| self.may_hold(f))
             .collect();
-        if candidates
-            .iter()
-            .any(|f| f.deletion_vector_descriptor().is_some())
-        {
-            return Err(Error::internal(format!(
-                "table {label}: a data file has a deletion vector (the rewrite was not eligible)"
-            )));
-        }
-        let this = Arc::new(self);
+        let mut this = self;
+        this.files = files.join(", ");
+        let this = Arc::new(this);
         let config =
             crate::delta::writer_config(snapshot, Some(crate::delta::writer_properties(cfg)), None);
         // Files are rewritten in groups of one partition (up to GROUP_BYTES of them), each
@@ -586,7 +613,7 @@ impl Rewrite {
         let spawn = |tasks: &mut tokio::task::JoinSet<Result<GroupResult>>, group: Group| {
             tasks.spawn(this.clone().rewrite_group(
                 group,
-                store.clone(),
+                table_files.clone(),
                 config.clone(),
                 label.to_string(),
             ));
@@ -642,7 +669,7 @@ impl Rewrite {
         applied.inserted = inserts.as_ref().map_or(0, RecordBatch::num_rows);
         let feed = match this.feed {
             true => {
-                let schema = feed_schema(&this.rows.schema());
+                let schema = feed_schema(&this.schema);
                 let rows = feed.rows(inserts.as_ref(), &schema)?;
                 Some((
                     rows,
@@ -722,6 +749,17 @@ impl Rewrite {
                 .await?;
         Ok((table, applied))
     }
+}
+
+/// `schema` with every field nullable.
+fn relaxed(schema: &SchemaRef) -> SchemaRef {
+    Arc::new(arrow::datatypes::Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ))
 }
 
 /// The schema of a table's change data feed files: its columns and `_change_type`.

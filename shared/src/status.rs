@@ -7,7 +7,9 @@
 
 use std::collections::HashMap;
 
-use arrow::array::{Array, AsArray};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Int64Type};
 use chrono::{DateTime, NaiveDateTime, Utc};
@@ -169,15 +171,24 @@ pub async fn table_status(
     st.drift = drift(cfg, options, storage, &table).await?;
     file_figures(cfg, &table, &mut st)?;
     // A history table's newest change closed a version or was its last.
-    let seq = match cfg.target {
-        Some(_) => quoted(&cfg.sequence_column),
-        None => format!(
-            "COALESCE({}, {})",
-            quoted(crate::history::END_SEQ_COLUMN),
-            quoted(crate::history::LAST_SEQ_COLUMN)
-        ),
+    let (rows, newest_row) = match cfg.target {
+        Some(_) => count_and_max(&table, &[&cfg.sequence_column], |c| Ok(c[0].clone())).await?,
+        None => {
+            let columns = [
+                crate::history::END_SEQ_COLUMN,
+                crate::history::LAST_SEQ_COLUMN,
+            ];
+            count_and_max(&table, &columns, |c| {
+                let end = cast(&c[0], &DataType::Utf8).map_err(Error::arrow)?;
+                let last = cast(&c[1], &DataType::Utf8).map_err(Error::arrow)?;
+                let (end, last) = (end.as_string::<i32>(), last.as_string::<i32>());
+                let coalesced: arrow::array::StringArray =
+                    end.iter().zip(last.iter()).map(|(e, l)| e.or(l)).collect();
+                Ok(Arc::new(coalesced))
+            })
+            .await?
+        }
     };
-    let (rows, newest_row) = count_and_max(&table, &seq).await?;
     st.rows = rows;
     let (tombstones, newest_delete) = tombstone_figures(cfg, options, st.last_commit).await?;
     st.tombstones = tombstones;
@@ -316,20 +327,28 @@ async fn tombstone_figures(
     let Some(url) = &cfg.tombstones else {
         return Ok((0, None));
     };
-    let applied = match last_commit {
-        Some(t) => format!(
-            "CASE WHEN CAST({} AS BIGINT) <= {} THEN {} END",
-            quoted(crate::tombstones::DELETED_AT_COLUMN),
-            t.timestamp_micros(),
-            quoted(&cfg.sequence_column)
-        ),
-        None => "NULL".to_string(),
-    };
     let tombs = delta::open(url, options).await?;
     if !delta::exists(&tombs) {
         return Ok((0, None));
     }
-    count_and_max(&tombs, &applied).await
+    // The newest delete the table has applied (recorded by its last commit).
+    let applied_by = last_commit.map(|t| t.timestamp_micros());
+    let columns = [crate::tombstones::DELETED_AT_COLUMN, &cfg.sequence_column];
+    count_and_max(&tombs, &columns, |c| {
+        let at = cast(&c[0], &DataType::Int64).map_err(Error::arrow)?;
+        let at = at.as_primitive::<Int64Type>();
+        let seq = cast(&c[1], &DataType::Utf8).map_err(Error::arrow)?;
+        let seq = seq.as_string::<i32>();
+        let applied: arrow::array::StringArray = seq
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                s.filter(|_| applied_by.is_some_and(|t| at.is_valid(i) && at.value(i) <= t))
+            })
+            .collect();
+        Ok(Arc::new(applied))
+    })
+    .await
 }
 
 /// Live files, bytes, small files and partitions.
@@ -373,25 +392,48 @@ async fn manifest_status(
     })
 }
 
-fn quoted(column: &str) -> String {
-    format!("\"{}\"", column.replace('"', "\"\""))
+/// Rows of the table, and the greatest of `value` over them (a column computed from the
+/// table's `columns`; compared in its type, given as text).
+async fn count_and_max(
+    table: &deltalake::DeltaTable,
+    columns: &[&str],
+    value: impl Fn(&[ArrayRef]) -> Result<ArrayRef>,
+) -> Result<(u64, Option<String>)> {
+    let mut rows = 0u64;
+    let mut maxima: Vec<ArrayRef> = Vec::new();
+    crate::scan::Scan::columns(columns)
+        .each(table, |b| {
+            rows += b.num_rows() as u64;
+            maxima.extend(greatest(&value(b.columns())?)?);
+            Ok(true)
+        })
+        .await?;
+    let maxima: Vec<&dyn Array> = maxima.iter().map(|a| a.as_ref()).collect();
+    let newest = match maxima.is_empty() {
+        true => None,
+        false => greatest(&arrow::compute::concat(&maxima).map_err(Error::arrow)?)?,
+    };
+    let newest = match newest {
+        Some(m) => {
+            let m = cast(&m, &DataType::Utf8).map_err(Error::arrow)?;
+            Some(m.as_string::<i32>().value(0).to_string())
+        }
+        None => None,
+    };
+    Ok((rows, newest))
 }
 
-/// Rows and the greatest value of `expr` (the order-key column, or an expression over it).
-async fn count_and_max(table: &deltalake::DeltaTable, seq: &str) -> Result<(u64, Option<String>)> {
-    let batches = delta::query(table, &format!("SELECT count(*), max({seq}) FROM t")).await?;
-    let mut rows = 0;
-    let mut newest = None;
-    for b in batches.iter().filter(|b| b.num_rows() > 0) {
-        let n = cast(b.column(0), &DataType::Int64).map_err(Error::arrow)?;
-        rows += n.as_primitive::<Int64Type>().value(0).max(0) as u64;
-        let m = cast(b.column(1), &DataType::Utf8).map_err(Error::arrow)?;
-        let m = m.as_string::<i32>();
-        if m.is_valid(0) {
-            newest = newest.max(Some(m.value(0).to_string()));
-        }
+/// The greatest non-null value of `a` (a one-row array), if any.
+fn greatest(a: &ArrayRef) -> Result<Option<ArrayRef>> {
+    if a.null_count() == a.len() {
+        return Ok(None);
     }
-    Ok((rows, newest))
+    let options = arrow::compute::SortOptions {
+        descending: true,
+        nulls_first: false,
+    };
+    let idx = arrow::compute::sort_to_indices(a, Some(options), Some(1)).map_err(Error::arrow)?;
+    Ok(Some(a.slice(idx.value(0) as usize, 1)))
 }
 
 /// Freshness from the greatest order key (source/order.rs has the layout).

@@ -25,8 +25,6 @@ use arrow::array::{
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::row::OwnedRow;
-use deltalake::datafusion::common::Column;
-use deltalake::datafusion::prelude::{lit, Expr};
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
@@ -275,46 +273,30 @@ impl<'a> Tombstones<'a> {
         }
         let cfg = self.cfg;
         let label = &self.label;
-        let ctx = crate::delta::session();
-        self.table
-            .update_datafusion_session(&ctx.state())
-            .map_err(|e| Error::delta(label, e))?;
-        let provider = self
-            .table
-            .table_provider()
-            .await
-            .map_err(|e| Error::datafusion(format!("{label}: table provider"), e))?;
-        let df_err = |e| Error::datafusion(format!("{label}: reading tombstones"), e);
-        let mut df = ctx.read_table(provider).map_err(df_err)?;
-        // Prune by the range of the first key column (file statistics do the rest).
+        // Only files whose first key column's statistics overlap the plan's keys.
         let k0 = &cfg.primary_key[0];
-        if let Some(keys) = plan.batch.column_by_name(k0) {
-            if let Some((lo, hi)) = delta::min_max(keys)? {
-                df = df
-                    .filter(Expr::Column(ucol(k0)).between(lit(lo), lit(hi)))
-                    .map_err(df_err)?;
-            }
-        }
-        let mut cols: Vec<Expr> = cfg
-            .primary_key
-            .iter()
-            .map(|k| Expr::Column(ucol(k)))
-            .collect();
-        cols.push(Expr::Column(ucol(&cfg.sequence_column)));
+        let range = match plan.batch.column_by_name(k0) {
+            Some(keys) => crate::scan::KeyRange::of(keys)?.map(|r| (k0.clone(), r)),
+            None => None,
+        };
+        let mut cols: Vec<String> = cfg.primary_key.clone();
+        cols.push(cfg.sequence_column.clone());
         let has_applied = delta::arrow_schema(&self.table)
             .is_some_and(|s| s.field_with_name(APPLIED_COLUMN).is_ok());
         if has_applied {
-            cols.push(Expr::Column(ucol(APPLIED_COLUMN)));
+            cols.push(APPLIED_COLUMN.to_string());
         }
-        let batches = df
-            .select(cols)
-            .map_err(df_err)?
-            .collect()
-            .await
-            .map_err(df_err)?;
-        // Encode keys with the plan's key types (DataFusion may hand back view types).
+        let batches = crate::scan::Scan {
+            columns: Some(cols),
+            range,
+        }
+        .rows(&self.table)
+        .await?;
+        // Encode keys with the plan's key types.
         let plan_schema = plan.batch.schema();
         let enc = KeyEncoder::new(&plan_schema, &cfg.primary_key)?;
+        // The files read hold other keys too: only the plan's are kept.
+        let wanted: std::collections::HashSet<_> = enc.encode(&plan.batch)?.into_iter().collect();
         for b in &batches {
             let mut fields = Vec::new();
             let mut cols = Vec::new();
@@ -346,7 +328,7 @@ impl<'a> Tombstones<'a> {
             };
             let applied = applied.as_ref().map(|a| a.as_boolean());
             for (i, k) in keys.into_iter().enumerate() {
-                if seqs.is_valid(i) {
+                if seqs.is_valid(i) && wanted.contains(&k) {
                     let s = seqs.value(i);
                     let is_pending = applied.is_some_and(|a| a.is_valid(i) && !a.value(i));
                     let map = if is_pending { &mut pending } else { &mut out };
@@ -383,10 +365,6 @@ fn schema(cfg: &TableConfig, plan_schema: &Schema) -> Result<Schema> {
     ));
     fields.push(Field::new(APPLIED_COLUMN, DataType::Boolean, true));
     Ok(Schema::new(fields))
-}
-
-fn ucol(name: &str) -> Column {
-    Column::new_unqualified(name)
 }
 
 /// The plan's deletes alone, as a plan (to apply them again).

@@ -145,6 +145,7 @@ async fn widen_table(
         .any(|w| !partition_columns.contains(&w.column));
     let mut files_rewritten = 0;
     let store = table.log_store().object_store(None);
+    let table_files = crate::datafile::TableFiles::of(&table);
     let state = Path::from(STAGED);
     let state_label = format!("{}{STAGED}", table.table_url());
     if rewrite {
@@ -200,7 +201,8 @@ async fn widen_table(
             let mut writer = DeltaWriter::new(store.clone(), config);
             let mut removed = Vec::with_capacity(files.len());
             for f in files {
-                let mut batches = crate::datafile::stream(store.clone(), f, &new_arrow, &partition)
+                let mut batches = table_files
+                    .stream(f, &new_arrow, &partition)
                     .await
                     .map_err(|e| e.into_error(label))?;
                 while let Some(b) = batches.next().await {

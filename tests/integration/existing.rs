@@ -258,6 +258,113 @@ async fn a_check_constraint_refuses_inserts_as_it_refuses_updates() {
         .await,
         vec!["1:10", "2:20"]
     );
+    // A file whose rows keep the constraint: tributary's rewrite, not delta-rs's MERGE.
+    let ok = fx.put_batch(
+        "src/t",
+        "20240101-000000003.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("id", int64(vec![1])),
+            ("amount", int64(vec![99])),
+        ]),
+    );
+    let r = fx.merge_ok(&[ok]).await;
+    assert_eq!(
+        r.tables[0].write_path,
+        Some(tributary::WritePath::Rewrite),
+        "{:?}",
+        r.tables
+    );
+}
+
+/// A table with a column invariant and NOT NULL columns (writer version 2, as Spark writes
+/// them): every row tributary writes is checked — an insert breaking the invariant, an
+/// insert with a null in a NOT NULL column are refused by name, not retryable, the log
+/// unchanged; a valid update goes through tributary's rewrite (before: delta-rs's MERGE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invariants_and_not_null_columns_are_checked_on_every_row_written() {
+    use tributary::deltalake::arrow::array::StringArray;
+    use tributary::deltalake::arrow::datatypes::{DataType, Field, Schema};
+    let fx = Fixture::new(T_TABLE);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("amount", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, false),
+    ]));
+    let rows = tributary::deltalake::arrow::array::RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            int64(vec![1]),
+            int64(vec![5]),
+            Arc::new(StringArray::from(vec!["a"])),
+        ],
+    )
+    .unwrap();
+    let mut file = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut file, schema, None).unwrap();
+    w.write(&rows).unwrap();
+    w.close().unwrap();
+    create_foreign_table(
+        &fx,
+        r#"{"name":"id","type":"long","nullable":false,"metadata":{}},
+           {"name":"amount","type":"long","nullable":true,"metadata":{"delta.invariants":"{\"expression\":{\"expression\":\"amount > 0\"}}"}},
+           {"name":"name","type":"string","nullable":false,"metadata":{}}"#,
+        "{}",
+        &file,
+    );
+    // Adopted (the order-key column added) by a first, valid update.
+    let first = fx.put_batch(
+        "src/t",
+        "20240101-000000001.parquet",
+        &batch(vec![
+            ("Op", strings(&["U"])),
+            ("id", int64(vec![1])),
+            ("amount", int64(vec![9])),
+            ("name", strings(&["a2"])),
+        ]),
+    );
+    let r = fx.merge_ok(&[first]).await;
+    assert_eq!(
+        r.tables[0].write_path,
+        Some(tributary::WritePath::Rewrite),
+        "{:?}",
+        r.tables
+    );
+    let before = log_files(&fx);
+    for (name, amount, who, broken) in [
+        (
+            "20240101-000000002.parquet",
+            -3,
+            Some("b"),
+            "invariant of `amount`",
+        ),
+        ("20240101-000000003.parquet", 7, None, "NOT NULL `name`"),
+    ] {
+        let f = fx.put_batch(
+            "src/t",
+            name,
+            &batch(vec![
+                ("Op", strings(&["I"])),
+                ("id", int64(vec![2])),
+                ("amount", int64(vec![amount])),
+                ("name", Arc::new(StringArray::from(vec![who]))),
+            ]),
+        );
+        let r = fx.engine.process(std::slice::from_ref(&f)).await;
+        let e = Fixture::failure(&r, &f);
+        assert!(e.to_string().contains(broken), "{name}: {e}");
+        assert!(e.to_string().contains("id = 2"), "{name}: {e}");
+        assert!(!e.is_retryable(), "{name}: {e}");
+        assert_eq!(log_files(&fx), before, "{name}: the log is unchanged");
+    }
+    assert_eq!(
+        text(
+            &fx,
+            "SELECT CONCAT(CAST(id AS VARCHAR), ':', CAST(amount AS VARCHAR), ':', name) FROM t ORDER BY id"
+        )
+        .await,
+        vec!["1:9:a2"]
+    );
 }
 
 /// A delete or an update on an `appendOnly` table fails the same way at every attempt:

@@ -336,3 +336,196 @@ proptest! {
         }
     }
 }
+
+/// A deletion vector on the data file holding `ids`, written as Spark writes one: the
+/// protocol's format (the kernel's writer: version byte, size, magic number, bitmap,
+/// checksum) in a `deletion_vector_*.bin` file, an `add` of the same path with its
+/// descriptor, and the protocol raised to reader 3 / writer 7 with `deletionVectors`.
+fn delete_with_a_vector(fx: &Fixture, ids: &[i64]) {
+    use delta_kernel::actions::deletion_vector_writer::{
+        KernelDeletionVector, StreamingDeletionVectorWriter,
+    };
+    let root = fx.path("curated/items");
+    let files = parquet_files(&root);
+    assert_eq!(files.len(), 1, "one data file: {files:?}");
+    let file = &files[0];
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(file).unwrap(),
+    )
+    .unwrap()
+    .build()
+    .unwrap();
+    let mut positions = Vec::new();
+    let mut at = 0u64;
+    for b in reader {
+        let b = b.unwrap();
+        let id = arrow::compute::cast(b.column_by_name("id").unwrap(), &DataType::Int64).unwrap();
+        for (i, v) in id.as_primitive::<Int64Type>().iter().enumerate() {
+            if ids.contains(&v.unwrap()) {
+                positions.push(at + i as u64);
+            }
+        }
+        at += b.num_rows() as u64;
+    }
+    assert_eq!(positions.len(), ids.len());
+    let mut dv = KernelDeletionVector::new();
+    dv.add_deleted_row_indexes(positions.iter().copied());
+    let mut bytes = Vec::new();
+    let mut w = StreamingDeletionVectorWriter::new(&mut bytes);
+    let written = w.write_deletion_vector(dv).unwrap();
+    w.finalize().unwrap();
+    let dv_path = root.join("deletion_vector_5c0d1f0e-7a3b-4a52-9d7e-0f6c2b1a9e88.bin");
+    std::fs::write(&dv_path, &bytes).unwrap();
+    // The file's `add` as the log has it, with the descriptor (absolute path storage).
+    let log = root.join("_delta_log");
+    let mut versions: Vec<_> = std::fs::read_dir(&log)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    versions.sort();
+    let rel = file
+        .strip_prefix(&root)
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let add = versions
+        .iter()
+        .flat_map(|v| {
+            std::fs::read_to_string(log.join(v))
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .filter_map(|v| v.get("add").cloned())
+        .find(|a| {
+            let p = a["path"].as_str().unwrap();
+            percent_decode(p) == rel
+        })
+        .expect("the file's add");
+    let mut with_dv = add.clone();
+    with_dv["deletionVector"] = serde_json::json!({
+        "storageType": "p",
+        "pathOrInlineDv": url::Url::from_file_path(&dv_path).unwrap().to_string(),
+        "offset": written.offset,
+        "sizeInBytes": written.size_in_bytes,
+        "cardinality": written.cardinality,
+    });
+    let remove = serde_json::json!({"remove": {
+        "path": add["path"], "dataChange": true, "deletionTimestamp": 1,
+        "extendedFileMetadata": true, "partitionValues": add["partitionValues"],
+        "size": add["size"],
+    }});
+    let last: u64 = versions.last().unwrap()[..20].parse().unwrap();
+    let protocol = serde_json::json!({"protocol": {
+        "minReaderVersion": 3, "minWriterVersion": 7,
+        "readerFeatures": ["deletionVectors"], "writerFeatures": ["deletionVectors"],
+    }});
+    let info = serde_json::json!({"commitInfo": {"timestamp": 1, "operation": "DELETE"}});
+    let lines = [info, protocol, remove, serde_json::json!({"add": with_dv})]
+        .iter()
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(log.join(format!("{:020}.json", last + 1)), lines + "\n").unwrap();
+}
+
+fn percent_decode(p: &str) -> String {
+    url::Url::parse(&format!("file:///{p}"))
+        .ok()
+        .and_then(|u| u.to_file_path().ok())
+        .map(|p| p.to_string_lossy().trim_start_matches('/').to_string())
+        .unwrap_or_else(|| p.to_string())
+}
+
+/// A table with deletion vectors (one Spark's DELETE left): a merge goes through the rewrite,
+/// which reads the rows the vector deletes as deleted — a change to such a key inserts it
+/// once, the file it rewrites leaves without them, and no deleted row comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_with_deletion_vectors_merges_through_the_rewrite_and_deleted_rows_stay_deleted() {
+    let fx = Fixture::items();
+    let ts = |s: u32| format!("2024-01-01 00:00:{s:02}.000000");
+    let load = fx.put_items(
+        "LOAD00000001.parquet",
+        &(1..=6)
+            .map(|id| c('I', &ts(0), id, "a", id))
+            .collect::<Vec<_>>(),
+    );
+    fx.merge_ok(&[load]).await;
+    delete_with_a_vector(&fx, &[2, 5]);
+    let before = fx.items_rows().await;
+    assert_eq!(
+        before.iter().map(|r| r.0).collect::<Vec<_>>(),
+        vec![1, 3, 4, 6],
+        "the vector deletes 2 and 5"
+    );
+    // An insert leaves the file with its vector: the manifests, which cannot leave its
+    // deleted rows out, are refused by name (the commit stands).
+    let insert = fx.put_items(
+        "2024/01/01/20240101-0000000000.parquet",
+        &[c('I', &ts(1), 7, "b", 7)],
+    );
+    let r = fx.merge_ok(&[insert]).await;
+    let refused = r.tables[0].manifest_error.as_deref().unwrap_or_default();
+    assert!(refused.contains("deletion vectors"), "{:?}", r.tables);
+    let f = fx.put_items(
+        "2024/01/01/20240101-0000000001.parquet",
+        &[
+            c('U', &ts(1), 1, "a", 10),
+            c('U', &ts(1), 2, "a", 20),
+            c('D', &ts(1), 3, "a", 3),
+        ],
+    );
+    let r = fx.merge_ok(&[f]).await;
+    assert_eq!(path_of(&r), Some(WritePath::Rewrite), "{:?}", r.tables);
+    let rows: Vec<(i64, i64)> = fx.items_rows().await.iter().map(|r| (r.0, r.2)).collect();
+    assert_eq!(rows, vec![(1, 10), (2, 20), (4, 4), (6, 6), (7, 7)]);
+    assert_eq!(r.tables[0].manifest_error, None, "{:?}", r.tables);
+    let t = tributary::delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let snapshot = t.snapshot().unwrap();
+    assert!(
+        snapshot
+            .log_data()
+            .iter()
+            .all(|f| f.deletion_vector_descriptor().is_none()),
+        "the rewritten file left without its vector"
+    );
+}
+
+/// Maintenance materialises deletion vectors: a file with one is compacted (even alone in
+/// its partition) without its deleted rows, after which the manifests, refused while it
+/// had one, list the live files again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_rewrites_a_file_with_a_deletion_vector_without_its_deleted_rows() {
+    let fx = Fixture::items();
+    let ts = |s: u32| format!("2024-01-01 00:00:{s:02}.000000");
+    let load = fx.put_items(
+        "LOAD00000001.parquet",
+        &(1..=6)
+            .map(|id| c('I', &ts(0), id, "a", id))
+            .collect::<Vec<_>>(),
+    );
+    fx.merge_ok(&[load]).await;
+    delete_with_a_vector(&fx, &[2, 5]);
+    let r = fx.maintain().await;
+    assert!(r.files_compacted >= 1, "{r:?}");
+    let rows: Vec<i64> = fx.items_rows().await.iter().map(|r| r.0).collect();
+    assert_eq!(rows, vec![1, 3, 4, 6]);
+    let t = tributary::delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    let files = tributary::manifest::live_files(&t).unwrap();
+    assert!(files.iter().all(|f| !f.deletion_vector), "{files:?}");
+    let manifests = tributary::manifest::read_manifests(fx.engine.storage(), &t)
+        .await
+        .unwrap();
+    assert_eq!(
+        manifests,
+        tributary::manifest::expected_manifests(&t).unwrap()
+    );
+}

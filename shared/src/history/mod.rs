@@ -313,7 +313,7 @@ impl Attempt<'_> {
         .await?;
         let data = history_data_columns(cfg, h, &table, self.columns)?;
         let keys = key_batch(cfg, self.changes.sets, &data)?;
-        let existing = delta::rows_with_keys(&table, &label, &cfg.primary_key, &keys).await?;
+        let existing = crate::scan::rows_with_keys(&table, &label, &cfg.primary_key, &keys).await?;
         let mut work = Work::new(cfg, h, kind, &data)?;
         work.add_versions(&existing)?;
         work.add_changes(self.changes.sets)?;
@@ -322,7 +322,8 @@ impl Attempt<'_> {
         if !late.is_empty() {
             let late_keys = work.keys_batch(&late)?;
             let logged =
-                delta::rows_with_keys(log_table, &label, &cfg.primary_key, &late_keys).await?;
+                crate::scan::rows_with_keys(log_table, &label, &cfg.primary_key, &late_keys)
+                    .await?;
             logged_seqs = work.add_log(&logged, &late)?;
         }
         // Before the MERGE: a committed version's changes are always in the log.
@@ -1063,8 +1064,52 @@ fn qcol(alias: &str, name: &str) -> Expr {
     Expr::Column(Column::new(Some(alias), name))
 }
 
-/// MERGE versions on (key, first order key): remove, update or insert.
+/// Write versions on (key, first order key): remove, update or insert — by tributary's
+/// copy-on-write rewrite (the columns the history lacks first added by a metadata commit),
+/// delta-rs's MERGE only where the rewrite cannot (see `Rewrite::eligible`).
 async fn merge_versions(
+    cfg: &TableConfig,
+    table: DeltaTable,
+    source: &RecordBatch,
+    files: &[String],
+    txns: &[deltalake::kernel::Transaction],
+) -> Result<DeltaTable> {
+    let mut vcfg = cfg.clone();
+    vcfg.name = cfg.label(crate::config::Managed::History);
+    vcfg.primary_key.push(cfg.sequence_column.clone());
+    vcfg.rewrite = true;
+    let ops = crate::plan::MergePlan {
+        batch: source.clone(),
+        upserts: 0,
+        deletes: 0,
+        superseded: 0,
+        sparse: vec![],
+    }
+    .ops()?;
+    let plan = crate::plan::MergePlan {
+        batch: source.clone(),
+        upserts: ops.iter().filter(|o| **o == PlanOp::Upsert).count(),
+        deletes: ops.iter().filter(|o| **o == PlanOp::Delete).count(),
+        superseded: 0,
+        sparse: vec![],
+    };
+    let table = delta::add_new_columns(&vcfg, table, &plan.table_schema()).await?;
+    let extras = delta::MergeExtras {
+        txns: txns.to_vec(),
+        delete_unmatched_below: None,
+    };
+    match crate::rewrite::Rewrite::eligible(&vcfg, &table, &plan, &extras)? {
+        Some(rw) => Ok(rw
+            .unconditional()
+            .run(&vcfg, table, files, &extras)
+            .await?
+            .0),
+        None => merge_versions_with_delta_rs(cfg, table, source, files, txns).await,
+    }
+}
+
+/// delta-rs's MERGE of versions on (key, first order key).
+async fn merge_versions_with_delta_rs(
     cfg: &TableConfig,
     table: DeltaTable,
     source: &RecordBatch,

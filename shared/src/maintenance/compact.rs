@@ -30,9 +30,9 @@ impl CompactionPlan {
     }
 }
 
-/// The files smaller than `target` in each of `partitions`, binned greedily (in log order)
-/// up to `target` bytes; bins of one file are dropped (nothing to gain), and so are
-/// partitions left without a bin.
+/// The files smaller than `target` in each of `partitions`, and those with a deletion
+/// vector, binned greedily (in log order) up to `target` bytes; bins of one file without a
+/// vector are dropped (nothing to gain), and so are partitions left without a bin.
 pub(super) fn plan(
     table: &DeltaTable,
     partitions: &[Partition],
@@ -49,7 +49,8 @@ pub(super) fn plan(
             .collect();
     for f in snapshot.log_data().iter() {
         let size = f.size().max(0) as u64;
-        if size >= target {
+        let vector = f.deletion_vector_descriptor().is_some();
+        if size >= target && !vector {
             continue;
         }
         let Some((b, bin_size)) = bins.get_mut(&Partition::of(&f, &columns)) else {
@@ -67,7 +68,9 @@ pub(super) fn plan(
     let partitions = bins
         .into_iter()
         .filter_map(|(p, (mut b, _))| {
-            b.retain(|b| b.len() >= 2);
+            b.retain(|b| {
+                b.len() >= 2 || b.iter().any(|f| f.deletion_vector_descriptor().is_some())
+            });
             (!b.is_empty()).then_some((p, b))
         })
         .collect();
@@ -89,6 +92,7 @@ pub(super) async fn execute(
     let delta_err = |e| Error::delta(&label, e);
     let snapshot = table.snapshot().map_err(delta_err)?;
     let store = table.log_store().object_store(None);
+    let table_files = crate::datafile::TableFiles::of(table);
     let schema = snapshot.snapshot().arrow_schema();
     let mut actions = Vec::new();
     let mut removed = 0u64;
@@ -107,12 +111,14 @@ pub(super) async fn execute(
         );
         let mut writer = DeltaWriter::new(store.clone(), config);
         for f in bin {
-            let batches = crate::datafile::read(store.clone(), f, &schema, partition)
-                .await
-                .map_err(|e| Error::Compaction {
-                    file: e.file,
-                    message: e.message,
-                })?;
+            let batches =
+                table_files
+                    .read(f, &schema, partition)
+                    .await
+                    .map_err(|e| Error::Compaction {
+                        file: e.file,
+                        message: e.message,
+                    })?;
             for batch in batches {
                 writer.write(&batch).await.map_err(delta_err)?;
             }

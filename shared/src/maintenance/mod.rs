@@ -18,7 +18,6 @@ mod compact;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use deltalake::datafusion::prelude::{col, lit};
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
 use deltalake::operations::vacuum::VacuumMode;
@@ -331,7 +330,8 @@ fn check_vacuum_retention(table_cfg: &TableConfig, opts: MaintenanceOptions) -> 
     Ok(())
 }
 
-/// Compact every partition that has two or more files below the target size.
+/// Compact every partition that has two or more files below the target size, or a file
+/// with a deletion vector (every compaction materialises them).
 async fn compact(
     table: &mut DeltaTable,
     label: &str,
@@ -344,10 +344,19 @@ async fn compact(
     for f in files.iter().filter(|f| (f.size as u64) < target_size) {
         *small.entry(&f.partition).or_default() += 1;
     }
+    // A file with a deletion vector is rewritten without its deleted rows, even alone.
     let candidates: Vec<Partition> = small
         .into_iter()
         .filter(|(_, n)| *n >= 2)
         .map(|(p, _)| p.clone())
+        .chain(
+            files
+                .iter()
+                .filter(|f| f.deletion_vector)
+                .map(|f| f.partition.clone()),
+        )
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
         .collect();
     // Partitions are committed in groups: every commit replays the log to bring the handle
     // forward, so one commit per partition costs reads that grow with the partitions. A group
@@ -515,24 +524,25 @@ fn written_by_delta(path: &str, partition_columns: &[String]) -> bool {
 
 /// The newest `deleted_at` among tombstones recorded before `cutoff` (`None`: none expire).
 async fn newest_expiring(t: &DeltaTable, cutoff: DateTime<Utc>) -> Result<Option<DateTime<Utc>>> {
-    let sql = format!(
-        "SELECT CAST(max({c}) AS BIGINT) FROM (SELECT CAST({c} AS TIMESTAMP) AS {c} FROM t) WHERE {c} < CAST('{}' AS TIMESTAMP)",
-        cutoff.naive_utc().format("%Y-%m-%d %H:%M:%S%.6f"),
-        c = crate::tombstones::DELETED_AT_COLUMN
-    );
-    let batches = delta::query(t, &sql).await?;
-    let v = batches.iter().find(|b| b.num_rows() > 0).and_then(|b| {
-        let c = deltalake::arrow::compute::cast(
-            b.column(0),
-            &deltalake::arrow::datatypes::DataType::Int64,
-        )
-        .ok()?;
-        use deltalake::arrow::array::{Array, AsArray};
-        let c = c.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
-        c.is_valid(0).then(|| c.value(0))
-    });
-    // CAST(… AS TIMESTAMP) is nanoseconds in DataFusion.
-    Ok(v.map(DateTime::from_timestamp_nanos))
+    use deltalake::arrow::array::AsArray;
+    use deltalake::arrow::datatypes::{DataType, Int64Type};
+    let cutoff = cutoff.timestamp_micros();
+    let mut newest: Option<i64> = None;
+    crate::scan::Scan::columns(&[crate::tombstones::DELETED_AT_COLUMN])
+        .each(t, |b| {
+            let at = deltalake::arrow::compute::cast(b.column(0), &DataType::Int64)
+                .map_err(Error::arrow)?;
+            let below = at
+                .as_primitive::<Int64Type>()
+                .iter()
+                .flatten()
+                .filter(|v| *v < cutoff)
+                .max();
+            newest = newest.max(below);
+            Ok(true)
+        })
+        .await?;
+    Ok(newest.and_then(DateTime::from_timestamp_micros))
 }
 
 /// Expire tombstones recorded before the retention cutoff. The cutoff is rounded down (to
@@ -614,24 +624,86 @@ async fn delete_tombstones_up_to(
     let label = &label;
     let expire = |_: u32| async move {
         let t = delta::open(tombstones, options).await?;
-        let predicate = col(crate::tombstones::DELETED_AT_COLUMN).lt_eq(lit(
-            deltalake::datafusion::scalar::ScalarValue::TimestampMicrosecond(
-                Some(horizon.timestamp_micros()),
-                Some("UTC".into()),
-            ),
-        ));
-        let (_, m) = t
-            .delete()
-            .with_predicate(predicate)
-            .with_commit_properties(guarded_commit())
-            .await
-            .map_err(|e| Error::delta(label, e))?;
-        Ok(m.num_deleted_rows.unwrap_or_default())
+        delete_expired(label, t, horizon).await
     };
     Ok(Retry::new(label, 5)
         .run("tombstone expiry", expire)
         .await?
         .0)
+}
+
+/// Delete the tombstones recorded at or before `horizon`: each file holding one is read
+/// (its deletion vector applied), and written again without them, in one commit (with the
+/// maintenance guard's transaction). Returns the tombstones deleted.
+async fn delete_expired(label: &str, t: DeltaTable, horizon: DateTime<Utc>) -> Result<usize> {
+    use deltalake::arrow::array::{Array, AsArray, BooleanArray};
+    use deltalake::arrow::datatypes::{DataType, Int64Type};
+    use deltalake::kernel::Action;
+    use futures::StreamExt;
+    let delta_err = |e| Error::delta(label, e);
+    let horizon_us = horizon.timestamp_micros();
+    let snapshot = t.snapshot().map_err(delta_err)?;
+    let schema = snapshot.snapshot().arrow_schema();
+    let at = schema
+        .index_of(crate::tombstones::DELETED_AT_COLUMN)
+        .map_err(Error::arrow)?;
+    let partition_columns = snapshot.metadata().partition_columns().to_vec();
+    let files = crate::datafile::TableFiles::of(&t);
+    let config = delta::writer_config(snapshot, None, None);
+    let mut writer: Option<deltalake::datafile::writer::DeltaWriter> = None;
+    let mut actions = Vec::new();
+    let mut deleted = 0usize;
+    for f in snapshot.log_data().iter() {
+        let partition = crate::manifest::Partition::of(&f, &partition_columns);
+        let mut kept = Vec::new();
+        let mut gone = 0usize;
+        let mut batches = files
+            .stream(&f, &schema, &partition)
+            .await
+            .map_err(|e| e.into_error(label))?;
+        while let Some(b) = batches.next().await {
+            let b = b.map_err(|e| e.into_error(label))?;
+            let when = deltalake::arrow::compute::cast(b.column(at), &DataType::Int64)
+                .map_err(Error::arrow)?;
+            let when = when.as_primitive::<Int64Type>();
+            let keep: BooleanArray = (0..b.num_rows())
+                .map(|i| Some(!(when.is_valid(i) && when.value(i) <= horizon_us)))
+                .collect();
+            gone += keep.false_count();
+            kept.push(
+                deltalake::arrow::compute::filter_record_batch(&b, &keep).map_err(Error::arrow)?,
+            );
+        }
+        if gone == 0 {
+            continue;
+        }
+        deleted += gone;
+        let w = writer.get_or_insert_with(|| {
+            deltalake::datafile::writer::DeltaWriter::new(files.store.clone(), config.clone())
+        });
+        for b in kept.iter().filter(|b| b.num_rows() > 0) {
+            w.write(b).await.map_err(delta_err)?;
+        }
+        actions.push(Action::Remove(f.remove_action(true)));
+    }
+    if actions.is_empty() {
+        return Ok(0);
+    }
+    if let Some(w) = writer {
+        actions.extend(
+            w.close()
+                .await
+                .map_err(delta_err)?
+                .into_iter()
+                .map(Action::Add),
+        );
+    }
+    // No read predicate: a concurrent commit that removes a file read conflicts; one that
+    // adds tombstones adds newer ones, which this does not touch.
+    let operation = deltalake::protocol::DeltaOperation::Delete { predicate: None };
+    let txn = Transaction::new(MAINTENANCE_APP_ID, Utc::now().timestamp_millis());
+    delta::commit_actions_as(label, t, actions, operation, &[], &[txn]).await?;
+    Ok(deleted)
 }
 
 /// What a maintenance invocation asks for.

@@ -15,9 +15,10 @@ use url::Url;
 
 use super::{DeltaSink, TableReport, TableView, Whole};
 use crate::config::TableConfig;
-use crate::delta::{self, KeyRange};
+use crate::delta;
 use crate::error::Result;
 use crate::plan::{self, MergePlan};
+use crate::scan::KeyRange;
 use crate::source::{self, ChangeSet, FileCounts};
 use crate::storage;
 use crate::tombstones::Tombstones;
@@ -229,8 +230,9 @@ impl DeltaSink {
         // Written while the next slice is read and planned (the other core).
         w.settle().await?;
         let (cfg, t) = (table.clone(), target.clone());
+        let file = storage::display(&cs.file);
         w.pending = Some(tokio::spawn(async move {
-            delta::write_rows(&cfg, &t, &plan).await
+            delta::write_rows(&cfg, &t, &plan, &file).await
         }));
         w.slices += 1;
         Ok(None)
@@ -311,7 +313,6 @@ impl DeltaSink {
             ));
         };
         let range = rest.iter().fold(first.clone(), |a, r| a.union(r));
-        let predicate = range.predicate(&table.primary_key[0]);
         let txns: Vec<_> = w.txn.iter().cloned().collect();
         #[cfg(test)]
         self.hooks
@@ -322,7 +323,7 @@ impl DeltaSink {
             schema: delta::arrow_schema(&target),
             target,
             w,
-            predicate,
+            range,
             files: [name.to_string()],
             txns,
         };
@@ -414,7 +415,8 @@ struct Appending<'a> {
     target: DeltaTable,
     schema: Option<arrow::datatypes::SchemaRef>,
     w: &'a Written,
-    predicate: String,
+    /// The union of the slices' key ranges: what the append read.
+    range: KeyRange,
     files: [String; 1],
     txns: Vec<deltalake::kernel::Transaction>,
 }
@@ -430,7 +432,7 @@ impl crate::retry::Attempts for Appending<'_> {
                 .await
                 .map_err(|e| crate::error::Error::delta(&table.name, e))?;
         }
-        let check = (&self.schema, self.predicate.as_str());
+        let check = (&self.schema, &self.range);
         if !still_an_append(table, &self.target, self.w, check, retried).await? {
             tracing::info!(table = %table.name, file = %self.files[0], "no longer an append on the table's newest version; merging the file slice by slice");
             if !retried {
@@ -444,7 +446,7 @@ impl crate::retry::Attempts for Appending<'_> {
             table,
             self.target.clone(),
             self.w.adds.clone(),
-            self.predicate.clone(),
+            self.range.predicate(&table.primary_key[0]),
             &self.files,
             &self.txns,
         )
@@ -528,7 +530,7 @@ async fn still_an_append(
     table: &TableConfig,
     target: &DeltaTable,
     w: &Written,
-    (schema, predicate): (&Option<arrow::datatypes::SchemaRef>, &str),
+    (schema, range): (&Option<arrow::datatypes::SchemaRef>, &KeyRange),
     retried: bool,
 ) -> Result<bool> {
     let props = delta::props(target);
@@ -546,7 +548,7 @@ async fn still_an_append(
     {
         return Ok(false);
     }
-    Ok(!retried || !delta::rows_in_range(target, predicate).await?)
+    Ok(!retried || !crate::scan::rows_in_range(target, &table.primary_key[0], range).await?)
 }
 
 /// The table records the sequence kinds the order keys were made with (none recorded and
