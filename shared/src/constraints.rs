@@ -94,6 +94,7 @@ impl Checks {
         for r in &self.rules {
             let ok: BooleanArray = match &r.kind {
                 RuleKind::NotNull(c) => match column(b, c) {
+                    Ok(a) if a.null_count() == 0 => continue,
                     Ok(a) => boolean::is_not_null(&a).map_err(Error::arrow)?,
                     Err(_) => continue,
                 },
@@ -106,6 +107,9 @@ impl Checks {
                     v.as_boolean().clone()
                 }
             };
+            if ok.null_count() == 0 && ok.false_count() == 0 {
+                continue;
+            }
             if let Some(row) = (0..ok.len()).find(|i| !ok.is_valid(*i) || !ok.value(*i)) {
                 return Ok(Some(Violation {
                     row,

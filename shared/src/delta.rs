@@ -547,6 +547,15 @@ pub(crate) async fn add_new_columns(
     table: DeltaTable,
     schema: &Schema,
 ) -> Result<DeltaTable> {
+    add_new_columns_as(&table_cfg.name, table, schema).await
+}
+
+/// [`add_new_columns`] of any table, `label` naming it.
+pub(crate) async fn add_new_columns_as(
+    label: &str,
+    table: DeltaTable,
+    schema: &Schema,
+) -> Result<DeltaTable> {
     let Some(tschema) = arrow_schema(&table) else {
         return Ok(table);
     };
@@ -560,11 +569,11 @@ pub(crate) async fn add_new_columns(
         return Ok(table);
     }
     let names: Vec<String> = new.iter().map(|f| f.name().clone()).collect();
-    tracing::info!(table = %table_cfg.name, columns = ?names, "adding the files' new columns to the table");
+    tracing::info!(table = %label, columns = ?names, "adding the files' new columns to the table");
     let kernel: StructType = (&Schema::new(new))
         .try_into_kernel()
         .map_err(|e| Error::Schema {
-            table: table_cfg.name.clone(),
+            table: label.to_string(),
             message: format!("cannot map the new columns {names:?} to Delta types: {e}"),
         })?;
     table
@@ -572,7 +581,7 @@ pub(crate) async fn add_new_columns(
         .with_fields(kernel.fields().cloned().collect::<Vec<_>>())
         .with_commit_properties(tributary_commit(&[]))
         .await
-        .map_err(|e| Error::delta(&table_cfg.name, e))
+        .map_err(|e| Error::delta(label, e))
 }
 
 /// What a MERGE commits besides the plan.
@@ -989,6 +998,127 @@ pub(crate) async fn write_rows(
         .collect())
 }
 
+/// Append `rows` as a blind append (no read predicate: concurrent appends do not conflict)
+/// with `files` in the commit info: the columns the table lacks added first by a metadata
+/// commit, the rows in the table's schema (columns they lack null), written with the
+/// table's Parquet settings (`properties`) by delta-rs's writer. For tributary's own
+/// tables (tombstones, the history's change log), whose rows it builds itself.
+pub(crate) async fn append_rows(
+    label: &str,
+    table: DeltaTable,
+    rows: &RecordBatch,
+    properties: Option<WriterProperties>,
+    files: &[String],
+) -> Result<DeltaTable> {
+    use deltalake::datafile::writer::DeltaWriter;
+    use deltalake::kernel::Action;
+    let delta_err = |e| Error::delta(label, e);
+    let table = add_new_columns_as(label, table, &rows.schema()).await?;
+    let snapshot = table.snapshot().map_err(delta_err)?;
+    let schema = snapshot.snapshot().arrow_schema();
+    let n = rows.num_rows();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| match rows.column_by_name(f.name()) {
+            Some(c) if c.data_type() == f.data_type() => Ok(c.clone()),
+            Some(c) => crate::coerce::exact_cast(c, f.data_type()).map_err(|e| Error::Schema {
+                table: label.to_string(),
+                message: format!(
+                    "column `{}`: {}",
+                    f.name(),
+                    e.describe(c.data_type(), f.data_type())
+                ),
+            }),
+            None => Ok(arrow::array::new_null_array(f.data_type(), n)),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let batch = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow)?;
+    let config = writer_config(snapshot, properties, None);
+    let mut writer = DeltaWriter::new(table.log_store().object_store(None), config);
+    writer.write(&batch).await.map_err(delta_err)?;
+    let adds: Vec<Action> = writer
+        .close()
+        .await
+        .map_err(delta_err)?
+        .into_iter()
+        .map(Action::Add)
+        .collect();
+    let partition_columns = partition_columns(&table)?;
+    let operation = DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by: (!partition_columns.is_empty()).then_some(partition_columns),
+        predicate: None,
+    };
+    commit_actions_as(label, table, adds, operation, files, &[]).await
+}
+
+/// Rewrite the table's rows through `change` (each batch of each live file, its deletion
+/// vector applied: the batch to write instead, and how many of its rows changed), file by
+/// file; the files with a change are written again (the table's Parquet settings,
+/// `properties`) and replaced in one commit as `operation`, with the application
+/// transactions `txns`. Returns the table and the rows changed (no commit when none).
+/// For updates and deletes over a whole table of tributary's own (tombstone expiry, a
+/// history's interval floor) that no merge plan describes.
+pub(crate) async fn rewrite_rows(
+    label: &str,
+    table: DeltaTable,
+    properties: Option<WriterProperties>,
+    mut change: impl FnMut(RecordBatch) -> Result<(RecordBatch, usize)>,
+    operation: DeltaOperation,
+    txns: &[Transaction],
+) -> Result<(DeltaTable, usize)> {
+    use deltalake::datafile::writer::DeltaWriter;
+    use deltalake::kernel::Action;
+    use futures::StreamExt;
+    let delta_err = |e| Error::delta(label, e);
+    let snapshot = table.snapshot().map_err(delta_err)?;
+    let schema = snapshot.snapshot().arrow_schema();
+    let partition_columns = snapshot.metadata().partition_columns().to_vec();
+    let files = crate::datafile::TableFiles::of(&table);
+    let config = writer_config(snapshot, properties, None);
+    let mut writer: Option<DeltaWriter> = None;
+    let mut actions = Vec::new();
+    let mut changed = 0usize;
+    for f in snapshot.log_data().iter() {
+        let partition = crate::manifest::Partition::of(&f, &partition_columns);
+        let mut out = Vec::new();
+        let mut n = 0usize;
+        let mut batches = files
+            .stream(&f, &schema, &partition)
+            .await
+            .map_err(|e| e.into_error(label))?;
+        while let Some(b) = batches.next().await {
+            let (b, c) = change(b.map_err(|e| e.into_error(label))?)?;
+            n += c;
+            out.push(b);
+        }
+        if n == 0 {
+            continue;
+        }
+        changed += n;
+        let w = writer.get_or_insert_with(|| DeltaWriter::new(files.store.clone(), config.clone()));
+        for b in out.iter().filter(|b| b.num_rows() > 0) {
+            w.write(b).await.map_err(delta_err)?;
+        }
+        actions.push(Action::Remove(f.remove_action(true)));
+    }
+    if actions.is_empty() {
+        return Ok((table, 0));
+    }
+    if let Some(w) = writer {
+        actions.extend(
+            w.close()
+                .await
+                .map_err(delta_err)?
+                .into_iter()
+                .map(Action::Add),
+        );
+    }
+    let table = commit_actions_as(label, table, actions, operation, &[], txns).await?;
+    Ok((table, changed))
+}
+
 /// Commit written files as an append on the table's snapshot, declaring `predicate` (the
 /// key range) as what it read, with the application transactions `txns`.
 pub(crate) async fn commit_append(
@@ -1031,17 +1161,29 @@ pub(crate) async fn commit_actions_as(
     files: &[String],
     txns: &[Transaction],
 ) -> Result<DeltaTable> {
-    let delta_err = |e| Error::delta(label, e);
-    let snapshot = table.snapshot().map_err(delta_err)?;
-    let mut commit = tributary_commit(files);
-    if !txns.is_empty() {
-        commit = commit.with_application_transactions(txns.to_vec());
+    let snapshot = table.snapshot().map_err(|e| Error::delta(label, e))?;
+    let commit = |txns: Vec<Transaction>, actions: Vec<deltalake::kernel::Action>| {
+        let mut commit = tributary_commit(files);
+        if !txns.is_empty() {
+            commit = commit.with_application_transactions(txns);
+        }
+        CommitBuilder::from(commit).with_actions(actions).build(
+            Some(snapshot),
+            table.log_store(),
+            operation.clone(),
+        )
+    };
+    let watermark = |t: &Transaction| t.app_id == crate::model::WATERMARK_APP_ID;
+    let done = match commit(txns.to_vec(), actions.clone()).await {
+        // The watermark a merge carries lost to another writer's: the merge commits without
+        // it (its own conflicts checked again), and the watermark is committed after.
+        Err(e) if crate::error::is_commit_conflict(&e) && txns.iter().any(watermark) => {
+            let without = txns.iter().filter(|t| !watermark(t)).cloned().collect();
+            commit(without, actions).await
+        }
+        done => done,
     }
-    let done = CommitBuilder::from(commit)
-        .with_actions(actions)
-        .build(Some(snapshot), table.log_store(), operation)
-        .await
-        .map_err(delta_err)?;
+    .map_err(|e| Error::delta(label, e))?;
     // The commit's own snapshot (delta-rs brought it to the new version): loading it again
     // would list and read the log once more (except where its statistics are not exact).
     table.state = Some(done.snapshot());

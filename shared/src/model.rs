@@ -5,6 +5,8 @@ use std::fmt;
 
 /// Prefix reserved for tributary's own columns; source columns may not use it.
 pub(crate) const RESERVED_PREFIX: &str = "_tributary_";
+/// The application transaction id of a table's watermark.
+pub(crate) const WATERMARK_APP_ID: &str = "tributary.watermark";
 
 /// History table: order key of the last change a version absorbed.
 pub const LAST_SEQ_COLUMN: &str = "_tributary_last_seq";

@@ -25,8 +25,6 @@ use arrow::array::{
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::row::OwnedRow;
-use deltalake::operations::write::SchemaMode;
-use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 
 use crate::config::TableConfig;
@@ -144,15 +142,8 @@ impl<'a> Tombstones<'a> {
                 if n > 1 {
                     delta::refresh(&mut table, label).await?;
                 }
-                let table = table
-                    .write(vec![batch])
-                    .with_save_mode(SaveMode::Append)
-                    // Tables from before APPLIED_COLUMN get it.
-                    .with_schema_mode(SchemaMode::Merge)
-                    .with_commit_properties(delta::tributary_commit(files))
-                    .await
-                    .map_err(|e| Error::delta(label, e))?;
-                delta::settle(table).await
+                // Tables from before APPLIED_COLUMN get it.
+                delta::append_rows(label, table, &batch, None, files).await
             }
         };
         let (table, _) = Retry::new(label, attempts)
@@ -295,8 +286,6 @@ impl<'a> Tombstones<'a> {
         // Encode keys with the plan's key types.
         let plan_schema = plan.batch.schema();
         let enc = KeyEncoder::new(&plan_schema, &cfg.primary_key)?;
-        // The files read hold other keys too: only the plan's are kept.
-        let wanted: std::collections::HashSet<_> = enc.encode(&plan.batch)?.into_iter().collect();
         for b in &batches {
             let mut fields = Vec::new();
             let mut cols = Vec::new();
@@ -328,7 +317,7 @@ impl<'a> Tombstones<'a> {
             };
             let applied = applied.as_ref().map(|a| a.as_boolean());
             for (i, k) in keys.into_iter().enumerate() {
-                if seqs.is_valid(i) && wanted.contains(&k) {
+                if seqs.is_valid(i) {
                     let s = seqs.value(i);
                     let is_pending = applied.is_some_and(|a| a.is_valid(i) && !a.value(i));
                     let map = if is_pending { &mut pending } else { &mut out };
@@ -563,9 +552,7 @@ mod tests {
             ],
         )
         .unwrap();
-        table
-            .write(vec![rows])
-            .with_save_mode(SaveMode::Append)
+        delta::append_rows("t_tombstones", table, &rows, None, &[])
             .await
             .unwrap();
         let mut t = Tombstones::open(cfg, &opts, &schema).await.unwrap();

@@ -9,8 +9,6 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
-use deltalake::operations::write::SchemaMode;
-use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 
 use crate::config::{HistoryConfig, TableConfig};
@@ -138,14 +136,14 @@ pub(super) async fn append(
             files,
         )
         .await?;
-        let t = table
-            .write(vec![rows.clone()])
-            .with_save_mode(SaveMode::Append)
-            .with_schema_mode(SchemaMode::Merge)
-            .with_commit_properties(delta::tributary_commit(files))
-            .await
-            .map_err(|e| Error::delta(label, e))?;
-        delta::settle(t).await
+        delta::append_rows(
+            label,
+            table,
+            &rows,
+            Some(delta::writer_properties(cfg)),
+            files,
+        )
+        .await
     };
     Ok(Retry::new(&label, cfg.max_commit_attempts)
         .run("record history changes", append)

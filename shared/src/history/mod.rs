@@ -434,26 +434,48 @@ async fn settle_kinds(
     };
     let label = cfg.label(crate::config::Managed::History);
     let floor = interval::to_typed(kind, &[Some(interval::floor(kind))])?;
-    let floor = deltalake::datafusion::scalar::ScalarValue::try_from_array(&floor, 0)
-        .map_err(|e| Error::datafusion(format!("{label}: interval floor"), e))?;
-    let col = |n: &str| Expr::Column(Column::new_unqualified(n));
-    let end = deltalake::datafusion::logical_expr::when(
-        col(&h.end_column)
-            .is_null()
-            .and(col(END_SEQ_COLUMN).is_not_null()),
-        lit(floor.clone()),
-    )
-    .otherwise(col(&h.end_column))
-    .map_err(|e| Error::datafusion(format!("{label}: interval floor"), e))?;
-    let (table, _) = table
-        .update()
-        .with_predicate(col(&h.start_column).is_null())
-        .with_update(h.start_column.as_str(), lit(floor))
-        .with_update(h.end_column.as_str(), end)
-        .with_writer_properties(delta::writer_properties(cfg))
-        .with_commit_properties(delta::tributary_commit(&[]))
-        .await
-        .map_err(|e| Error::delta(&label, e))?;
+    // Versions opened without a start get the floor; those of them closed by a delete with
+    // a null end end there too.
+    let (start, end) = (h.start_column.clone(), h.end_column.clone());
+    let floor_at = |b: RecordBatch| -> Result<(RecordBatch, usize)> {
+        let schema = b.schema();
+        let s = schema.index_of(&start).map_err(Error::arrow)?;
+        let e = schema.index_of(&end).map_err(Error::arrow)?;
+        let end_seq = b
+            .column_by_name(END_SEQ_COLUMN)
+            .ok_or_else(|| Error::internal(format!("{label}: no {END_SEQ_COLUMN}")))?;
+        let starts = b.column(s);
+        let n = starts.null_count();
+        if n == 0 {
+            return Ok((b, 0));
+        }
+        let floor = floor.slice(0, 1);
+        let floor = arrow::compute::cast(&floor, starts.data_type()).map_err(Error::arrow)?;
+        let picks = |take: &dyn Fn(usize) -> bool, col: &ArrayRef| -> Result<ArrayRef> {
+            let idx: Vec<(usize, usize)> = (0..b.num_rows())
+                .map(|i| if take(i) { (1, 0) } else { (0, i) })
+                .collect();
+            arrow::compute::interleave(&[col.as_ref(), floor.as_ref()], &idx).map_err(Error::arrow)
+        };
+        let no_start = |i: usize| starts.is_null(i);
+        let ends = b.column(e);
+        let closed_without_end =
+            |i: usize| starts.is_null(i) && ends.is_null(i) && end_seq.is_valid(i);
+        let mut cols = b.columns().to_vec();
+        cols[s] = picks(&no_start, starts)?;
+        cols[e] = picks(&closed_without_end, ends)?;
+        Ok((RecordBatch::try_new(schema, cols).map_err(Error::arrow)?, n))
+    };
+    let operation = deltalake::protocol::DeltaOperation::Update { predicate: None };
+    let (table, _) = Box::pin(delta::rewrite_rows(
+        &label,
+        table,
+        Some(delta::writer_properties(cfg)),
+        floor_at,
+        operation,
+        &[],
+    ))
+    .await?;
     let table = delta::settle(table).await?;
     let kinds: Vec<SeqKind> = match kinds {
         Some(k) if k.len() == cfg.sequence_by.len() => k.to_vec(),
@@ -1099,12 +1121,16 @@ async fn merge_versions(
         delete_unmatched_below: None,
     };
     match crate::rewrite::Rewrite::eligible(&vcfg, &table, &plan, &extras)? {
-        Some(rw) => Ok(rw
-            .unconditional()
-            .run(&vcfg, table, files, &extras)
-            .await?
-            .0),
-        None => merge_versions_with_delta_rs(cfg, table, source, files, txns).await,
+        Some(rw) => {
+            let run = rw.unconditional().run(&vcfg, table, files, &extras);
+            Ok(Box::pin(run).await?.0)
+        }
+        None => {
+            Box::pin(merge_versions_with_delta_rs(
+                cfg, table, source, files, txns,
+            ))
+            .await
+        }
     }
 }
 

@@ -632,78 +632,38 @@ async fn delete_tombstones_up_to(
         .0)
 }
 
-/// Delete the tombstones recorded at or before `horizon`: each file holding one is read
-/// (its deletion vector applied), and written again without them, in one commit (with the
-/// maintenance guard's transaction). Returns the tombstones deleted.
+/// Delete the tombstones recorded at or before `horizon`: each file holding one is written
+/// again without them (`delta::rewrite_rows`), in one commit with the maintenance guard's
+/// transaction. Returns the tombstones deleted.
 async fn delete_expired(label: &str, t: DeltaTable, horizon: DateTime<Utc>) -> Result<usize> {
     use deltalake::arrow::array::{Array, AsArray, BooleanArray};
     use deltalake::arrow::datatypes::{DataType, Int64Type};
-    use deltalake::kernel::Action;
-    use futures::StreamExt;
-    let delta_err = |e| Error::delta(label, e);
     let horizon_us = horizon.timestamp_micros();
-    let snapshot = t.snapshot().map_err(delta_err)?;
-    let schema = snapshot.snapshot().arrow_schema();
+    let schema =
+        delta::arrow_schema(&t).ok_or_else(|| Error::internal(format!("{label}: no schema")))?;
     let at = schema
         .index_of(crate::tombstones::DELETED_AT_COLUMN)
         .map_err(Error::arrow)?;
-    let partition_columns = snapshot.metadata().partition_columns().to_vec();
-    let files = crate::datafile::TableFiles::of(&t);
-    let config = delta::writer_config(snapshot, None, None);
-    let mut writer: Option<deltalake::datafile::writer::DeltaWriter> = None;
-    let mut actions = Vec::new();
-    let mut deleted = 0usize;
-    for f in snapshot.log_data().iter() {
-        let partition = crate::manifest::Partition::of(&f, &partition_columns);
-        let mut kept = Vec::new();
-        let mut gone = 0usize;
-        let mut batches = files
-            .stream(&f, &schema, &partition)
-            .await
-            .map_err(|e| e.into_error(label))?;
-        while let Some(b) = batches.next().await {
-            let b = b.map_err(|e| e.into_error(label))?;
-            let when = deltalake::arrow::compute::cast(b.column(at), &DataType::Int64)
-                .map_err(Error::arrow)?;
-            let when = when.as_primitive::<Int64Type>();
-            let keep: BooleanArray = (0..b.num_rows())
-                .map(|i| Some(!(when.is_valid(i) && when.value(i) <= horizon_us)))
-                .collect();
-            gone += keep.false_count();
-            kept.push(
-                deltalake::arrow::compute::filter_record_batch(&b, &keep).map_err(Error::arrow)?,
-            );
-        }
-        if gone == 0 {
-            continue;
-        }
-        deleted += gone;
-        let w = writer.get_or_insert_with(|| {
-            deltalake::datafile::writer::DeltaWriter::new(files.store.clone(), config.clone())
-        });
-        for b in kept.iter().filter(|b| b.num_rows() > 0) {
-            w.write(b).await.map_err(delta_err)?;
-        }
-        actions.push(Action::Remove(f.remove_action(true)));
-    }
-    if actions.is_empty() {
-        return Ok(0);
-    }
-    if let Some(w) = writer {
-        actions.extend(
-            w.close()
-                .await
-                .map_err(delta_err)?
-                .into_iter()
-                .map(Action::Add),
-        );
-    }
+    let expire = |b: deltalake::arrow::array::RecordBatch| {
+        let when = deltalake::arrow::compute::cast(b.column(at), &DataType::Int64)
+            .map_err(Error::arrow)?;
+        let when = when.as_primitive::<Int64Type>();
+        let keep: BooleanArray = (0..b.num_rows())
+            .map(|i| Some(!(when.is_valid(i) && when.value(i) <= horizon_us)))
+            .collect();
+        let kept =
+            deltalake::arrow::compute::filter_record_batch(&b, &keep).map_err(Error::arrow)?;
+        Ok((kept, keep.false_count()))
+    };
     // No read predicate: a concurrent commit that removes a file read conflicts; one that
     // adds tombstones adds newer ones, which this does not touch.
     let operation = deltalake::protocol::DeltaOperation::Delete { predicate: None };
     let txn = Transaction::new(MAINTENANCE_APP_ID, Utc::now().timestamp_millis());
-    delta::commit_actions_as(label, t, actions, operation, &[], &[txn]).await?;
-    Ok(deleted)
+    Ok(
+        delta::rewrite_rows(label, t, None, expire, operation, &[txn])
+            .await?
+            .1,
+    )
 }
 
 /// What a maintenance invocation asks for.
