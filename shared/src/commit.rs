@@ -83,6 +83,8 @@ pub(crate) struct Committed {
     pub(crate) after: DeltaTable,
     /// The version a MERGE read (`None`: not a MERGE).
     pub(crate) read: Option<u64>,
+    /// The watermark the commit carried (computed before it, with its files applied).
+    pub(crate) watermark: Option<(Progress, watermark::Stored)>,
 }
 
 impl Committed {
@@ -93,6 +95,7 @@ impl Committed {
             before: committed.then_some(before),
             after,
             read: None,
+            watermark: None,
         }
     }
 }
@@ -134,7 +137,20 @@ pub(crate) async fn publish(
     // marker records, and the next merge does not take it for a commit they are behind.
     let t = std::time::Instant::now();
     let mut after = m.after.clone();
-    if output.is_state(cfg) {
+    // A merge's commit carries the watermark it moves (one commit per merge); only when
+    // it did not land (a concurrent writer moved it first) is it committed on its own.
+    let carried = match &m.watermark {
+        Some((p, next)) => watermark::stored(&after)
+            .await
+            .ok()
+            .flatten()
+            .filter(|s| s == next)
+            .map(|_| p.clone()),
+        None => None,
+    };
+    if let Some(p) = carried {
+        out.watermark = Some(p);
+    } else if output.is_state(cfg) {
         match watermark::advance(storage, cfg, after.clone(), chrono::Utc::now()).await {
             Ok((table, p)) => {
                 after = table;

@@ -54,7 +54,7 @@ use crate::source::{classify, FileClass};
 use crate::storage::{self, Listed, Storage};
 
 /// The application-transaction id of the watermark.
-pub(crate) const APP_ID: &str = "tributary.watermark";
+pub(crate) const APP_ID: &str = crate::model::WATERMARK_APP_ID;
 
 /// Keys per page of an S3 listing (what [`Progress::list_requests`] counts by).
 const PAGE: usize = 1000;
@@ -184,6 +184,15 @@ pub(crate) struct Stored {
 }
 
 impl Stored {
+    /// The application transaction that records it.
+    pub(crate) fn txn(self) -> Transaction {
+        Transaction::new_with_last_update(
+            APP_ID,
+            self.encode(),
+            Some(Utc::now().timestamp_millis()),
+        )
+    }
+
     pub(crate) fn encode(self) -> i64 {
         (self.at.timestamp_micros() << 8) | self.layout.code()
     }
@@ -362,6 +371,25 @@ pub(crate) async fn progress(
     table: &DeltaTable,
     now: DateTime<Utc>,
 ) -> Result<(Progress, Option<Stored>)> {
+    progress_with(storage, cfg, table, now, &[]).await
+}
+
+/// [`progress`] as it will be once a commit recording `also` (the records of the files it
+/// applies) lands: the watermark a merge commits with its own changes (#43 item 8).
+pub(crate) async fn progress_with(
+    storage: &Storage,
+    cfg: &TableConfig,
+    table: &DeltaTable,
+    now: DateTime<Utc>,
+    also: &[Transaction],
+) -> Result<(Progress, Option<Stored>)> {
+    let recorded = |id: String| async move {
+        match also.iter().find(|t| t.app_id == id) {
+            Some(t) => Ok(Some(t.version)),
+            None if delta::exists(table) => delta::txn_version(table, &id).await,
+            None => Ok(None),
+        }
+    };
     let mut p = Progress::default();
     let stored = stored(table).await?;
     p.watermark = stored.map(|s| s.at);
@@ -383,11 +411,11 @@ pub(crate) async fn progress(
         if stored.is_some_and(|s| f.last_modified <= s.at) {
             continue;
         }
-        let applied = if f.problem.is_some() || !exists {
+        let applied = if f.problem.is_some() {
             false
         } else {
             p.lookups += 1;
-            delta::txn_version(table, &crate::applied::load_app_id(cfg, &f.url)).await?
+            recorded(crate::applied::load_app_id(cfg, &f.url)).await?
                 == Some(f.last_modified.timestamp_millis())
         };
         if !applied {
@@ -415,9 +443,9 @@ pub(crate) async fn progress(
         }
         if p.held_by.is_some() {
             // Behind the gap: count what waits (a few lookups at most).
-            if p.files_waiting < 3 && exists {
+            if p.files_waiting < 3 {
                 p.lookups += 1;
-                if delta::txn_version(table, &crate::applied::app_id(cfg, &f.url))
+                if recorded(crate::applied::app_id(cfg, &f.url))
                     .await?
                     .is_some()
                 {
@@ -428,11 +456,10 @@ pub(crate) async fn progress(
         }
         let applied = match &f.problem {
             Some(_) => false,
-            None if !exists => false,
-            None if f.written < unrecorded_before => true,
+            None if exists && f.written < unrecorded_before => true,
             None => {
                 p.lookups += 1;
-                delta::txn_version(table, &crate::applied::app_id(cfg, &f.url))
+                recorded(crate::applied::app_id(cfg, &f.url))
                     .await?
                     .is_some()
             }
@@ -497,11 +524,7 @@ pub(crate) async fn advance(
                 let Some(next) = next.filter(|_| p.advanced) else {
                     return Ok((table, p));
                 };
-                let txn = Transaction::new_with_last_update(
-                    APP_ID,
-                    next.encode(),
-                    Some(Utc::now().timestamp_millis()),
-                );
+                let txn = next.txn();
                 let info = serde_json::json!({ "at": next.at.to_rfc3339(), "file": p.file });
                 let table =
                     delta::commit_txns_with(table, vec![txn], Some(("tributary.watermark", info)))

@@ -72,6 +72,42 @@ async fn the_watermark_stops_at_the_first_file_not_applied_and_names_it() {
     assert_eq!(w.tables[0].1.watermark, Some(at(3)));
 }
 
+/// One commit per merge (#43 item 8): the watermark a merge moves is in its own commit
+/// (before: a second commit of the watermark alone after every merge that moved it), and a
+/// re-delivery that changes nothing commits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_commits_the_watermark_it_moves_in_its_own_commit() {
+    let fx = Fixture::items();
+    let files: Vec<url::Url> = (0..3)
+        .map(|n| fx.put_items(&name(n), &[c('I', &ts(n), n as i64, "a", 1)]))
+        .collect();
+    let first = fx.merge_ok(&files[..1]).await;
+    assert_eq!(progress(&first).watermark, Some(at(0)));
+    let mut version = first.tables[0].version.expect("a version");
+    for n in 1..3 {
+        let r = fx.merge_ok(&files[n..n + 1]).await;
+        let p = progress(&r);
+        assert_eq!(p.watermark, Some(at(n as u32)));
+        assert!(p.advanced, "{p:?}");
+        let t = tributary::delta::open(&fx.url("curated/items"), &Default::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            t.version(),
+            Some(version + 1),
+            "file {n}: one commit, the merge with its watermark"
+        );
+        version += 1;
+    }
+    // Every file again: nothing changes, nothing is committed.
+    let r = fx.merge_ok(&files).await;
+    assert_eq!(progress(&r).watermark, Some(at(2)));
+    let t = tributary::delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(t.version(), Some(version), "a re-delivery commits nothing");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_load_file_not_applied_holds_every_cdc_file() {
     let fx = Fixture::items();

@@ -332,7 +332,28 @@ impl DeltaSink {
             .await;
         let read_version = target.version();
         let t = Instant::now();
-        let (target, path, counts) = write(table, target, &plan, a.files, a.extras).await?;
+        // The watermark this commit moves goes into it (one commit per merge); when it
+        // cannot be computed, the post-commit step tries on its own.
+        let mut extras = a.extras.clone();
+        let mut carried = None;
+        if table.target.is_some() {
+            let now = chrono::Utc::now();
+            let progress =
+                crate::watermark::progress_with(&self.storage, table, &target, now, &extras.txns);
+            match Box::pin(progress).await {
+                Ok((p, Some(next))) if p.advanced => {
+                    extras.txns.push(next.txn());
+                    carried = Some((p, next));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(table = %table.name, error = %e, "watermark not computed before the commit; computing it after");
+                }
+            }
+        }
+        report.phases_ms.watermark += ms_since(t);
+        let t = Instant::now();
+        let (target, path, counts) = write(table, target, &plan, a.files, &extras).await?;
         record(report, path, &counts);
         report.phases_ms.merge = ms_since(t);
         report.blocked_by_tombstone = blocked;
@@ -340,8 +361,7 @@ impl DeltaSink {
         let target =
             recheck_tombstones(table, target, &mut plan, tombstones, a.files, report).await?;
         report.phases_ms.recheck = ms_since(t);
-        let target =
-            crate::applied::record_unrecorded(target, &a.extras.txns, read_version).await?;
+        let target = crate::applied::record_unrecorded(target, &extras.txns, read_version).await?;
         let applied = report.inserted + report.updated + report.deleted;
         report.skipped_stale = plan.batch.num_rows().saturating_sub(applied);
         report.version = target.version();
@@ -351,6 +371,7 @@ impl DeltaSink {
         // Any commit since the first read (this attempt's or an earlier one's).
         Ok(Committed {
             read: read_version,
+            watermark: carried,
             ..Committed::since(before, target)
         })
     }
@@ -375,6 +396,7 @@ impl DeltaSink {
             before,
             mut after,
             read,
+            watermark,
         } = merged;
         after
             .update_incremental(None)
@@ -394,6 +416,7 @@ impl DeltaSink {
                 before,
                 after,
                 read,
+                watermark,
             });
         }
         let deletes = crate::tombstones::deletes_only(base_plan)?;
@@ -416,6 +439,7 @@ impl DeltaSink {
         report.version = t.version();
         Ok(Committed {
             read,
+            watermark,
             ..Committed::since(before, t)
         })
     }
