@@ -1,11 +1,15 @@
 //! `tributary demo`: the AWS walkthrough's travel_details scenario on a local folder, merged
 //! through the same code path as the Lambda, step by step.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use tributary::deltalake::arrow::array::{AsArray, RecordBatch};
+use tributary::deltalake::arrow::array::{
+    Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray,
+};
 use tributary::deltalake::arrow::compute::cast;
 use tributary::deltalake::arrow::datatypes::{DataType, Int32Type, Int64Type};
 use tributary::deltalake::arrow::util::pretty::pretty_format_batches;
@@ -147,37 +151,53 @@ impl Demo {
         }
     }
 
-    /// 4. The walkthrough's query.
+    /// 4. The walkthrough's query (computed from the table's rows, read by tributary's scan).
     async fn query(&self) -> Result<()> {
         let table = self.open(None).await?;
         out!("\n4. SELECT destination, count(*) FROM travel_details GROUP BY destination:");
-        let batches = delta::query(
-            &table,
-            "SELECT destination, count(*) AS count FROM t GROUP BY destination ORDER BY destination",
-        )
-        .await?;
-        out!("{}", indent(&pretty_format_batches(&batches)?.to_string()));
-        let total = delta::query(
-            &table,
-            "SELECT count(*) AS rows, count(DISTINCT trip_id) AS trips, max(trip_id) AS max_trip_id FROM t",
-        )
-        .await?;
-        out!("{}", indent(&pretty_format_batches(&total)?.to_string()));
+        let rows = scan(&table, &["destination", "trip_id"]).await?;
+        let mut by_destination: BTreeMap<String, i64> = BTreeMap::new();
+        let mut trips = std::collections::BTreeSet::new();
+        for b in &rows {
+            let dest = cast(b.column(0), &DataType::Utf8)?;
+            let id = cast(b.column(1), &DataType::Int64)?;
+            let (dest, id) = (dest.as_string::<i32>(), id.as_primitive::<Int64Type>());
+            for i in 0..b.num_rows() {
+                *by_destination.entry(dest.value(i).to_string()).or_default() += 1;
+                trips.insert(id.value(i));
+            }
+        }
+        out!("{}", indent(&counts_table(&by_destination)?));
+        let total: i64 = by_destination.values().sum();
+        let max = trips.iter().next_back().copied().unwrap_or_default();
+        let summary = batch(vec![
+            ("rows", Arc::new(Int64Array::from(vec![total])) as ArrayRef),
+            (
+                "trips",
+                Arc::new(Int64Array::from(vec![trips.len() as i64])),
+            ),
+            ("max_trip_id", Arc::new(Int64Array::from(vec![max]))),
+        ])?;
+        out!(
+            "{}",
+            indent(&pretty_format_batches(&[summary])?.to_string())
+        );
         Ok(())
     }
 
     /// The source database's true state against the table, row by row.
     async fn compare_with_source(&self) -> Result<()> {
         let table = self.open(None).await?;
-        let batches = delta::query(
+        let batches = scan(
             &table,
-            "SELECT CAST(trip_id AS INT) AS trip_id, CAST(destination AS VARCHAR) AS d, CAST(source_location AS VARCHAR) AS s, CAST(route_id AS VARCHAR) AS r FROM t ORDER BY trip_id",
+            &["trip_id", "destination", "source_location", "route_id"],
         )
         .await?;
         let mut table_rows = Vec::new();
         for b in &batches {
             table_rows.extend(trip_rows(b)?);
         }
+        table_rows.sort();
         let source_rows: Vec<_> = self
             .scenario
             .source
@@ -217,9 +237,7 @@ impl Demo {
         }
         let count_at = |v| async move {
             let t = self.open(Some(v)).await?;
-            anyhow::Ok(count(
-                &delta::query(&t, "SELECT count(*) AS rows FROM t").await?,
-            ))
+            anyhow::Ok(rows_of(&t).await?)
         };
         out!(
             "\n   Time travel: version 0 (table creation) has {} rows; version 2 (full load) has {} rows.",
@@ -235,32 +253,60 @@ impl Demo {
             return Ok(());
         };
         let t = delta::open(&h.target, self.engine.storage_options()).await?;
-        let miami = delta::query(
-            &t,
-            "SELECT CAST(min(trip_id) AS BIGINT) FROM t WHERE destination = 'Miami'",
-        )
-        .await?;
-        let id = count(&miami);
+        let columns = [
+            "trip_id",
+            "destination",
+            "valid_from",
+            "valid_to",
+            "iscurrent",
+        ];
+        let versions = scan(&t, &columns).await?;
+        let all = tributary::deltalake::arrow::compute::concat_batches(
+            &versions
+                .first()
+                .map(|b| b.schema())
+                .context("the history table has no rows")?,
+            &versions,
+        )?;
+        let dest = cast(all.column(1), &DataType::Utf8)?;
+        let dest = dest.as_string::<i32>();
+        let ids = cast(all.column(0), &DataType::Int64)?;
+        let ids = ids.as_primitive::<Int64Type>();
+        let id = (0..all.num_rows())
+            .filter(|i| dest.value(*i) == "Miami")
+            .map(|i| ids.value(i))
+            .min()
+            .unwrap_or_default();
         out!(
             "\n6. History table (SCD type 2, {}): trip {id} went Miami → Tucson:",
             self.dir.join("curated/travel_details_history").display()
         );
-        let versions = delta::query(
-            &t,
-            &format!("SELECT trip_id, destination, valid_from, valid_to, iscurrent FROM t WHERE trip_id = {id} ORDER BY valid_from"),
-        )
-        .await?;
-        out!("{}", indent(&pretty_format_batches(&versions)?.to_string()));
+        // The trip's versions, by valid_from.
+        let from = cast(all.column(2), &DataType::Int64)?;
+        let from = from.as_primitive::<Int64Type>();
+        let mut mine: Vec<usize> = (0..all.num_rows())
+            .filter(|i| ids.value(*i) == id)
+            .collect();
+        mine.sort_by_key(|i| from.value(*i));
+        let idx = tributary::deltalake::arrow::array::UInt32Array::from(
+            mine.iter().map(|i| *i as u32).collect::<Vec<_>>(),
+        );
+        let trip = tributary::deltalake::arrow::compute::take_record_batch(&all, &idx)?;
+        out!("{}", indent(&pretty_format_batches(&[trip])?.to_string()));
         let before = "2022-10-25T21:09:00Z";
         out!("   As of {before} (before the update):");
-        let as_of = delta::query(
-            &t,
-            &format!(
-                "SELECT destination, count(*) AS count FROM t WHERE valid_from <= TIMESTAMP '{before}' AND (valid_to > TIMESTAMP '{before}' OR valid_to IS NULL) GROUP BY destination ORDER BY destination"
-            ),
-        )
-        .await?;
-        out!("{}", indent(&pretty_format_batches(&as_of)?.to_string()));
+        let at = chrono::DateTime::parse_from_rfc3339(before)?.timestamp_micros();
+        let to = cast(all.column(3), &DataType::Int64)?;
+        let to = to.as_primitive::<Int64Type>();
+        let mut as_of: BTreeMap<String, i64> = BTreeMap::new();
+        for i in 0..all.num_rows() {
+            let open = from.is_valid(i) && from.value(i) <= at;
+            let not_closed = to.is_null(i) || to.value(i) > at;
+            if open && not_closed {
+                *as_of.entry(dest.value(i).to_string()).or_default() += 1;
+            }
+        }
+        out!("{}", indent(&counts_table(&as_of)?));
         Ok(())
     }
 
@@ -288,8 +334,10 @@ impl Demo {
         if let Some(first) = manifests.get("route_id=A").and_then(|m| m.first()) {
             out!("     {first}");
         }
-        let c = delta::query(&table, "SELECT count(*) FROM t").await?;
-        out!("   Rows after maintenance: {} (unchanged)", count(&c));
+        out!(
+            "   Rows after maintenance: {} (unchanged)",
+            rows_of(&table).await?
+        );
         Ok(())
     }
 }
@@ -347,11 +395,42 @@ async fn table_history(table: &DeltaTable) -> Result<Vec<(String, String, String
         .collect())
 }
 
-fn count(b: &[RecordBatch]) -> i64 {
-    b.iter()
-        .filter(|b| b.num_rows() > 0)
-        .map(|b| b.column(0).as_primitive::<Int64Type>().value(0))
-        .sum()
+/// The table's rows, these columns (tributary's scan: deletion vectors applied).
+async fn scan(table: &DeltaTable, columns: &[&str]) -> Result<Vec<RecordBatch>> {
+    Ok(tributary::scan::Scan::columns(columns).rows(table).await?)
+}
+
+/// How many rows the table has.
+async fn rows_of(table: &DeltaTable) -> Result<i64> {
+    let key = ["trip_id"];
+    Ok(scan(table, &key)
+        .await?
+        .iter()
+        .map(|b| b.num_rows() as i64)
+        .sum())
+}
+
+fn batch(columns: Vec<(&str, ArrayRef)>) -> Result<RecordBatch> {
+    Ok(RecordBatch::try_from_iter(columns)?)
+}
+
+/// A (destination, count) table, by destination.
+fn counts_table(counts: &BTreeMap<String, i64>) -> Result<String> {
+    let b = batch(vec![
+        (
+            "destination",
+            Arc::new(StringArray::from(
+                counts.keys().cloned().collect::<Vec<_>>(),
+            )) as ArrayRef,
+        ),
+        (
+            "count",
+            Arc::new(Int64Array::from(
+                counts.values().copied().collect::<Vec<_>>(),
+            )),
+        ),
+    ])?;
+    Ok(pretty_format_batches(&[b])?.to_string())
 }
 
 fn indent(s: &str) -> String {
