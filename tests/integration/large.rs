@@ -757,3 +757,32 @@ async fn merge_announced(fx: &Fixture, files: &[url::Url], lambda: bool) {
         handled.failed_messages
     );
 }
+
+/// A CDC file larger than a slice, appended whole, carries the watermark it moves in its
+/// one commit (#43 item 8; before, a second commit of the watermark alone followed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdc_file_appended_whole_commits_its_watermark_with_it() {
+    let fx = sliced();
+    fx.merge_ok(&[fx.put_items("LOAD00000001.parquet", &load(1..=100, 1))])
+        .await;
+    let inserts: Vec<Change> = (1000..4000).map(|id| c('I', &ts(0), id, "a", id)).collect();
+    let file = fx.put_items("20240101-1000000000.parquet", &inserts);
+    let before = tributary::delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap()
+        .version();
+    let r = fx.merge_ok(std::slice::from_ref(&file)).await;
+    let t = &r.tables[0];
+    assert!(t.appended() && t.slices == 1, "appended whole: {t:?}");
+    let p = t.watermark.clone().expect("the watermark");
+    assert!(p.advanced && p.caught_up, "{p:?}");
+    let after = tributary::delta::open(&fx.url("curated/items"), &Default::default())
+        .await
+        .unwrap()
+        .version();
+    assert_eq!(
+        after,
+        before.map(|v| v + 1),
+        "one commit: the rows and the watermark"
+    );
+}

@@ -259,7 +259,8 @@ impl DeltaSink {
             start,
         } = c;
         let written = w.adds.len();
-        let Some((after, attempts)) = self.try_commit(table, target, &w, &name).await? else {
+        let Some((after, attempts, carried)) = self.try_commit(table, target, &w, &name).await?
+        else {
             return Ok(None);
         };
         let mut report = w.report(table);
@@ -282,7 +283,10 @@ impl DeltaSink {
         tracing::info!(table = %table.name, file = %name, slices = w.slices, rows = w.rows, files_added = written, write_wait_ms = w.write_wait_ms, total_ms = start.elapsed().as_millis() as u64, "appended the whole file in one commit");
         self.after_merge(
             table,
-            crate::commit::Committed::since(before, after),
+            crate::commit::Committed {
+                watermark: carried,
+                ..crate::commit::Committed::since(before, after)
+            },
             &mut report,
         )
         .await;
@@ -306,7 +310,7 @@ impl DeltaSink {
         target: DeltaTable,
         w: &Written,
         name: &str,
-    ) -> Result<Option<(DeltaTable, u32)>> {
+    ) -> Result<Option<(DeltaTable, u32, Carried)>> {
         let Some((first, rest)) = w.ranges.split_first() else {
             return Err(crate::error::Error::internal(
                 "a whole-file append without slices",
@@ -320,16 +324,18 @@ impl DeltaSink {
             .await;
         let mut appending = Appending {
             table,
+            storage: &self.storage,
             schema: delta::arrow_schema(&target),
             target,
             w,
             range,
             files: [name.to_string()],
             txns,
+            carried: None,
         };
         let retry = crate::retry::Retry::new(&table.name, table.max_commit_attempts);
         match retry.drive("whole-file append", &mut appending).await {
-            Ok((Some(t), attempts)) => Ok(Some((t, attempts))),
+            Ok((Some(t), attempts)) => Ok(Some((t, attempts, appending.carried))),
             Ok((None, _)) | Err(crate::error::Error::Contention { .. }) => Ok(None),
             Err(e) => Err(e),
         }
@@ -419,7 +425,13 @@ struct Appending<'a> {
     range: KeyRange,
     files: [String; 1],
     txns: Vec<deltalake::kernel::Transaction>,
+    storage: &'a crate::storage::Storage,
+    /// The watermark the commit carried (see `commit::Committed::watermark`).
+    carried: Carried,
 }
+
+/// The watermark a commit carried, and the progress that computed it.
+type Carried = Option<(crate::watermark::Progress, crate::watermark::Stored)>;
 
 impl crate::retry::Attempts for Appending<'_> {
     type Out = Option<DeltaTable>;
@@ -440,6 +452,24 @@ impl crate::retry::Attempts for Appending<'_> {
             }
             return Ok(None);
         }
+        // The watermark this commit moves goes into it (one commit per merge).
+        let mut txns = self.txns.clone();
+        self.carried = None;
+        if table.target.is_some() {
+            let now = chrono::Utc::now();
+            let progress =
+                crate::watermark::progress_with(self.storage, table, &self.target, now, &txns);
+            match Box::pin(progress).await {
+                Ok((p, Some(next))) if p.advanced => {
+                    txns.push(next.txn());
+                    self.carried = Some((p, next));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(table = %table.name, error = %e, "watermark not computed before the commit; computing it after");
+                }
+            }
+        }
         // Once the commit was tried, the files are never deleted: it may have landed (a
         // lost response, a failed post-commit step); VACUUM removes them if not.
         let t = delta::commit_append(
@@ -448,7 +478,7 @@ impl crate::retry::Attempts for Appending<'_> {
             self.w.adds.clone(),
             self.range.predicate(&table.primary_key[0]),
             &self.files,
-            &self.txns,
+            &txns,
         )
         .await?;
         Ok(Some(t))
