@@ -540,6 +540,44 @@ async fn a_history_only_table_records_loads_and_kinds_and_never_revives_a_delete
     assert!(e.to_string().contains("integer"), "{e}");
 }
 
+/// A history-only table keeps the table's state: each merge commits its versions and the
+/// watermark it moves in one commit (#43 item 8; before, a second commit of the watermark
+/// alone followed every merge), and a re-delivery commits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_only_merge_commits_its_watermark_with_its_versions() {
+    let fx = Fixture::new(ITEMS_HISTORY_ONLY);
+    let version = || async {
+        tributary::delta::open(&fx.url("curated/items_history"), &Default::default())
+            .await
+            .unwrap()
+            .version()
+    };
+    let files: Vec<url::Url> = (0..3i64)
+        .map(|i| {
+            let ts = format!("2024-01-01 00:00:{i:02}.000000");
+            fx.put_items(
+                &format!("2024/01/01/20240101-{:010}.parquet", i + 1),
+                &[c('I', &ts, 10 + i, "a", i)],
+            )
+        })
+        .collect();
+    fx.merge_ok(&files[..1]).await;
+    for f in &files[1..] {
+        let before = version().await;
+        let r = fx.merge_ok(std::slice::from_ref(f)).await;
+        let p = r.tables[0].watermark.clone().expect("the watermark");
+        assert!(p.advanced, "{p:?}");
+        assert_eq!(
+            version().await,
+            before.map(|v| v + 1),
+            "one commit per merge"
+        );
+    }
+    let before = version().await;
+    fx.merge_ok(&files).await;
+    assert_eq!(version().await, before, "a re-delivery commits nothing");
+}
+
 /// Maintenance of a history-only table compacts the history table (and its change log)
 /// and changes no version; status reports the history table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

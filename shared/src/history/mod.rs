@@ -121,6 +121,7 @@ pub(crate) async fn apply(
         ctx: Attempt {
             cfg,
             h,
+            storage,
             options,
             catalog,
             changes,
@@ -219,6 +220,7 @@ fn check_names(cfg: &TableConfig, h: &HistoryConfig, columns: &[Field]) -> Resul
 struct Attempt<'a> {
     cfg: &'a TableConfig,
     h: &'a HistoryConfig,
+    storage: &'a Storage,
     options: &'a HashMap<String, String>,
     catalog: &'a crate::catalog::Catalog,
     changes: &'a Changes<'a>,
@@ -344,7 +346,26 @@ impl Attempt<'_> {
             ..Default::default()
         };
         crate::commit::absorb(&mut report.catalog, created_report);
-        let txns = record.map(|r| r.txns.as_slice()).unwrap_or_default();
+        let mut txns: Vec<deltalake::kernel::Transaction> =
+            record.map(|r| r.txns.clone()).unwrap_or_default();
+        // A history that keeps the table's state: the watermark this commit moves goes
+        // into it (one commit per merge, as the current table's).
+        let mut carried = None;
+        if record.is_some() {
+            let now = chrono::Utc::now();
+            let progress = crate::watermark::progress_with(self.storage, cfg, &table, now, &txns);
+            match Box::pin(progress).await {
+                Ok((p, Some(next))) if p.advanced => {
+                    txns.push(next.txn());
+                    carried = Some((p, next));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(table = %cfg.name, error = %e, "watermark not computed before the commit; computing it after");
+                }
+            }
+        }
+        let txns = txns.as_slice();
         if out.batch.num_rows() == 0 {
             let read_version = table.version();
             let mut table = crate::applied::record_unrecorded(table, txns, read_version).await?;
@@ -352,7 +373,11 @@ impl Attempt<'_> {
                 table = crate::delta::record_kinds(table, self.changes.kinds).await?;
             }
             report.version = table.version();
-            return Ok((report, Committed::since(before, table)));
+            let committed = Committed {
+                watermark: carried,
+                ..Committed::since(before, table)
+            };
+            return Ok((report, committed));
         }
         let read_version = table.version();
         #[cfg(test)]
@@ -372,7 +397,11 @@ impl Attempt<'_> {
             table = crate::delta::record_kinds(table, self.changes.kinds).await?;
         }
         report.version = table.version();
-        Ok((report, Committed::since(before, table)))
+        let committed = Committed {
+            watermark: carried,
+            ..Committed::since(before, table)
+        };
+        Ok((report, committed))
     }
 }
 
