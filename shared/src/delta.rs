@@ -867,6 +867,45 @@ pub(crate) async fn append_range(
     Ok((!crate::scan::rows_in_range(table, key, &range).await?).then_some(range))
 }
 
+/// A table tributary cannot write exactly, refused by name before anything is written
+/// (the adoption's metadata commit included), not retryable: column mapping (the data files
+/// name columns by physical names tributary does not write) and identity columns (values
+/// the writer must generate).
+pub(crate) fn refuse_unwritable(table: &DeltaTable, label: &str) -> Result<()> {
+    let Ok(state) = table.snapshot() else {
+        return Ok(());
+    };
+    let refuse = |feature: String, way_forward: &str| Error::Unsupported {
+        table: label.to_string(),
+        feature,
+        way_forward: format!("nothing was written; {way_forward}"),
+    };
+    if let Some(mode) = state
+        .metadata()
+        .configuration()
+        .get("delta.columnMapping.mode")
+        .filter(|m| m.as_str() != "none")
+    {
+        return Err(refuse(
+            format!("the table uses column mapping (delta.columnMapping.mode = {mode}), whose physical column names tributary does not write"),
+            "merge into a new table (point `target` at a new folder: tributary creates it, and the DMS full load fills it), or rewrite this one without column mapping (e.g. Spark's CREATE TABLE … AS SELECT), then replay the files",
+        ));
+    }
+    let identity: Vec<String> = state
+        .schema()
+        .fields()
+        .filter(|f| f.metadata().keys().any(|k| k.starts_with("delta.identity")))
+        .map(|f| format!("`{}`", f.name()))
+        .collect();
+    if !identity.is_empty() {
+        return Err(refuse(
+            format!("identity columns ({}), whose values the writer must generate; tributary writes the source's values", identity.join(", ")),
+            "merge into a new table without identity columns (the source database already assigns the key), then replay the files",
+        ));
+    }
+    Ok(())
+}
+
 /// Why the table's rows can be written only through delta-rs's MERGE (it computes
 /// generated columns and writes column mapping's physical names), or `None` when
 /// tributary's own writers (the append, the whole-file append, the rewrite) write the

@@ -31,9 +31,9 @@
 //! are written the same way, matched on key and first order key ([`Rewrite::unconditional`]).
 //!
 //! Only tables where that is the same as tributary's MERGE take this path
-//! ([`Rewrite::eligible`]); the rest (tables with column mapping, generated or identity
-//! columns, order keys that are not strings) is MERGEd (docs/design.md, "Copy-on-write
-//! rewrite").
+//! ([`Rewrite::eligible`]); the rest (tables with generated columns, order keys that are
+//! not strings) is MERGEd (docs/design.md, "Copy-on-write rewrite"); tables with column
+//! mapping or identity columns are refused by name before (`delta::refuse_unwritable`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -367,6 +367,65 @@ async fn invariants_and_not_null_columns_are_checked_on_every_row_written() {
     );
 }
 
+/// Tables tributary cannot write exactly are refused by name before anything is written —
+/// not even the adoption's metadata commit — and not retried: column mapping (before:
+/// delta-rs's "Column mapping is not supported for write operation 'ADD COLUMN' yet",
+/// without a way forward) and identity columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn column_mapping_and_identity_columns_are_refused_by_name_before_any_write() {
+    for (fields, configuration, protocol, named) in [
+        (
+            r#"{"name":"id","type":"long","nullable":true,"metadata":{"delta.columnMapping.id":1,"delta.columnMapping.physicalName":"col-1"}},
+               {"name":"amount","type":"long","nullable":true,"metadata":{"delta.columnMapping.id":2,"delta.columnMapping.physicalName":"col-2"}}"#,
+            r#"{"delta.columnMapping.mode":"name","delta.columnMapping.maxColumnId":"2"}"#,
+            (2, 5),
+            "column mapping",
+        ),
+        (
+            r#"{"name":"id","type":"long","nullable":true,"metadata":{"delta.identity.start":1,"delta.identity.step":1,"delta.identity.allowExplicitInsert":false}},
+               {"name":"amount","type":"long","nullable":true,"metadata":{}}"#,
+            "{}",
+            (1, 6),
+            "identity columns (`id`)",
+        ),
+    ] {
+        let fx = Fixture::new(T_TABLE);
+        let mut file = Vec::new();
+        let rows = batch(vec![("id", int64(vec![1])), ("amount", int64(vec![10]))]);
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut file, rows.schema(), None).unwrap();
+        w.write(&rows).unwrap();
+        w.close().unwrap();
+        create_foreign_table(&fx, fields, configuration, &file);
+        // The protocol the feature needs.
+        let log = fx.path("curated/t/_delta_log/00000000000000000000.json");
+        let text = std::fs::read_to_string(&log).unwrap().replace(
+            r#""protocol":{"minReaderVersion":1,"minWriterVersion":2}"#,
+            &format!(
+                r#""protocol":{{"minReaderVersion":{},"minWriterVersion":{}}}"#,
+                protocol.0, protocol.1
+            ),
+        );
+        std::fs::write(&log, text).unwrap();
+        let before = log_files(&fx);
+        let f = fx.put_batch(
+            "src/t",
+            "20240101-000000001.parquet",
+            &batch(vec![
+                ("Op", strings(&["U"])),
+                ("id", int64(vec![1])),
+                ("amount", int64(vec![20])),
+            ]),
+        );
+        let r = fx.engine.process(std::slice::from_ref(&f)).await;
+        let e = Fixture::failure(&r, &f);
+        assert_eq!(e.kind(), "unsupported", "{e}");
+        assert!(e.to_string().contains(named), "{e}");
+        assert!(e.to_string().contains("new table"), "the way forward: {e}");
+        assert!(!e.is_retryable(), "{e}");
+        assert_eq!(log_files(&fx), before, "nothing written: {named}");
+    }
+}
+
 /// A delete or an update on an `appendOnly` table fails the same way at every attempt:
 /// not retryable (before: retried for about 70 minutes before the dead-letter queue).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

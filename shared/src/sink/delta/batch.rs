@@ -596,6 +596,7 @@ pub(super) fn absorb(report: &mut TableReport, r: Option<crate::catalog::Catalog
 /// the table have no order key and rank below every change (`t.seq IS NULL` is older): the
 /// first change of each key replaces its row; a re-delivered file is screened out.
 pub(crate) async fn adopt(table: &TableConfig, target: DeltaTable) -> Result<DeltaTable> {
+    delta::refuse_unwritable(&target, &table.name)?;
     let Some(schema) = delta::arrow_schema(&target) else {
         return Ok(target);
     };
