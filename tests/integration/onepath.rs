@@ -337,7 +337,79 @@ proptest! {
     }
 }
 
-/// A deletion vector on the data file holding `ids`, written as Spark writes one: the
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases().max(1), max_shrink_iters: 20, ..ProptestConfig::default() })]
+
+    /// A table whose rows another writer deleted with deletion vectors (as Spark's DELETE
+    /// does), then CDC files delivered shuffled, duplicated and grouped at random: the
+    /// table converges to the load less those rows with every change applied in order —
+    /// a deleted row comes back only when a change sets it — all by the rewrite.
+    #[test]
+    fn a_table_with_deletion_vectors_converges(
+        seed in any::<u64>(),
+        keys in 1i64..8,
+        changes in 1usize..20,
+        max_file in 1usize..5,
+        vector_seed in any::<u64>(),
+        dup_seed in any::<u64>(),
+    ) {
+        use rand::{Rng, SeedableRng};
+        let rt = runtime();
+        let fx = Fixture::items();
+        let (load, files) = history(seed, keys, changes, max_file);
+        if load.is_empty() {
+            return Ok(());
+        }
+        let mut expected: std::collections::BTreeMap<i64, (String, i64)> = Default::default();
+        for c in &load {
+            match c.op {
+                'D' => { expected.remove(&c.id); }
+                _ => { expected.insert(c.id, (c.part.clone(), c.val)); }
+            }
+        }
+        let url = fx.put_batch("shop/items", "LOAD00000001.parquet", &items_batch(&load, false));
+        rt.block_on(fx.merge_ok(&[url]));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(vector_seed);
+        let mut gone: Vec<i64> = expected.keys().copied().filter(|_| rng.random_bool(0.5)).collect();
+        if gone.is_empty() {
+            gone.extend(expected.keys().next().copied());
+        }
+        if gone.is_empty() {
+            return Ok(());
+        }
+        delete_with_a_vector(&fx, &gone);
+        for id in &gone {
+            expected.remove(id);
+        }
+        for c in files.iter().flatten() {
+            match c.op {
+                'D' => { expected.remove(&c.id); }
+                _ => { expected.insert(c.id, (c.part.clone(), c.val)); }
+            }
+        }
+        let urls: Vec<url::Url> = files
+            .iter()
+            .enumerate()
+            .map(|(n, f)| {
+                let name = format!("2024/01/01/20240101-{:010}.parquet", n + 1);
+                fx.put_batch("shop/items", &name, &items_batch(f, true))
+            })
+            .collect();
+        for call in deliveries(&urls, dup_seed) {
+            let r = rt.block_on(fx.engine.process(&call));
+            prop_assert!(r.failures().next().is_none(), "{:?}", r.files);
+            prop_assert!(
+                r.tables.iter().all(|t| t.write_path != Some(WritePath::Merge)),
+                "{:?}",
+                r.tables
+            );
+        }
+        let expected: Vec<Row> = expected.into_iter().map(|(id, (p, v))| (id, p, v)).collect();
+        prop_assert_eq!(rt.block_on(fx.items_rows()), expected);
+    }
+}
+
+/// A deletion vector on the data files holding `ids`, written as Spark writes one: the
 /// protocol's format (the kernel's writer: version byte, size, magic number, bitmap,
 /// checksum) in a `deletion_vector_*.bin` file, an `add` of the same path with its
 /// descriptor, and the protocol raised to reader 3 / writer 7 with `deletionVectors`.
@@ -346,37 +418,6 @@ fn delete_with_a_vector(fx: &Fixture, ids: &[i64]) {
         KernelDeletionVector, StreamingDeletionVectorWriter,
     };
     let root = fx.path("curated/items");
-    let files = parquet_files(&root);
-    assert_eq!(files.len(), 1, "one data file: {files:?}");
-    let file = &files[0];
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
-        std::fs::File::open(file).unwrap(),
-    )
-    .unwrap()
-    .build()
-    .unwrap();
-    let mut positions = Vec::new();
-    let mut at = 0u64;
-    for b in reader {
-        let b = b.unwrap();
-        let id = arrow::compute::cast(b.column_by_name("id").unwrap(), &DataType::Int64).unwrap();
-        for (i, v) in id.as_primitive::<Int64Type>().iter().enumerate() {
-            if ids.contains(&v.unwrap()) {
-                positions.push(at + i as u64);
-            }
-        }
-        at += b.num_rows() as u64;
-    }
-    assert_eq!(positions.len(), ids.len());
-    let mut dv = KernelDeletionVector::new();
-    dv.add_deleted_row_indexes(positions.iter().copied());
-    let mut bytes = Vec::new();
-    let mut w = StreamingDeletionVectorWriter::new(&mut bytes);
-    let written = w.write_deletion_vector(dv).unwrap();
-    w.finalize().unwrap();
-    let dv_path = root.join("deletion_vector_5c0d1f0e-7a3b-4a52-9d7e-0f6c2b1a9e88.bin");
-    std::fs::write(&dv_path, &bytes).unwrap();
-    // The file's `add` as the log has it, with the descriptor (absolute path storage).
     let log = root.join("_delta_log");
     let mut versions: Vec<_> = std::fs::read_dir(&log)
         .unwrap()
@@ -385,12 +426,7 @@ fn delete_with_a_vector(fx: &Fixture, ids: &[i64]) {
         .filter(|n| n.ends_with(".json"))
         .collect();
     versions.sort();
-    let rel = file
-        .strip_prefix(&root)
-        .unwrap()
-        .to_string_lossy()
-        .to_string();
-    let add = versions
+    let adds: Vec<serde_json::Value> = versions
         .iter()
         .flat_map(|v| {
             std::fs::read_to_string(log.join(v))
@@ -401,31 +437,77 @@ fn delete_with_a_vector(fx: &Fixture, ids: &[i64]) {
         })
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
         .filter_map(|v| v.get("add").cloned())
-        .find(|a| {
-            let p = a["path"].as_str().unwrap();
-            percent_decode(p) == rel
-        })
-        .expect("the file's add");
-    let mut with_dv = add.clone();
-    with_dv["deletionVector"] = serde_json::json!({
-        "storageType": "p",
-        "pathOrInlineDv": url::Url::from_file_path(&dv_path).unwrap().to_string(),
-        "offset": written.offset,
-        "sizeInBytes": written.size_in_bytes,
-        "cardinality": written.cardinality,
-    });
-    let remove = serde_json::json!({"remove": {
-        "path": add["path"], "dataChange": true, "deletionTimestamp": 1,
-        "extendedFileMetadata": true, "partitionValues": add["partitionValues"],
-        "size": add["size"],
-    }});
+        .collect();
+    let mut actions = vec![
+        serde_json::json!({"commitInfo": {"timestamp": 1, "operation": "DELETE"}}),
+        serde_json::json!({"protocol": {
+            "minReaderVersion": 3, "minWriterVersion": 7,
+            "readerFeatures": ["deletionVectors"], "writerFeatures": ["deletionVectors"],
+        }}),
+    ];
+    let mut deleted = 0;
+    // Every data file on disk is live: only the load was merged before.
+    for (n, file) in parquet_files(&root).iter().enumerate() {
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            std::fs::File::open(file).unwrap(),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+        let mut positions = Vec::new();
+        let mut at = 0u64;
+        for b in reader {
+            let b = b.unwrap();
+            let id =
+                arrow::compute::cast(b.column_by_name("id").unwrap(), &DataType::Int64).unwrap();
+            for (i, v) in id.as_primitive::<Int64Type>().iter().enumerate() {
+                if ids.contains(&v.unwrap()) {
+                    positions.push(at + i as u64);
+                }
+            }
+            at += b.num_rows() as u64;
+        }
+        if positions.is_empty() {
+            continue;
+        }
+        deleted += positions.len();
+        let mut dv = KernelDeletionVector::new();
+        dv.add_deleted_row_indexes(positions.iter().copied());
+        let mut bytes = Vec::new();
+        let mut w = StreamingDeletionVectorWriter::new(&mut bytes);
+        let written = w.write_deletion_vector(dv).unwrap();
+        w.finalize().unwrap();
+        let dv_path = root.join(format!(
+            "deletion_vector_5c0d1f0e-7a3b-4a52-9d7e-0f6c2b1a{n:04}.bin"
+        ));
+        std::fs::write(&dv_path, &bytes).unwrap();
+        let rel = file
+            .strip_prefix(&root)
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        let add = adds
+            .iter()
+            .find(|a| percent_decode(a["path"].as_str().unwrap()) == rel)
+            .expect("the file's add");
+        let mut with_dv = add.clone();
+        with_dv["deletionVector"] = serde_json::json!({
+            "storageType": "p",
+            "pathOrInlineDv": url::Url::from_file_path(&dv_path).unwrap().to_string(),
+            "offset": written.offset,
+            "sizeInBytes": written.size_in_bytes,
+            "cardinality": written.cardinality,
+        });
+        actions.push(serde_json::json!({"remove": {
+            "path": add["path"], "dataChange": true, "deletionTimestamp": 1,
+            "extendedFileMetadata": true, "partitionValues": add["partitionValues"],
+            "size": add["size"],
+        }}));
+        actions.push(serde_json::json!({"add": with_dv}));
+    }
+    assert_eq!(deleted, ids.len(), "every id found once");
     let last: u64 = versions.last().unwrap()[..20].parse().unwrap();
-    let protocol = serde_json::json!({"protocol": {
-        "minReaderVersion": 3, "minWriterVersion": 7,
-        "readerFeatures": ["deletionVectors"], "writerFeatures": ["deletionVectors"],
-    }});
-    let info = serde_json::json!({"commitInfo": {"timestamp": 1, "operation": "DELETE"}});
-    let lines = [info, protocol, remove, serde_json::json!({"add": with_dv})]
+    let lines = actions
         .iter()
         .map(|v| v.to_string())
         .collect::<Vec<_>>()
