@@ -45,6 +45,8 @@ pub(crate) struct Violation {
     pub(crate) row: usize,
     pub(crate) rule: String,
     pub(crate) text: String,
+    /// The columns the rule reads.
+    pub(crate) columns: Vec<String>,
 }
 
 impl Checks {
@@ -111,10 +113,16 @@ impl Checks {
                 continue;
             }
             if let Some(row) = (0..ok.len()).find(|i| !ok.is_valid(*i) || !ok.value(*i)) {
+                let mut columns = Vec::new();
+                match &r.kind {
+                    RuleKind::NotNull(c) => columns.push(c.clone()),
+                    RuleKind::Check(e) => columns_of(e, &mut columns),
+                }
                 return Ok(Some(Violation {
                     row,
                     rule: r.name.clone(),
                     text: r.text.clone(),
+                    columns,
                 }));
             }
         }
@@ -138,15 +146,30 @@ impl Checks {
         let Some(v) = self.first_violation(b)? else {
             return Ok(());
         };
-        let row = key
+        let values = |names: &[String]| {
+            names
+                .iter()
+                .filter_map(|k| {
+                    let c = column(b, k).ok()?;
+                    let value = match c.is_null(v.row) {
+                        true => "NULL".to_string(),
+                        false => arrow::util::display::array_value_to_string(&c, v.row).ok()?,
+                    };
+                    Some(format!("{k} = {value}"))
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let read: Vec<String> = v
+            .columns
             .iter()
-            .filter_map(|k| {
-                let c = b.column_by_name(k)?;
-                let value = arrow::util::display::array_value_to_string(c, v.row).ok()?;
-                Some(format!("{k} = {value}"))
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+            .filter(|c| !key.contains(c))
+            .cloned()
+            .collect();
+        let row = match read.is_empty() {
+            true => values(key),
+            false => format!("{} ({})", values(key), values(&read)),
+        };
         Err(Error::bad_input(
             files,
             crate::error::Location::File,
@@ -182,6 +205,41 @@ fn parsed(label: &str, name: String, sql: &str) -> Result<Rule> {
             feature: format!("{name} ({sql}) uses {why}, which tributary does not evaluate (writers must check every row against it)"),
             way_forward: "nothing was written; drop the constraint (ALTER TABLE … DROP CONSTRAINT) or restate it with comparisons, AND/OR/NOT, arithmetic, IS NULL, BETWEEN or IN, then replay the files".to_string(),
         }),
+    }
+}
+
+/// The columns `e` reads, in order, once each.
+fn columns_of(e: &Expr, out: &mut Vec<String>) {
+    let mut add = |name: &str| {
+        if !out.iter().any(|c| c == name) {
+            out.push(name.to_string());
+        }
+    };
+    match e {
+        Expr::Identifier(i) => add(&i.value),
+        Expr::CompoundIdentifier(parts) => {
+            if let Some(p) = parts.first() {
+                add(&p.value)
+            }
+        }
+        Expr::Nested(x) | Expr::IsNull(x) | Expr::IsNotNull(x) => columns_of(x, out),
+        Expr::UnaryOp { expr, .. } => columns_of(expr, out),
+        Expr::BinaryOp { left, right, .. } => {
+            columns_of(left, out);
+            columns_of(right, out);
+        }
+        Expr::Between {
+            expr, low, high, ..
+        } => {
+            columns_of(expr, out);
+            columns_of(low, out);
+            columns_of(high, out);
+        }
+        Expr::InList { expr, list, .. } => {
+            columns_of(expr, out);
+            list.iter().for_each(|x| columns_of(x, out));
+        }
+        _ => {}
     }
 }
 
@@ -543,6 +601,20 @@ mod tests {
             "{text}"
         );
         assert!(!e.is_retryable());
+    }
+
+    /// The refusal names the constraint, the first row's key and the values it read.
+    #[test]
+    fn a_violation_names_the_rows_key_and_the_values_the_constraint_read() {
+        let rule = parsed("t", "CHECK small".into(), "amount < 100").unwrap();
+        let checks = Checks { rules: vec![rule] };
+        let e = checks
+            .verify("t", "f.csv", &["id".to_string()], &batch())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("CHECK small (amount < 100)"), "{e}");
+        assert!(e.contains("id = 2 (amount = 500.00)"), "{e}");
+        assert!(e.contains("f.csv"), "{e}");
     }
 
     #[test]
