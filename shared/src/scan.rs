@@ -95,7 +95,30 @@ impl Scan {
             .iter()
             .filter(|v| self.may_hold(v))
             .collect();
-        for v in &selected {
+        // Small files (a tombstone table's between maintenance runs: one per merge with
+        // deletes) are read several at a time — on S3 each is a round trip — and larger ones
+        // streamed one after the other, a batch at a time.
+        let (small, large): (Vec<_>, Vec<_>) = selected
+            .into_iter()
+            .partition(|v| v.size() <= PREFETCH_FILE);
+        let mut reads = futures::stream::iter(small.into_iter().map(|v| {
+            let (files, schema) = (files.clone(), schema.clone());
+            let partition = Partition::of(&v, &partition_columns);
+            async move {
+                use futures::TryStreamExt;
+                let batches = files.stream(&v, &schema, &partition).await?;
+                batches.try_collect::<Vec<_>>().await
+            }
+        }))
+        .buffer_unordered(PREFETCH);
+        while let Some(read) = reads.next().await {
+            for b in read.map_err(|e| e.into_error(&label))? {
+                if !f(b)? {
+                    return Ok(());
+                }
+            }
+        }
+        for v in &large {
             let partition = Partition::of(v, &partition_columns);
             let mut batches = files
                 .stream(v, &schema, &partition)
@@ -110,6 +133,11 @@ impl Scan {
         Ok(())
     }
 }
+
+/// Files up to this size are read [`PREFETCH`] at a time, whole.
+const PREFETCH_FILE: i64 = 4 * 1024 * 1024;
+/// Small files read at once (at most 32 MiB held).
+const PREFETCH: usize = 8;
 
 /// A file's minimum and maximum of `column` from its statistics, as bounds of the kind of
 /// `like`; none without them.
