@@ -39,7 +39,8 @@ type Result<T> = std::result::Result<T, ReadError>;
 #[derive(Clone)]
 pub(crate) struct TableFiles {
     pub(crate) store: Arc<dyn ObjectStore>,
-    engine: Arc<dyn delta_kernel::Engine>,
+    /// For the kernel engine that reads deletion vectors (made only when a file has one).
+    log_store: deltalake::logstore::LogStoreRef,
     root: url::Url,
 }
 
@@ -52,7 +53,7 @@ impl TableFiles {
         }
         TableFiles {
             store: log_store.object_store(None),
-            engine: log_store.engine(None),
+            log_store: log_store.clone(),
             root,
         }
     }
@@ -71,7 +72,7 @@ impl TableFiles {
         };
         let dv = delta_kernel::actions::deletion_vector::DeletionVectorDescriptor::try_from(dv)
             .map_err(|e| err(e.to_string()))?;
-        let storage = self.engine.storage_handler();
+        let storage = self.log_store.engine(None).storage_handler();
         let root = self.root.clone();
         let read = tokio::task::spawn_blocking(move || dv.read(storage, &root))
             .await
