@@ -198,6 +198,28 @@ fn int64(v: Vec<i64>) -> tributary::deltalake::arrow::array::ArrayRef {
     Arc::new(tributary::deltalake::arrow::array::Int64Array::from(v))
 }
 
+/// A CDC file of table `t` (`Op`, `id`, `amount`) under its source.
+fn put_t(fx: &Fixture, name: &str, ops: &[&str], ids: Vec<i64>, amounts: Vec<i64>) -> url::Url {
+    fx.put_batch(
+        "src/t",
+        name,
+        &batch(vec![
+            ("Op", strings(ops)),
+            ("id", int64(ids)),
+            ("amount", int64(amounts)),
+        ]),
+    )
+}
+
+/// `rows` as a Parquet file's bytes.
+fn parquet_bytes(rows: &tributary::deltalake::arrow::array::RecordBatch) -> Vec<u8> {
+    let mut file = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut file, rows.schema(), None).unwrap();
+    w.write(rows).unwrap();
+    w.close().unwrap();
+    file
+}
+
 /// Table `t` created by tributary from a full load of (1, 10), (2, 20): id, amount.
 async fn loaded() -> (Fixture, tributary::deltalake::DeltaTable) {
     let fx = Fixture::new(T_TABLE);
@@ -231,15 +253,7 @@ async fn a_check_constraint_refuses_inserts_as_it_refuses_updates() {
         ("20240101-000000001.parquet", vec!["I", "I"], vec![3, 4]),
         ("20240101-000000002.parquet", vec!["U", "I"], vec![1, 4]),
     ] {
-        let f = fx.put_batch(
-            "src/t",
-            name,
-            &batch(vec![
-                ("Op", strings(&ops)),
-                ("id", int64(ids)),
-                ("amount", int64(vec![30, 500])),
-            ]),
-        );
+        let f = put_t(&fx, name, &ops, ids, vec![30, 500]);
         let r = fx.engine.process(std::slice::from_ref(&f)).await;
         let e = Fixture::failure(&r, &f);
         assert!(e.to_string().contains("amount < 100"), "{name}: {e}");
@@ -259,15 +273,7 @@ async fn a_check_constraint_refuses_inserts_as_it_refuses_updates() {
         vec!["1:10", "2:20"]
     );
     // A file whose rows keep the constraint: tributary's rewrite, not delta-rs's MERGE.
-    let ok = fx.put_batch(
-        "src/t",
-        "20240101-000000003.parquet",
-        &batch(vec![
-            ("Op", strings(&["U"])),
-            ("id", int64(vec![1])),
-            ("amount", int64(vec![99])),
-        ]),
-    );
+    let ok = put_t(&fx, "20240101-000000003.parquet", &["U"], vec![1], vec![99]);
     let r = fx.merge_ok(&[ok]).await;
     assert_eq!(
         r.tables[0].write_path,
@@ -300,10 +306,7 @@ async fn invariants_and_not_null_columns_are_checked_on_every_row_written() {
         ],
     )
     .unwrap();
-    let mut file = Vec::new();
-    let mut w = parquet::arrow::ArrowWriter::try_new(&mut file, schema, None).unwrap();
-    w.write(&rows).unwrap();
-    w.close().unwrap();
+    let file = parquet_bytes(&rows);
     create_foreign_table(
         &fx,
         r#"{"name":"id","type":"long","nullable":false,"metadata":{}},
@@ -390,12 +393,8 @@ async fn column_mapping_and_identity_columns_are_refused_by_name_before_any_writ
         ),
     ] {
         let fx = Fixture::new(T_TABLE);
-        let mut file = Vec::new();
         let rows = batch(vec![("id", int64(vec![1])), ("amount", int64(vec![10]))]);
-        let mut w = parquet::arrow::ArrowWriter::try_new(&mut file, rows.schema(), None).unwrap();
-        w.write(&rows).unwrap();
-        w.close().unwrap();
-        create_foreign_table(&fx, fields, configuration, &file);
+        create_foreign_table(&fx, fields, configuration, &parquet_bytes(&rows));
         // The protocol the feature needs.
         let log = fx.path("curated/t/_delta_log/00000000000000000000.json");
         let text = std::fs::read_to_string(&log).unwrap().replace(
@@ -407,15 +406,7 @@ async fn column_mapping_and_identity_columns_are_refused_by_name_before_any_writ
         );
         std::fs::write(&log, text).unwrap();
         let before = log_files(&fx);
-        let f = fx.put_batch(
-            "src/t",
-            "20240101-000000001.parquet",
-            &batch(vec![
-                ("Op", strings(&["U"])),
-                ("id", int64(vec![1])),
-                ("amount", int64(vec![20])),
-            ]),
-        );
+        let f = put_t(&fx, "20240101-000000001.parquet", &["U"], vec![1], vec![20]);
         let r = fx.engine.process(std::slice::from_ref(&f)).await;
         let e = Fixture::failure(&r, &f);
         assert_eq!(e.kind(), "unsupported", "{e}");
@@ -435,15 +426,7 @@ async fn a_delete_on_an_append_only_table_is_refused_and_not_retried() {
         .with_properties([("delta.appendOnly".to_string(), "true".to_string())].into())
         .await
         .unwrap();
-    let f = fx.put_batch(
-        "src/t",
-        "20240101-000000001.parquet",
-        &batch(vec![
-            ("Op", strings(&["D"])),
-            ("id", int64(vec![1])),
-            ("amount", int64(vec![10])),
-        ]),
-    );
+    let f = put_t(&fx, "20240101-000000001.parquet", &["D"], vec![1], vec![10]);
     let r = fx.engine.process(std::slice::from_ref(&f)).await;
     let e = Fixture::failure(&r, &f);
     assert!(e.to_string().contains("append-only"), "{e}");

@@ -335,10 +335,6 @@ proptest! {
             prop_assert_eq!(rt.block_on(fx.items_rows()), plain);
         }
     }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: cases().max(1), max_shrink_iters: 20, ..ProptestConfig::default() })]
 
     /// A table whose rows another writer deleted with deletion vectors (as Spark's DELETE
     /// does), then CDC files delivered shuffled, duplicated and grouped at random: the
