@@ -36,6 +36,76 @@ pub(crate) async fn merged_table(
     (config, table)
 }
 
+/// A table's rows as one batch, read by tributary's own scan: `columns` (every column when
+/// empty), sorted by the `order_by` columns (ascending, nulls last, as SQL's `ORDER BY`),
+/// which need not be among them.
+pub(crate) async fn table_batch(
+    table: &deltalake::DeltaTable,
+    columns: &[&str],
+    order_by: &[&str],
+) -> arrow::array::RecordBatch {
+    use arrow::compute::{lexsort_to_indices, take_record_batch, SortColumn, SortOptions};
+    let mut read = columns.to_vec();
+    read.extend(order_by.iter().filter(|c| !columns.contains(c)));
+    let scan = match columns.is_empty() {
+        true => crate::scan::Scan::default(),
+        false => crate::scan::Scan::columns(&read),
+    };
+    let batches = scan.rows(table).await.unwrap();
+    let all = table.snapshot().unwrap().snapshot().arrow_schema();
+    let schema = match (batches.first(), columns.is_empty()) {
+        (Some(b), _) => b.schema(),
+        (None, true) => all,
+        (None, false) => Arc::new(arrow::datatypes::Schema::new(
+            read.iter()
+                .map(|c| all.field_with_name(c).unwrap().clone())
+                .collect::<Vec<_>>(),
+        )),
+    };
+    let b = arrow::compute::concat_batches(&schema, &batches).unwrap();
+    let b = match order_by.is_empty() {
+        true => b,
+        false => {
+            let keys: Vec<SortColumn> = order_by
+                .iter()
+                .map(|c| SortColumn {
+                    values: b.column_by_name(c).unwrap().clone(),
+                    options: Some(SortOptions {
+                        descending: false,
+                        nulls_first: false,
+                    }),
+                })
+                .collect();
+            take_record_batch(&b, &lexsort_to_indices(&keys, None).unwrap()).unwrap()
+        }
+    };
+    match columns.is_empty() {
+        true => b,
+        false => {
+            let at: Vec<usize> = columns
+                .iter()
+                .map(|c| b.schema().index_of(c).unwrap())
+                .collect();
+            b.project(&at).unwrap()
+        }
+    }
+}
+
+/// Each row's values as text, as SQL's `CAST(… AS VARCHAR)` writes them (arrow's display;
+/// binary as hex); `None` for nulls.
+pub(crate) fn text_values(b: &arrow::array::RecordBatch) -> Vec<Vec<Option<String>>> {
+    use arrow::array::Array;
+    use arrow::util::display::array_value_to_string;
+    (0..b.num_rows())
+        .map(|i| {
+            b.columns()
+                .iter()
+                .map(|c| c.is_valid(i).then(|| array_value_to_string(c, i).unwrap()))
+                .collect()
+        })
+        .collect()
+}
+
 /// An object store that counts the GET requests it serves (the S3 requests a read costs).
 #[derive(Debug)]
 pub(crate) struct Counting {

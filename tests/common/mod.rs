@@ -9,10 +9,18 @@ use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tributary::deltalake::arrow::array::{
-    Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray,
+    new_null_array, Array, ArrayRef, AsArray, Int64Array, RecordBatch, Scalar, StringArray,
+    UInt32Array,
 };
-use tributary::deltalake::arrow::compute::cast;
-use tributary::deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use tributary::deltalake::arrow::compute::kernels::cmp::{eq, gt, lt};
+use tributary::deltalake::arrow::compute::{
+    cast, concat_batches, filter_record_batch, lexsort_to_indices, take, take_record_batch,
+    SortColumn, SortOptions,
+};
+use tributary::deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use tributary::deltalake::arrow::util::display::array_value_to_string;
+use tributary::deltalake::DeltaTable;
+use tributary::scan::Scan;
 use tributary::{delta, demo, Config, Engine};
 use url::Url;
 
@@ -121,25 +129,22 @@ impl Fixture {
         r
     }
 
+    /// The (id, part, val) rows of the `items` table, by id.
     pub async fn items_rows(&self) -> Vec<Row> {
-        read_rows(
-            &self.url("curated/items"),
-            "SELECT id, part, val FROM t ORDER BY id",
-        )
-        .await
+        read_rows(&self.url("curated/items")).await
     }
 }
 
-/// Read (id, part, val) rows of a table with the given SQL.
-pub async fn read_rows(table: &Url, sql: &str) -> Vec<Row> {
+/// The (id, part, val) rows of a table, by id (none when it has no version yet).
+pub async fn read_rows(table: &Url) -> Vec<Row> {
     let t = delta::open(table, &Default::default()).await.expect("open");
     if !delta::exists(&t) {
         return vec![];
     }
-    rows_of(&delta::query(&t, sql).await.expect("query"))
+    rows_of(&[table_batch(&t, &["id", "part", "val"], &["id"]).await])
 }
 
-/// The (id, part, val) rows of query results, in their order.
+/// The (id, part, val) rows of batches of those three columns, in their order.
 pub fn rows_of(batches: &[RecordBatch]) -> Vec<Row> {
     let mut out = Vec::new();
     for b in batches {
@@ -385,12 +390,44 @@ impl Fixture {
         .expect("maintenance")
     }
 
-    /// Run SQL against a curated table (`rel` under the fixture dir), table registered as `t`.
-    pub async fn query(&self, rel: &str, sql: &str) -> Vec<RecordBatch> {
-        let t = delta::open(&self.url(rel), &Default::default())
+    /// A curated table (`rel` under the fixture dir), at its newest version.
+    pub async fn table(&self, rel: &str) -> DeltaTable {
+        delta::open(&self.url(rel), &Default::default())
             .await
-            .expect("open");
-        delta::query(&t, sql).await.expect("query")
+            .expect("open")
+    }
+
+    /// [`table_batch`] of the table `rel`.
+    pub async fn batch(&self, rel: &str, columns: &[&str], order_by: &[&str]) -> RecordBatch {
+        table_batch(&self.table(rel).await, columns, order_by).await
+    }
+
+    /// [`text_values`] of the table `rel`'s rows ([`table_batch`]).
+    pub async fn values(
+        &self,
+        rel: &str,
+        columns: &[&str],
+        order_by: &[&str],
+    ) -> Vec<Vec<Option<String>>> {
+        text_values(&self.batch(rel, columns, order_by).await)
+    }
+
+    /// [`text_rows`] of the table `rel`'s rows ([`table_batch`]).
+    pub async fn rows(&self, rel: &str, columns: &[&str], order_by: &[&str]) -> Vec<Vec<String>> {
+        text_rows(&self.batch(rel, columns, order_by).await)
+    }
+
+    /// One column of the table `rel` as text (`NULL` for nulls), rows sorted by `order_by`.
+    pub async fn column(&self, rel: &str, column: &str, order_by: &[&str]) -> Vec<String> {
+        let rows = self.rows(rel, &[column], order_by).await;
+        rows.into_iter().map(|mut r| r.remove(0)).collect()
+    }
+
+    /// The names of the table `rel`'s columns, in its schema's order.
+    pub async fn columns(&self, rel: &str) -> Vec<String> {
+        let t = self.table(rel).await;
+        let schema = t.snapshot().expect("snapshot").snapshot().arrow_schema();
+        schema.fields().iter().map(|f| f.name().clone()).collect()
     }
 
     /// The error of a file that must have failed.
@@ -402,20 +439,297 @@ impl Fixture {
     }
 }
 
-/// Every value of the query's first column as text (NULL for nulls), in order.
-pub fn column_text(batches: &[RecordBatch]) -> Vec<String> {
-    use tributary::deltalake::arrow::util::display::array_value_to_string;
-    let mut out = Vec::new();
-    for b in batches {
-        for i in 0..b.num_rows() {
-            out.push(if b.column(0).is_null(i) {
-                "NULL".to_string()
-            } else {
-                array_value_to_string(b.column(0), i).expect("display")
-            });
+/// A table's rows as one batch, read by tributary's own scan (deletion vectors applied):
+/// `columns` (every column when empty), sorted by the `order_by` columns (ascending, nulls
+/// last, as SQL's `ORDER BY`), which need not be among them.
+pub async fn table_batch(t: &DeltaTable, columns: &[&str], order_by: &[&str]) -> RecordBatch {
+    let Ok(snapshot) = t.snapshot() else {
+        return RecordBatch::new_empty(Arc::new(Schema::empty()));
+    };
+    let scan = match columns.is_empty() {
+        true => Scan::default(),
+        false => {
+            let mut read = columns.to_vec();
+            read.extend(order_by.iter().filter(|c| !columns.contains(c)));
+            Scan::columns(&read)
+        }
+    };
+    let batches = scan.rows(t).await.expect("scan");
+    let schema: SchemaRef = match (batches.first(), &scan.columns) {
+        (Some(b), _) => b.schema(),
+        (None, None) => snapshot.snapshot().arrow_schema(),
+        (None, Some(read)) => {
+            let all = snapshot.snapshot().arrow_schema();
+            let fields: Vec<Field> = read
+                .iter()
+                .map(|c| all.field_with_name(c).expect("column").clone())
+                .collect();
+            Arc::new(Schema::new(fields))
+        }
+    };
+    let b = concat_batches(&schema, &batches).expect("concat");
+    let b = match order_by.is_empty() {
+        true => b,
+        false => {
+            let keys: Vec<SortColumn> = order_by
+                .iter()
+                .map(|c| SortColumn {
+                    values: b.column_by_name(c).expect("order column").clone(),
+                    options: Some(SortOptions {
+                        descending: false,
+                        nulls_first: false,
+                    }),
+                })
+                .collect();
+            let order = lexsort_to_indices(&keys, None).expect("sort");
+            take_record_batch(&b, &order).expect("take")
+        }
+    };
+    match columns.is_empty() {
+        true => b,
+        false => {
+            let at: Vec<usize> = columns
+                .iter()
+                .map(|c| b.schema().index_of(c).expect("column"))
+                .collect();
+            b.project(&at).expect("project")
         }
     }
+}
+
+/// [`text_rows`] of a table's rows ([`table_batch`]).
+pub async fn table_rows(t: &DeltaTable, columns: &[&str], order_by: &[&str]) -> Vec<Vec<String>> {
+    text_rows(&table_batch(t, columns, order_by).await)
+}
+
+/// Each row's values as text, as SQL's `CAST(… AS VARCHAR)` writes them (arrow's display:
+/// `1.50` for a decimal(10,2), `2024-01-01T00:00:00Z` for a UTC timestamp; binary as hex,
+/// which `CAST` would decode as UTF-8 instead); `None` for nulls.
+pub fn text_values(b: &RecordBatch) -> Vec<Vec<Option<String>>> {
+    (0..b.num_rows())
+        .map(|i| {
+            b.columns()
+                .iter()
+                .map(|c| {
+                    c.is_valid(i)
+                        .then(|| array_value_to_string(c, i).expect("display"))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// [`text_values`] with `NULL` for nulls.
+pub fn text_rows(b: &RecordBatch) -> Vec<Vec<String>> {
+    text_values(b)
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .map(|v| v.unwrap_or_else(|| "NULL".to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// SQL's `CONCAT` of values: nulls as empty text.
+pub fn concat(values: &[Option<String>]) -> String {
+    values.iter().flatten().map(String::as_str).collect()
+}
+
+/// SQL's `CONCAT_WS(sep, …)` of values: nulls left out, separator and all.
+pub fn concat_ws(sep: &str, values: &[Option<String>]) -> String {
+    let present: Vec<&str> = values.iter().flatten().map(String::as_str).collect();
+    present.join(sep)
+}
+
+/// The rows whose `column` holds `value` (text of a value of the column's type), `columns`
+/// as text ([`text_rows`]), read as a reader that skips files by the log's statistics reads
+/// them: only the live files whose minimum and maximum of `column` can hold the value.
+pub async fn rows_where(
+    t: &DeltaTable,
+    column: &str,
+    value: &str,
+    columns: &[&str],
+) -> Vec<Vec<String>> {
+    let snapshot = t.snapshot().expect("snapshot");
+    let schema = snapshot.snapshot().arrow_schema();
+    let field = schema.field_with_name(column).expect("column");
+    let text: ArrayRef = Arc::new(StringArray::from(vec![value]));
+    let wanted = cast(&text, field.data_type()).expect("a value of the column's type");
+    assert!(wanted.is_valid(0), "{value:?} is no {}", field.data_type());
+    let files = snapshot.add_actions_table(true).expect("files");
+    let paths = cast(files.column_by_name("path").expect("path"), &DataType::Utf8).expect("text");
+    let paths = paths.as_string::<i32>();
+    let bound = |which: &str| files.column_by_name(&format!("{which}.{column}")).cloned();
+    let (min, max) = (bound("min"), bound("max"));
+    let dv = files
+        .column_by_name("deletion_vector.storage_type")
+        .cloned();
+    let mut out = Vec::new();
+    for i in 0..files.num_rows() {
+        let may_hold = match (&min, &max) {
+            (Some(lo), Some(hi)) if lo.is_valid(i) && hi.is_valid(i) => {
+                let v = Scalar::new(cast(&wanted, lo.data_type()).expect("bound type"));
+                let (lo, hi) = (lo.slice(i, 1), hi.slice(i, 1));
+                !gt(&lo, &v).expect("cmp").value(0) && !lt(&hi, &v).expect("cmp").value(0)
+            }
+            _ => true,
+        };
+        if !may_hold {
+            continue;
+        }
+        assert!(
+            dv.as_ref().is_none_or(|d| d.is_null(i)),
+            "a deletion vector: not read by this helper"
+        );
+        let b = read_data_file(
+            &data_path(t.table_url(), paths.value(i)),
+            &schema,
+            |c, n| {
+                let p = files.column_by_name(&format!("partition.{c}"))?;
+                Some(take(p, &UInt32Array::from(vec![i as u32; n]), None).expect("take"))
+            },
+        );
+        let found = eq(
+            b.column_by_name(column).expect("column"),
+            &Scalar::new(&wanted),
+        )
+        .expect("cmp");
+        let b = filter_record_batch(&b, &found).expect("filter");
+        let at: Vec<usize> = columns
+            .iter()
+            .map(|c| b.schema().index_of(c).expect("column"))
+            .collect();
+        out.extend(text_rows(&b.project(&at).expect("project")));
+    }
     out
+}
+
+/// The local path of a file the log names by `path` (a URI reference, relative to the
+/// table's folder `table`, or absolute).
+pub fn data_path(table: &Url, path: &str) -> PathBuf {
+    let mut base = table.clone();
+    if !base.path().ends_with('/') {
+        base.set_path(&format!("{}/", base.path()));
+    }
+    base.join(path)
+        .expect("file URL")
+        .to_file_path()
+        .expect("local file")
+}
+
+/// A Parquet data file's rows in `schema`: each column the file has, cast to its type; the
+/// others from `other(column, rows)` (partition values, constants), or null.
+pub fn read_data_file(
+    path: &Path,
+    schema: &Schema,
+    other: impl Fn(&str, usize) -> Option<ArrayRef>,
+) -> RecordBatch {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use tributary::deltalake::arrow::array::RecordBatchReader;
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .expect("parquet")
+        .build()
+        .expect("reader");
+    let file_schema = reader.schema();
+    let batches: Vec<RecordBatch> = reader.collect::<Result<_, _>>().expect("read");
+    let b = concat_batches(&file_schema, &batches).expect("concat");
+    let n = b.num_rows();
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| match b.column_by_name(f.name()) {
+            Some(c) => cast(c, f.data_type()).expect("the table's type"),
+            None => other(f.name(), n).unwrap_or_else(|| new_null_array(f.data_type(), n)),
+        })
+        .collect();
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).expect("batch")
+}
+
+/// A table's change data feed from version `from` to its newest, as the Delta protocol
+/// defines it: per commit, the rows of its `cdc` files; in a commit without them, the rows
+/// of the files it adds as inserts and of those it removes as deletes (data changes only).
+/// Every column of the table in its current types, then `_change_type` and
+/// `_commit_version`, in commit order.
+pub async fn change_data_feed(table: &Url, from: u64) -> RecordBatch {
+    let t = delta::open(table, &Default::default()).await.expect("open");
+    let latest = t.version().expect("a version");
+    let table_schema = t.snapshot().expect("snapshot").snapshot().arrow_schema();
+    let mut fields: Vec<Field> = table_schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("_change_type", DataType::Utf8, true));
+    fields.push(Field::new("_commit_version", DataType::Int64, true));
+    let schema = Schema::new(fields);
+    let dir = table.to_file_path().expect("local table");
+    let mut parts = Vec::new();
+    for version in from..=latest {
+        let log = dir.join(format!("_delta_log/{version:020}.json"));
+        let text =
+            std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        let (mut cdc, mut add, mut remove) = (Vec::new(), Vec::new(), Vec::new());
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let action: serde_json::Value = serde_json::from_str(line).expect("action");
+            let data_change = |a: &serde_json::Value| a["dataChange"].as_bool().unwrap_or(false);
+            if let Some(a) = action.get("cdc") {
+                cdc.push(a.clone());
+            } else if let Some(a) = action.get("add").filter(|a| data_change(a)) {
+                add.push(a.clone());
+            } else if let Some(a) = action.get("remove").filter(|a| data_change(a)) {
+                remove.push(a.clone());
+            }
+        }
+        let files: Vec<(serde_json::Value, Option<&str>)> = match cdc.is_empty() {
+            false => cdc.into_iter().map(|a| (a, None)).collect(),
+            true => {
+                let added: Vec<&serde_json::Value> = add.iter().map(|a| &a["path"]).collect();
+                assert!(
+                    remove.iter().all(|r| !added.contains(&&r["path"])),
+                    "version {version}: a file added and removed (a deletion vector's change): \
+                     not read by this helper"
+                );
+                let inserts = add.into_iter().map(|a| (a, Some("insert")));
+                inserts
+                    .chain(remove.into_iter().map(|a| (a, Some("delete"))))
+                    .collect()
+            }
+        };
+        for (action, change) in files {
+            assert!(
+                action["deletionVector"].is_null(),
+                "version {version}: a deletion vector: not read by this helper"
+            );
+            let path = data_path(table, action["path"].as_str().expect("path"));
+            parts.push(read_data_file(&path, &schema, |column, n| {
+                let value: Option<String> = match column {
+                    "_change_type" => Some(change?.to_string()),
+                    "_commit_version" => {
+                        return Some(Arc::new(Int64Array::from(vec![version as i64; n])));
+                    }
+                    c => match action["partitionValues"].get(c)? {
+                        serde_json::Value::String(s) => Some(s.clone()),
+                        _ => None,
+                    },
+                };
+                let text: ArrayRef = Arc::new(StringArray::from(vec![value; n]));
+                let to = schema.field_with_name(column).expect("field").data_type();
+                Some(cast(&text, to).expect("partition value"))
+            }));
+        }
+    }
+    let schema = match parts.first() {
+        Some(b) => b.schema(),
+        None => Arc::new(schema),
+    };
+    concat_batches(&schema, &parts).expect("concat")
 }
 
 /// A buffer the log lines of a test go to.

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tributary::deltalake::arrow::array::{
-    Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray,
+    Array, ArrayRef, AsArray, Int64Array, RecordBatch, Scalar, StringArray,
 };
 use tributary::deltalake::arrow::compute::cast;
 use tributary::deltalake::arrow::datatypes::{DataType, Int64Type};
@@ -244,22 +244,18 @@ async fn history_rows(fx: &Fixture, flag: bool) -> Vec<Row> {
     if !tributary::delta::exists(&t) {
         return vec![];
     }
-    let batches = tributary::delta::query(
-        &t,
-        &format!(
-            r#"SELECT id, t, u, CAST("__START_AT" AS BIGINT), CAST("__END_AT" AS BIGINT), is_current, {} FROM t"#,
-            if flag { r#""__DELETED""# } else { "false" }
-        ),
-    )
-    .await
-    .unwrap();
+    let mut columns = vec!["id", "t", "u", "__START_AT", "__END_AT", "is_current"];
+    if flag {
+        columns.push("__DELETED");
+    }
+    let batches = [table_batch(&t, &columns, &[]).await];
     let mut out = Vec::new();
     for b in &batches {
         let col = |i: usize| cast(b.column(i), &DataType::Int64).unwrap();
         let (id, t, u, s, e) = (col(0), col(1), col(2), col(3), col(4));
         let cur = b.column(5).as_boolean();
-        let deleted = b.column(6).as_boolean();
         for i in 0..b.num_rows() {
+            let deleted = flag && b.column(6).as_boolean().value(i);
             let v = |a: &ArrayRef| a.as_primitive::<Int64Type>().value(i);
             out.push((
                 v(&id),
@@ -268,7 +264,7 @@ async fn history_rows(fx: &Fixture, flag: bool) -> Vec<Row> {
                 v(&s) - BASE_US,
                 e.is_valid(i).then(|| v(&e) - BASE_US),
                 cur.value(i),
-                deleted.value(i),
+                deleted,
             ));
         }
     }
@@ -382,12 +378,8 @@ current_column = "is_current"
 type Version = (i64, String, i64, String, Option<String>, bool);
 
 async fn item_versions(fx: &Fixture) -> Vec<Version> {
-    let b = fx
-        .query(
-            "curated/items_history",
-            r#"SELECT id, part, val, CAST("__START_AT" AS VARCHAR) AS s, CAST("__END_AT" AS VARCHAR) AS e, is_current FROM t ORDER BY id, s"#,
-        )
-        .await;
+    let columns = ["id", "part", "val", "__START_AT", "__END_AT", "is_current"];
+    let b = [fx.batch("curated/items_history", &columns, &[]).await];
     let mut out = Vec::new();
     for b in &b {
         let text = |i: usize| cast(b.column(i), &DataType::Utf8).unwrap();
@@ -413,6 +405,8 @@ async fn item_versions(fx: &Fixture) -> Vec<Version> {
             ));
         }
     }
+    // by id, then start as text
+    out.sort_by(|x: &Version, y: &Version| (x.0, &x.3).cmp(&(y.0, &y.3)));
     out
 }
 
@@ -693,12 +687,8 @@ fn put_s(fx: &Fixture, name: &str, rows: &[(char, Option<&str>, i64, i64)]) -> u
 
 /// (id, val, start as text, end as text, is_current) of `s`'s history, ordered.
 async fn s_versions(fx: &Fixture) -> Vec<(i64, i64, String, Option<String>, bool)> {
-    let b = fx
-        .query(
-            "curated/s_history",
-            r#"SELECT id, val, CAST("__START_AT" AS VARCHAR) AS s, CAST("__END_AT" AS VARCHAR) AS e, is_current FROM t ORDER BY id, s"#,
-        )
-        .await;
+    let columns = ["id", "val", "__START_AT", "__END_AT", "is_current"];
+    let b = [fx.batch("curated/s_history", &columns, &[]).await];
     let mut out = Vec::new();
     for b in &b {
         let text = |i: usize| cast(b.column(i), &DataType::Utf8).unwrap();
@@ -710,17 +700,21 @@ async fn s_versions(fx: &Fixture) -> Vec<(i64, i64, String, Option<String>, bool
             b.column(4).as_boolean(),
         );
         for i in 0..b.num_rows() {
-            let t = |v: &str| v.trim_end_matches('Z').replace('T', " ");
             out.push((
                 id.value(i),
                 val.value(i),
-                t(s.value(i)),
-                e.is_valid(i).then(|| t(e.value(i))),
+                s.value(i).to_string(),
+                e.is_valid(i).then(|| e.value(i).to_string()),
                 cur.value(i),
             ));
         }
     }
-    out
+    // by id, then start as text
+    out.sort_by(|x, y| (x.0, &x.2).cmp(&(y.0, &y.2)));
+    let t = |v: &str| v.trim_end_matches('Z').replace('T', " ");
+    out.into_iter()
+        .map(|(id, val, s, e, cur)| (id, val, t(&s), e.map(|e| t(&e)), cur))
+        .collect()
 }
 
 /// The Delta type of the history's start column (`string`, `timestamp`).
@@ -801,36 +795,37 @@ async fn a_full_load_without_sequence_values_neither_fixes_the_history_type_nor_
             assert_eq!(got, want, "text {text}, load first {load_first}");
             // "As of" a time between the load and the first change: the loaded state.
             let as_of = if text {
-                "'20261130070000000000000000000000001'"
+                "20261130070000000000000000000000001"
             } else {
-                "TIMESTAMP '2026-11-30 07:00:00Z'"
+                "2026-11-30T07:00:00Z"
             };
-            let b = fx
-                .query(
-                    "curated/s_history",
-                    &format!(
-                        r#"SELECT id, val FROM t WHERE "__START_AT" <= {as_of} AND ("__END_AT" > {as_of} OR "__END_AT" IS NULL) ORDER BY id"#
-                    ),
-                )
-                .await;
-            let vals: Vec<i64> = b
-                .iter()
-                .flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec())
-                .collect();
+            let columns = ["id", "val", "__START_AT", "__END_AT"];
+            let b = fx.batch("curated/s_history", &columns, &["id"]).await;
+            let vals = versions_as_of(&b, as_of);
             assert_eq!(vals, vec![10, 20], "text {text}, load first {load_first}");
         }
     }
 }
 
+/// The `val`s of the versions (`id`, `val`, start, end) valid at `as_of` (text of a value of
+/// the start column's type), as SQL's `start <= as_of AND (end > as_of OR end IS NULL)`
+/// selects them, in the batch's order.
+fn versions_as_of(b: &RecordBatch, as_of: &str) -> Vec<i64> {
+    use tributary::deltalake::arrow::compute::kernels::boolean::{and_kleene, is_null, or_kleene};
+    use tributary::deltalake::arrow::compute::kernels::cmp::{gt, lt_eq};
+    let (start, end) = (b.column(2), b.column(3));
+    let as_of: ArrayRef = Arc::new(StringArray::from(vec![as_of]));
+    let as_of = Scalar::new(cast(&as_of, start.data_type()).unwrap());
+    let open = or_kleene(&gt(end, &as_of).unwrap(), &is_null(end).unwrap()).unwrap();
+    let valid = and_kleene(&lt_eq(start, &as_of).unwrap(), &open).unwrap();
+    let b = tributary::deltalake::arrow::compute::filter_record_batch(b, &valid).unwrap();
+    b.column(1).as_primitive::<Int64Type>().values().to_vec()
+}
+
 /// The change log's row count and the history table's version.
 async fn s_history_state(fx: &Fixture) -> (usize, Option<u64>) {
-    let b = fx
-        .query(
-            "curated/s_history/_tributary_changes",
-            "SELECT COUNT(*) FROM t",
-        )
-        .await;
-    let n = b[0].column(0).as_primitive::<Int64Type>().value(0) as usize;
+    let log = "curated/s_history/_tributary_changes";
+    let n = fx.batch(log, &[], &[]).await.num_rows();
     let t = tributary::delta::open(&fx.url("curated/s_history"), &Default::default())
         .await
         .unwrap();

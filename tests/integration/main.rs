@@ -1,5 +1,5 @@
 //! The integration tests of tributary on a local store, as one test binary (each binary
-//! links deltalake and DataFusion: one link instead of several saves minutes per build).
+//! links deltalake and all it depends on: one link instead of several saves minutes per build).
 //!
 //! - `merge`: the merge engine on hand-written DMS files;
 //! - `convergence`: random histories delivered shuffled, duplicated and concurrently;

@@ -36,12 +36,8 @@ fn with_note(b: &RecordBatch, notes: Vec<Option<String>>) -> RecordBatch {
 
 /// (id, part, val, note) of the items table, by id.
 async fn rows_with_note(fx: &Fixture) -> Vec<(i64, String, i64, Option<String>)> {
-    let b = fx
-        .query(
-            "curated/items",
-            "SELECT id, part, val, note FROM t ORDER BY id",
-        )
-        .await;
+    let columns = ["id", "part", "val", "note"];
+    let b = [fx.batch("curated/items", &columns, &["id"]).await];
     let mut out = Vec::new();
     for b in &b {
         let id = arrow::compute::cast(b.column(0), &DataType::Int64).unwrap();
@@ -221,13 +217,12 @@ async fn a_decimal_key_merges_through_the_rewrite() {
     );
     let r = fx.merge_ok(&[f2]).await;
     assert_eq!(path_of(&r), Some(WritePath::Rewrite), "{:?}", r.tables);
-    let got = column_text(
-        &fx.query(
-            "curated/t",
-            "SELECT CONCAT(CAST(id AS VARCHAR), ':', CAST(v AS VARCHAR)) FROM t ORDER BY id",
-        )
-        .await,
-    );
+    let got: Vec<String> = fx
+        .rows("curated/t", &["id", "v"], &["id"])
+        .await
+        .into_iter()
+        .map(|r| r.join(":"))
+        .collect();
     assert_eq!(
         got,
         vec![format!("{}:3", -big), "1:10".into(), "5:5".into()]

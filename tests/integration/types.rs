@@ -313,10 +313,7 @@ async fn table_rows(fx: &Fixture) -> BTreeMap<i64, BTreeMap<String, ArrayRef>> {
         return BTreeMap::new();
     }
     let mut out = BTreeMap::new();
-    for b in tributary::delta::query(&t, "SELECT * FROM t")
-        .await
-        .unwrap()
-    {
+    for b in [table_batch(&t, &[], &[]).await] {
         let ids = cast_with_options(
             b.column_by_name("id").unwrap(),
             &DataType::Int64,
@@ -342,24 +339,13 @@ async fn table_rows(fx: &Fixture) -> BTreeMap<i64, BTreeMap<String, ArrayRef>> {
     out
 }
 
-/// Rows a filter `id = <key>` (in the table's key type) finds.
+/// Rows a filter `id = <key>` (in the table's key type) finds, skipping files by the log's
+/// statistics.
 async fn found_by_key(fx: &Fixture, id: i64) -> usize {
     let t = tributary::delta::open(&fx.url("curated/t"), &Default::default())
         .await
         .unwrap();
-    let schema = t.snapshot().unwrap().snapshot().arrow_schema();
-    let v = id;
-    let literal = match schema.field_with_name("id").unwrap().data_type() {
-        DataType::Decimal128(p, s) => format!("CAST('{v}' AS DECIMAL({p},{s}))"),
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => format!("'{v}'"),
-        _ => v.to_string(),
-    };
-    let sql = format!("SELECT CAST(COUNT(*) AS BIGINT) FROM t WHERE id = {literal}");
-    let b = tributary::delta::query(&t, &sql).await.unwrap();
-    b.iter()
-        .filter(|b| b.num_rows() > 0)
-        .map(|b| b.column(0).as_primitive::<Int64Type>().value(0) as usize)
-        .sum()
+    rows_where(&t, "id", &id.to_string(), &["id"]).await.len()
 }
 
 /// Whether a table value, converted back to the file's type, is the file's value.

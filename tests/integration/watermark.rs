@@ -178,33 +178,7 @@ async fn rows_at(fx: &Fixture, rel: &str, version: u64) -> Vec<Row> {
         .expect("open");
     let mut t = t;
     t.load_version(version).await.expect("time travel");
-    let batches = tributary::delta::query(&t, "SELECT id, part, val FROM t ORDER BY id")
-        .await
-        .expect("query");
-    let mut out = Vec::new();
-    for b in batches {
-        use tributary::deltalake::arrow::array::{AsArray, Int64Array};
-        let ids = b
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .expect("id");
-        let parts = tributary::deltalake::arrow::compute::cast(
-            b.column(1),
-            &tributary::deltalake::arrow::datatypes::DataType::Utf8,
-        )
-        .expect("text");
-        let parts = parts.as_string::<i32>();
-        let vals = b
-            .column(2)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .expect("val");
-        for i in 0..b.num_rows() {
-            out.push((ids.value(i), parts.value(i).to_string(), vals.value(i)));
-        }
-    }
-    out
+    rows_of(&[table_batch(&t, &["id", "part", "val"], &["id"]).await])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -105,30 +105,32 @@ async fn status(fx: &Fixture) -> tributary::status::TableStatus {
     .expect("status")
 }
 
-/// The current table's change data feed from its first version, one text per change.
-async fn change_feed(fx: &Fixture, expr: &str) -> Vec<String> {
-    use tributary::deltalake::datafusion::prelude::SessionContext;
-    use tributary::deltalake::delta_datafusion::DeltaCdfTableProvider;
-    let t = delta::open(&fx.url("curated/t"), &Default::default())
-        .await
-        .expect("open");
-    let provider = DeltaCdfTableProvider::try_new(t.scan_cdf().with_starting_version(0))
-        .expect("cdf provider");
-    let ctx = SessionContext::new();
-    ctx.register_table("cdf", Arc::new(provider))
-        .expect("register");
-    let batches = ctx
-        .sql(&format!("SELECT {expr} FROM cdf"))
-        .await
-        .expect("sql")
-        .collect()
-        .await
-        .expect("read the change data feed");
-    column_text(&batches)
+/// The current table's change data feed from its first version, one text per change: its
+/// `columns`' values joined by `|`, nulls left out (SQL's `concat_ws`).
+async fn change_feed(fx: &Fixture, columns: &[&str]) -> Vec<String> {
+    let feed = change_data_feed(&fx.url("curated/t"), 0).await;
+    let at: Vec<usize> = columns
+        .iter()
+        .map(|c| feed.schema().index_of(c).expect("column"))
+        .collect();
+    let rows = text_values(&feed.project(&at).expect("project"));
+    rows.iter().map(|r| concat_ws("|", r)).collect()
 }
 
-async fn text(fx: &Fixture, rel: &str, sql: &str) -> Vec<String> {
-    column_text(&fx.query(rel, sql).await)
+/// The table `rel`'s rows, each as its `columns`' values joined by `|`, nulls left out
+/// (SQL's `concat_ws`), sorted by `order_by`.
+async fn text(fx: &Fixture, rel: &str, columns: &[&str], order_by: &[&str]) -> Vec<String> {
+    let rows = fx.values(rel, columns, order_by).await;
+    rows.iter().map(|r| concat_ws("|", r)).collect()
+}
+
+/// The history's versions of key `id`, each as `id|n` (nulls left out), by start.
+async fn versions_of(fx: &Fixture, id: &str) -> Vec<String> {
+    let rows = fx
+        .values("curated/t_history", &["id", "n"], &["__START_AT"])
+        .await;
+    let of_id = rows.iter().filter(|r| r[0].as_deref() == Some(id));
+    of_id.map(|r| concat_ws("|", r)).collect()
 }
 
 /// The reproduction, for every widening at once: a full load in the narrow types
@@ -196,12 +198,7 @@ async fn widened_source_columns_widen_the_table_history_and_tombstones_exactly()
 
     // Every value exactly: the loaded ones in the wider type, the new ones as they came.
     assert_eq!(
-        text(
-            &fx,
-            "curated/t",
-            "SELECT concat_ws('|', id, p, n, f, d, i) FROM t ORDER BY id"
-        )
-        .await,
+        text(&fx, "curated/t", &["id", "p", "n", "f", "d", "i"], &["id"]).await,
         vec![
             format!("1|a|10|{}|1.230|1", 0.1f32 as f64),
             format!("2|b|{big}|0.1|12.345|123456789012"),
@@ -240,18 +237,13 @@ async fn widened_source_columns_widen_the_table_history_and_tombstones_exactly()
     .await;
     // The history keeps the old version in the wide type.
     assert_eq!(
-        text(
-            &fx,
-            "curated/t_history",
-            "SELECT concat_ws('|', id, n) FROM t WHERE id = 2 ORDER BY \"__START_AT\""
-        )
-        .await,
+        versions_of(&fx, "2").await,
         vec!["2|20".to_string(), format!("2|{big}")]
     );
 
     // The change data feed reads across the widening, every change in the new type (the
     // widening commit itself changes no row: `dataChange = false`).
-    let mut feed = change_feed(&fx, "concat_ws('|', _change_type, id, n)").await;
+    let mut feed = change_feed(&fx, &["_change_type", "id", "n"]).await;
     feed.sort();
     let mut want_feed = vec![
         "insert|1|10".to_string(),
@@ -284,12 +276,7 @@ async fn widened_source_columns_widen_the_table_history_and_tombstones_exactly()
     let r = fx.merge_ok(&[late]).await;
     assert!(r.tables[0].widened.is_empty());
     assert_eq!(
-        text(
-            &fx,
-            "curated/t",
-            "SELECT concat_ws('|', id, n, d) FROM t ORDER BY id"
-        )
-        .await,
+        text(&fx, "curated/t", &["id", "n", "d"], &["id"]).await,
         vec![
             "1|10|1.230".to_string(),
             format!("2|{big}|12.345"),
@@ -398,7 +385,7 @@ async fn a_type_change_that_is_not_a_widening_fails_by_name_and_leaves_the_table
     let r = fx.merge_ok(&[narrow]).await;
     assert!(r.tables[0].widened.is_empty());
     assert_eq!(
-        text(&fx, "curated/t", "SELECT concat_ws('|', id, n, d) FROM t").await,
+        text(&fx, "curated/t", &["id", "n", "d"], &[]).await,
         vec!["1|9|9.90"]
     );
     assert_eq!(
@@ -439,8 +426,15 @@ async fn a_widening_rewrites_every_data_file_in_one_commit() {
     let url = fx.url("curated/t");
     let live = live_files(&url).await;
     assert!(live >= 8, "{live} files");
-    let sum = "SELECT CAST(count(*) AS VARCHAR) || ':' || CAST(sum(n) AS VARCHAR) FROM t";
-    let rows_before = text(&fx, "curated/t", sum).await;
+    // count(*):sum(n)
+    let sum = || async {
+        let n = fx.batch("curated/t", &["n"], &[]).await;
+        let n = tributary::deltalake::arrow::compute::cast(n.column(0), &DataType::Int64)
+            .expect("int64");
+        let n = n.as_any().downcast_ref::<Int64Array>().expect("int64");
+        format!("{}:{}", n.len(), n.iter().flatten().sum::<i64>())
+    };
+    let rows_before = sum().await;
     let r = fx
         .merge_ok(&[fx.put_batch(
             "t",
@@ -456,7 +450,7 @@ async fn a_widening_rewrites_every_data_file_in_one_commit() {
         .await;
     assert_eq!(r.tables[0].widened, vec!["n: Int32 -> Int64"]);
     assert_eq!(r.tables[0].files_rewritten_to_widen, live);
-    assert_eq!(text(&fx, "curated/t", sum).await, rows_before);
+    assert_eq!(sum().await, rows_before);
     let found = file_types(&fx, "curated/t", "n").await;
     assert!(found.iter().all(|t| t == &DataType::Int64), "{found:?}");
 }
@@ -499,12 +493,7 @@ async fn renamed_and_dropped_columns_show_as_drift_and_rename_columns_keeps_one_
         plain.merge_ok(&[f]).await;
     }
     assert_eq!(
-        text(
-            &plain,
-            "curated/t",
-            "SELECT concat_ws('|', id, amt, amount, gone) FROM t"
-        )
-        .await,
+        text(&plain, "curated/t", &["id", "amt", "amount", "gone"], &[]).await,
         vec!["1|10|11|x"]
     );
     let drift = status(&plain).await.drift.expect("drift");
@@ -548,12 +537,7 @@ async fn renamed_and_dropped_columns_show_as_drift_and_rename_columns_keeps_one_
         renamed.merge_ok(&[f]).await;
     }
     assert_eq!(
-        text(
-            &renamed,
-            "curated/t",
-            "SELECT concat_ws('|', id, amt, gone) FROM t"
-        )
-        .await,
+        text(&renamed, "curated/t", &["id", "amt", "gone"], &[]).await,
         vec!["1|11|x"]
     );
     for rel in [
@@ -667,9 +651,20 @@ async fn a_date_column_altered_to_a_timestamp_widens_to_each_dates_midnight() {
         "one commit widens, one merges"
     );
 
-    let rows = "SELECT concat_ws('|', id, CAST(day AS VARCHAR), COALESCE(CAST(born AS VARCHAR), 'null')) FROM t ORDER BY id";
+    // id|day|born (`null` for a null born), by id
+    let rows = || async {
+        let rows = fx
+            .values("curated/t", &["id", "day", "born"], &["id"])
+            .await;
+        rows.into_iter()
+            .map(|mut r| {
+                r[2].get_or_insert_with(|| "null".into());
+                concat_ws("|", &r)
+            })
+            .collect::<Vec<_>>()
+    };
     assert_eq!(
-        text(&fx, "curated/t", rows).await,
+        rows().await,
         vec![
             "1|2024-03-01T00:00:00Z|1900-01-01T00:00:00Z",
             "2|2024-03-01T00:00:00Z|1970-01-02T00:00:01Z",
@@ -701,19 +696,15 @@ async fn a_date_column_altered_to_a_timestamp_widens_to_each_dates_midnight() {
     .await;
     // The history keeps row 2's old version, its date at midnight.
     assert_eq!(
-        text(
-            &fx,
-            "curated/t_history",
-            "SELECT CAST(born AS VARCHAR) FROM t WHERE id = 2 ORDER BY \"__START_AT\""
-        )
-        .await,
+        fx.rows("curated/t_history", &["id", "born"], &["__START_AT"])
+            .await
+            .into_iter()
+            .filter(|r| r[0] == "2")
+            .map(|r| r[1].clone())
+            .collect::<Vec<_>>(),
         vec!["1970-01-01T00:00:00Z", "1970-01-02T00:00:01Z"]
     );
-    let mut feed = change_feed(
-        &fx,
-        "concat_ws('|', _change_type, id, CAST(day AS VARCHAR))",
-    )
-    .await;
+    let mut feed = change_feed(&fx, &["_change_type", "id", "day"]).await;
     feed.sort();
     assert_eq!(
         feed,
@@ -745,7 +736,7 @@ async fn a_date_column_altered_to_a_timestamp_widens_to_each_dates_midnight() {
     let r = fx.merge_ok(&[late]).await;
     assert!(r.tables[0].widened.is_empty());
     assert_eq!(
-        text(&fx, "curated/t", rows).await,
+        rows().await,
         vec![
             "1|2024-03-01T00:00:00Z|1900-01-01T00:00:00Z",
             "2|2024-03-01T00:00:00Z|1970-01-02T00:00:01Z",
@@ -920,12 +911,7 @@ async fn a_widening_longer_than_an_invocation_is_staged_and_committed_at_the_att
     assert_eq!(types(&fx, "curated/t", &["n"]).await, vec!["n: Int64"]);
     every_file_has(&fx, &[("curated/t", "n")], |t| t == &DataType::Int64).await;
     assert_eq!(
-        text(
-            &fx,
-            "curated/t",
-            "SELECT concat_ws('|', id, p, n) FROM t ORDER BY id"
-        )
-        .await,
+        text(&fx, "curated/t", &["id", "p", "n"], &["id"]).await,
         vec![
             "1|a|11".to_string(),
             "2|a|20".into(),

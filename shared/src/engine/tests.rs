@@ -2,13 +2,13 @@
 
 use std::sync::atomic::Ordering;
 
-use arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::array::{Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 
 use super::*;
 
 use crate::delta;
-use crate::testing::{Hook, Point};
+use crate::testing::{table_batch, text_values, Hook, Point};
 
 /// The ids in the table, in order.
 async fn ids_of(config: &Config) -> Vec<i64> {
@@ -18,9 +18,7 @@ async fn ids_of(config: &Config) -> Vec<i64> {
     )
     .await
     .unwrap();
-    let rows = delta::query(&table, "SELECT id FROM t ORDER BY id")
-        .await
-        .unwrap();
+    let rows = [table_batch(&table, &["id"], &["id"]).await];
     rows.iter()
         .flat_map(|b| {
             arrow::compute::cast(b.column(0), &DataType::Int64)
@@ -486,9 +484,7 @@ async fn latest_rows(url: &url::Url) -> Vec<(i64, i64)> {
 async fn rows_at(url: &url::Url, version: u64) -> Vec<(i64, i64)> {
     let mut table = delta::open(url, &Default::default()).await.unwrap();
     table.load_version(version).await.unwrap();
-    let batches = delta::query(&table, "SELECT id, v FROM t ORDER BY id")
-        .await
-        .unwrap();
+    let batches = [table_batch(&table, &["id", "v"], &["id"]).await];
     let col = |b: &RecordBatch, i: usize| {
         arrow::compute::cast(b.column(i), &DataType::Int64)
             .unwrap()
@@ -921,7 +917,7 @@ async fn writers_racing_on_a_key_of_a_history_only_table_leave_one_current_versi
     let r = first.process(&[newer]).await;
     assert_eq!(r.failures().count(), 0, "{:?}", r.files);
     assert!(fired.load(Ordering::SeqCst));
-    let rows = history_rows(&history, "WHERE id = 1").await;
+    let rows = history_rows(&history, Some(1)).await;
     assert_eq!(
         rows,
         vec![
@@ -932,23 +928,20 @@ async fn writers_racing_on_a_key_of_a_history_only_table_leave_one_current_versi
     );
 }
 
-/// A history table's versions as `id:v:is_current:start:end` (`open` without an end), in
-/// key and start order.
-async fn history_rows(table: &url::Url, filter: &str) -> Vec<String> {
+/// A history table's versions (of key `id` only, if given) as `id:v:is_current:start:end`
+/// (`null` for a null v, `open` without an end), in key and start order.
+async fn history_rows(table: &url::Url, id: Option<i64>) -> Vec<String> {
     let t = delta::open(table, &Default::default()).await.unwrap();
-    let sql = format!(
-        "SELECT CONCAT(CAST(id AS VARCHAR), ':', COALESCE(CAST(v AS VARCHAR), 'null'), ':', CAST(is_current AS VARCHAR), ':', CAST(\"__START_AT\" AS VARCHAR), ':', COALESCE(CAST(\"__END_AT\" AS VARCHAR), 'open')) AS r FROM t {filter} ORDER BY id, \"__START_AT\""
-    );
-    delta::query(&t, &sql)
-        .await
-        .unwrap()
-        .iter()
-        .flat_map(|b| {
-            let c = arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
-            let c = c.as_string::<i32>();
-            (0..b.num_rows())
-                .map(|i| c.value(i).to_string())
-                .collect::<Vec<_>>()
+    let columns = ["id", "v", "is_current", "__START_AT", "__END_AT"];
+    let b = table_batch(&t, &columns, &["id", "__START_AT"]).await;
+    let text = |v: &Option<String>, none: &str| v.clone().unwrap_or_else(|| none.to_string());
+    text_values(&b)
+        .into_iter()
+        .filter(|r| id.is_none_or(|id| r[0] == Some(id.to_string())))
+        .map(|r| {
+            let (v, end) = (text(&r[1], "null"), text(&r[4], "open"));
+            let (id, current, start) = (text(&r[0], ""), text(&r[2], ""), text(&r[3], ""));
+            format!("{id}:{v}:{current}:{start}:{end}")
         })
         .collect()
 }
@@ -1051,7 +1044,7 @@ proptest::proptest! {
                         assert!(failed.is_empty(), "{failed:?}");
                     }
                 }
-                out.push(history_rows(&history, "").await);
+                out.push(history_rows(&history, None).await);
             }
             (out[0].clone(), out[1].clone())
         });
