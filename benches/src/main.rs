@@ -304,12 +304,8 @@ async fn write_base(
             cols.push(seq);
         }
         let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?;
-        table = table
-            .write(vec![batch])
-            .with_partition_columns(vec!["route_id".to_string()])
-            .with_writer_properties(props.clone())
-            .with_table_name("bench")
-            .await?;
+        let partition_by = ["route_id".to_string()];
+        table = delta::write_batch(table, "bench", &batch, &partition_by, props.clone()).await?;
         start = end + 1;
     }
     Ok(())

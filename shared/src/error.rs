@@ -174,14 +174,6 @@ pub enum Error {
         source: deltalake::arrow::error::ArrowError,
     },
 
-    /// A DataFusion query (MERGE source, tombstone scan, SQL) failed.
-    #[error("{context}: {source}")]
-    DataFusion {
-        context: String,
-        #[source]
-        source: deltalake::datafusion::error::DataFusionError,
-    },
-
     /// A Glue Data Catalog entry could not be brought in step with its table. Never fails a
     /// merge (the commit stands; the next sync repairs the entry).
     #[error("Glue catalog entry {entry}: {message}")]
@@ -233,7 +225,6 @@ impl Error {
             | Error::Internal(_) => false,
             Error::Storage { source, .. } => object_store_is_retryable(source),
             Error::Delta { source, .. } => delta_error_is_retryable(source),
-            Error::DataFusion { source, .. } => datafusion_is_retryable(source),
             // A storage hiccup or a corrupt file: trying again is harmless either way.
             Error::Contention { .. }
             | Error::Widening { .. }
@@ -265,16 +256,9 @@ impl Error {
             Error::Unsupported { .. } => "unsupported",
             Error::DataFile { .. } => "data_file",
             Error::Arrow { .. } => "arrow",
-            Error::DataFusion { .. } => "datafusion",
             Error::Catalog { .. } => "catalog",
             Error::Internal(_) => "internal",
         }
-    }
-
-    /// A data file of the table that tributary's own reader cannot read (the rewrite then
-    /// leaves it to delta-rs's MERGE).
-    pub(crate) fn is_unreadable_data_file(&self) -> bool {
-        matches!(self, Error::DataFile { .. })
     }
 
     /// The error with its row number moved by `by` (a slice's rows are numbered from its
@@ -325,16 +309,6 @@ impl Error {
     pub(crate) fn arrow(source: deltalake::arrow::error::ArrowError) -> Self {
         Error::Arrow {
             context: "arrow computation failed".into(),
-            source,
-        }
-    }
-
-    pub(crate) fn datafusion(
-        context: impl Into<String>,
-        source: deltalake::datafusion::error::DataFusionError,
-    ) -> Self {
-        Error::DataFusion {
-            context: context.into(),
             source,
         }
     }
@@ -424,27 +398,6 @@ fn transaction_error_is_retryable(err: &deltalake::kernel::transaction::Transact
     }
 }
 
-/// Storage failures inside a query are worth retrying; planning and data errors are not.
-fn datafusion_is_retryable(err: &deltalake::datafusion::error::DataFusionError) -> bool {
-    use deltalake::datafusion::error::DataFusionError as D;
-    match err {
-        D::ObjectStore(e) => object_store_is_retryable(e),
-        D::IoError(_) => true,
-        D::Context(_, inner) | D::Diagnostic(_, inner) => datafusion_is_retryable(inner),
-        D::Shared(inner) => datafusion_is_retryable(inner),
-        D::External(inner) => {
-            if let Some(d) = inner.downcast_ref::<deltalake::DeltaTableError>() {
-                delta_error_is_retryable(d)
-            } else if let Some(o) = inner.downcast_ref::<deltalake::ObjectStoreError>() {
-                object_store_is_retryable(o)
-            } else {
-                false
-            }
-        }
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,7 +439,6 @@ mod tests {
 
     #[test]
     fn retryability_follows_the_source_error() {
-        use deltalake::datafusion::error::DataFusionError;
         use deltalake::ObjectStoreError;
         let transient = || ObjectStoreError::Generic {
             store: "S3",
@@ -498,15 +450,6 @@ mod tests {
         };
         assert!(Error::storage("s3://b/k", transient()).is_retryable());
         assert!(!Error::storage("s3://b/k", missing()).is_retryable());
-        let df = |e| Error::datafusion("scan", e);
-        assert!(df(DataFusionError::ObjectStore(Box::new(transient()))).is_retryable());
-        assert!(!df(DataFusionError::ObjectStore(Box::new(missing()))).is_retryable());
-        assert!(df(DataFusionError::Context(
-            "reading".into(),
-            Box::new(DataFusionError::ObjectStore(Box::new(transient())))
-        ))
-        .is_retryable());
-        assert!(!df(DataFusionError::Plan("bad".into())).is_retryable());
         assert!(Error::delta(
             "t",
             deltalake::DeltaTableError::ObjectStore {
@@ -522,7 +465,7 @@ mod tests {
         );
         use std::error::Error as _;
         assert!(
-            df(DataFusionError::Plan("bad".into())).source().is_some(),
+            Error::storage("s3://b/k", missing()).source().is_some(),
             "the source is kept"
         );
     }

@@ -21,10 +21,6 @@
 //! without a listing; one written through the cache is kept from its PUT. Without this,
 //! every merge read every tombstone file written since the last maintenance run, five GETs
 //! each, one more file per merge with deletes (docs/benchmarks.md, "Freshness").
-//!
-//! Every commit file PUT through it gets exact decimal statistics first (`stats`): this is
-//! the one place every writer's commits pass. With the cache off (`TRIBUTARY_LOG_CACHE_MB=0`)
-//! it still stands in front of the store for that, keeping nothing.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -90,8 +86,6 @@ struct State {
     listed: HashMap<Path, (u64, String)>,
     hits: u64,
     misses: u64,
-    /// What each table root's schema says of its decimal bounds (`stats`).
-    schemas: HashMap<String, crate::stats::Known>,
     /// Roots (`<path>/`) of the tables whose data files are kept.
     data_roots: Vec<String>,
 }
@@ -215,23 +209,6 @@ impl LogCache {
         }
     }
 
-    /// Note what the table at `root` (a path of this store) holds: whether it has decimal
-    /// columns whose bounds delta-rs writes inexactly (see `stats`).
-    pub(crate) fn note_schema(&self, root: &str, wide_decimals: bool) {
-        use crate::stats::Known;
-        let k = if wide_decimals {
-            Known::Wide
-        } else {
-            Known::Exact
-        };
-        self.with(|s| {
-            if s.schemas.len() >= MAX_LISTED {
-                s.schemas.clear();
-            }
-            s.schemas.insert(root.trim_end_matches('/').to_string(), k)
-        });
-    }
-
     /// Keep the data files of the table at `root` (a path of this store) once read or
     /// written: a small append-only table read whole by every merge (see the module).
     pub(crate) fn keep_data_files_of(&self, root: &str) {
@@ -250,29 +227,6 @@ impl LogCache {
     fn cacheable(&self, path: &Path) -> bool {
         self.total > 0
             && (immutable_log_file(path) || self.with(|s| s.kept_data_file(path)).unwrap_or(false))
-    }
-
-    /// A commit's contents with exact statistics (see `stats`): what is PUT and kept.
-    async fn exact_stats(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-    ) -> object_store::Result<PutPayload> {
-        use crate::stats::{self, Known};
-        let Some(root) = stats::table_root(location) else {
-            return Ok(payload);
-        };
-        let known = self
-            .with(|s| s.schemas.get(root).copied())
-            .flatten()
-            .unwrap_or(Known::Unknown);
-        let data: Bytes = payload.clone().into();
-        let (fixed, learned) =
-            stats::exact_commit(self.inner.as_ref(), location, &data, known).await?;
-        if let Some(k) = learned {
-            self.note_schema(root, k == Known::Wide);
-        }
-        Ok(fixed.map(PutPayload::from).unwrap_or(payload))
     }
 
     pub fn stats(&self) -> LogCacheStats {
@@ -356,11 +310,6 @@ impl ObjectStore for LogCache {
         if !log_file && !self.cacheable(location) {
             return self.inner.put_opts(location, payload, opts).await;
         }
-        let payload = if log_file && location.as_ref().ends_with(".json") {
-            self.exact_stats(location, payload).await?
-        } else {
-            payload
-        };
         self.forget(location);
         if payload.content_length() as u64 > MAX_ENTRY_BYTES.min(self.total) {
             return self.inner.put_opts(location, payload, opts).await;

@@ -148,9 +148,6 @@ pub enum WritePath {
     Append,
     /// The files holding the batch's keys rewritten by tributary's copy-on-write rewrite.
     Rewrite,
-    /// delta-rs's MERGE (sparse or new columns, reloads, the change data feed, data files
-    /// tributary cannot read itself).
-    Merge,
 }
 
 impl TableReport {

@@ -1,6 +1,7 @@
-//! Copy-on-write application of a merge plan without DataFusion's MERGE.
+//! Copy-on-write application of a merge plan: tributary's one write path for changes to
+//! rows a table has (appends of new keys take `delta::append`).
 //!
-//! What delta-rs's MERGE does for tributary's plan — rewrite every data file holding a key
+//! What a SQL MERGE would do for tributary's plan — rewrite every data file holding a key
 //! the plan changes, insert the keys no file holds — done with the plan's own key index
 //! instead of a join: the data files whose key statistics can hold a key of the plan are
 //! streamed (in groups of one partition, four groups at a time), each row whose key the
@@ -9,8 +10,8 @@
 //! inserts and rows moved to another partition apart; small unchanged files read on the way
 //! folded in, see [`FOLD_FILE`]) is written through delta-rs's
 //! `DeltaWriter` (the same Parquet writer and
-//! statistics as every other write) and committed as a MERGE with the plan's key range as
-//! its read predicate, so that concurrent writers conflict exactly as with delta-rs's MERGE.
+//! statistics as every other write) and committed as a MERGE that read the plan's key range
+//! (`delta::commit`: a concurrent commit adding rows in that range conflicts).
 //!
 //! Per column, an update takes the plan's value or keeps the row's: a column of the table
 //! the plan lacks keeps the row's value, a sparse column takes the plan's only where the
@@ -30,10 +31,9 @@
 //! constraints, invariants and NOT NULL columns (`constraints`). The history's versions
 //! are written the same way, matched on key and first order key ([`Rewrite::unconditional`]).
 //!
-//! Only tables where that is the same as tributary's MERGE take this path
-//! ([`Rewrite::eligible`]); the rest (tables with generated columns, order keys that are
-//! not strings) is MERGEd (docs/design.md, "Copy-on-write rewrite"); tables with column
-//! mapping or identity columns are refused by name before (`delta::refuse_unwritable`).
+//! Tables tributary cannot write exactly (column mapping, identity or generated columns,
+//! features it does not know) are refused by name before anything is written
+//! (`delta::refuse_unwritable`); so is an order-key column that is not text.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -142,8 +142,10 @@ pub(crate) struct Rewrite {
 }
 
 impl Rewrite {
-    /// The rewrite of `plan` into `table`, or `None` when tributary's MERGE must apply it
-    /// (see the module documentation).
+    /// The rewrite of `plan` into `table` (`None`: an empty plan, not a reload, has nothing
+    /// to write). A plan the rewrite cannot express is refused by name (the planner and the
+    /// metadata commits before it make every plan expressible: columns added, types
+    /// aligned).
     pub(crate) fn eligible(
         cfg: &TableConfig,
         table: &DeltaTable,
@@ -151,27 +153,30 @@ impl Rewrite {
         extras: &MergeExtras,
     ) -> Result<Option<Rewrite>> {
         let reload = extras.delete_unmatched_below.clone();
-        if !cfg.rewrite || (plan.batch.num_rows() == 0 && reload.is_none()) {
+        if plan.batch.num_rows() == 0 && reload.is_none() {
             return Ok(None);
         }
         let label = cfg.name.as_str();
-        let Ok(state) = table.snapshot() else {
-            return Ok(None);
-        };
-        if crate::delta::writes_only_through_merge(table).is_some() {
-            return Ok(None);
-        }
+        let state = table.snapshot().map_err(|e| Error::delta(label, e))?;
+        crate::delta::refuse_unwritable(table, label)?;
         let feed = crate::delta::props(table).change_data_feed;
         let schema = state.snapshot().arrow_schema();
+        let schema_error = |message: String| Error::Schema {
+            table: label.to_string(),
+            message,
+        };
         // Every column of the plan is a column of the table, in its type (new columns were
         // added by a metadata commit before; `delta::align_to_table` converted types).
-        if plan
+        if let Some(f) = plan
             .table_schema()
             .fields()
             .iter()
-            .any(|f| schema.field_with_name(f.name()).is_err())
+            .find(|f| schema.field_with_name(f.name()).is_err())
         {
-            return Ok(None);
+            return Err(Error::internal(format!(
+                "table {label}: column `{}` of the changes is not a column of the table",
+                f.name()
+            )));
         }
         let partition_columns = state.metadata().partition_columns();
         let n = plan.batch.num_rows();
@@ -180,16 +185,26 @@ impl Rewrite {
         for f in schema.fields() {
             let sparse = plan.sparse.iter().find(|s| &s.column == f.name());
             let k = match (plan.batch.column_by_name(f.name()), sparse) {
-                (Some(c), _) if c.data_type() != f.data_type() => return Ok(None),
+                (Some(c), _) if c.data_type() != f.data_type() => {
+                    return Err(schema_error(format!(
+                        "column `{}` is {} in the changes and {} in the table",
+                        f.name(),
+                        c.data_type(),
+                        f.data_type()
+                    )))
+                }
                 (Some(c), None) => {
                     columns.push(c.clone());
                     Keep::Never
                 }
                 (Some(c), Some(s)) => {
                     let seq = plan.column(&s.seq_column)?;
-                    let Some(seq) = seq.as_string_opt::<i32>() else {
-                        return Ok(None);
-                    };
+                    let seq = seq.as_string_opt::<i32>().ok_or_else(|| {
+                        Error::internal(format!(
+                            "table {label}: order key `{}` of a sparse column is not text",
+                            s.seq_column
+                        ))
+                    })?;
                     columns.push(c.clone());
                     Keep::Sparse(seq.clone())
                 }
@@ -203,26 +218,40 @@ impl Rewrite {
                 || f.name() == &cfg.sequence_column
                 || partition_columns.contains(f.name());
             if whole && !matches!(k, Keep::Never) {
-                return Ok(None);
+                return Err(schema_error(format!(
+                    "column `{}` (a key, the order key or a partition column) is missing from the changes or sparse in them; every change must carry it",
+                    f.name()
+                )));
             }
             keep.push(k);
         }
         let checks = crate::constraints::Checks::of(table, label)?;
         let rows = RecordBatch::try_new(relaxed(&schema), columns).map_err(Error::arrow)?;
-        let Some(seq_column) = schema
+        let seq_column = schema
             .fields()
             .iter()
             .position(|f| f.name() == &cfg.sequence_column)
-        else {
-            return Ok(None);
-        };
+            .ok_or_else(|| {
+                schema_error(format!(
+                    "the table has no order-key column `{}`",
+                    cfg.sequence_column
+                ))
+            })?;
         if schema.field(seq_column).data_type() != &DataType::Utf8 {
-            return Ok(None);
+            return Err(Error::Unsupported {
+                table: label.to_string(),
+                feature: format!(
+                    "the table's column `{}` is {}, and tributary keeps its order keys there as text",
+                    cfg.sequence_column,
+                    schema.field(seq_column).data_type()
+                ),
+                way_forward: "nothing was written; set `sequence_column` to a name the table does not use, then replay the file".into(),
+            });
         }
         let key0 = cfg.primary_key[0].clone();
-        let Some(keys0) = rows.column_by_name(&key0) else {
-            return Ok(None);
-        };
+        let keys0 = rows
+            .column_by_name(&key0)
+            .ok_or_else(|| schema_error(format!("the table has no key column `{key0}`")))?;
         let range = KeyRange::of(keys0)?;
         let mut sorted_keys = match range {
             Some(_) => key_bounds(keys0)?,
@@ -744,9 +773,23 @@ impl Rewrite {
             not_matched_predicates: vec![],
             not_matched_by_source_predicates: vec![],
         };
-        let table =
-            crate::delta::commit_actions(cfg, table, actions, operation, files, &extras.txns)
-                .await?;
+        let read = match read {
+            Some(range) => crate::delta::Read::Keys {
+                column: this.key0.clone(),
+                range: range.clone(),
+            },
+            None => crate::delta::Read::Table,
+        };
+        let table = crate::delta::commit_actions(
+            &cfg.name,
+            table,
+            actions,
+            operation,
+            read,
+            files,
+            &extras.txns,
+        )
+        .await?;
         Ok((table, applied))
     }
 }

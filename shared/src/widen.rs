@@ -41,6 +41,7 @@ use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 
 use crate::config::TableConfig;
+use crate::delta::Read;
 use crate::error::{Error, Result};
 use crate::manifest::Partition;
 use crate::plan::Widening;
@@ -251,7 +252,8 @@ async fn widen_table(
     };
     let changes = describe(&columns);
     let table =
-        crate::delta::commit_actions_as(label, table, actions, operation, files, &[]).await?;
+        crate::delta::commit_actions(label, table, actions, operation, Read::Table, files, &[])
+            .await?;
     tracing::info!(table = %label, columns = %changes, files_rewritten, version = ?table.version(), "widened column types");
     if rewrite {
         // Committed: the record has done its work (left behind, the next widening of other

@@ -84,15 +84,6 @@ impl Fixture {
         Fixture::new(ITEMS_TABLE)
     }
 
-    /// The items table merged by delta-rs's MERGE (`merge_engine = "delta-rs"`) or by
-    /// tributary's rewrite (the default): property tests run half their cases with each.
-    pub fn items_merged_by(delta_rs_merge: bool) -> Fixture {
-        match delta_rs_merge {
-            true => Fixture::new(&format!("{ITEMS_TABLE}merge_engine = \"delta-rs\"\n")),
-            false => Fixture::items(),
-        }
-    }
-
     /// Another engine (a separate "Lambda instance") over the same config.
     pub fn another_engine(&self) -> Engine {
         Engine::new(Config::from_path(&self.dir.path().join("tributary.toml")).expect("config"))

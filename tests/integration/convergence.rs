@@ -77,12 +77,9 @@ proptest! {
         changes in 1usize..25,
         max_file in 1usize..6,
         dup_seed in any::<u64>(),
-        delta_rs_merge in any::<bool>(),
     ) {
         let rt = runtime();
-        // Half the cases apply merges with tributary's copy-on-write rewrite (the default),
-        // half with delta-rs's MERGE (`merge_engine = "delta-rs"`).
-        let fx = Fixture::items_merged_by(delta_rs_merge);
+        let fx = Fixture::items();
         let (load, files) = history(seed, keys, changes, max_file);
         let (urls, expected) = land(&fx, &load, &files);
         rt.block_on(deliver_shuffled(&fx, &urls, dup_seed));

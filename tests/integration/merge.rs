@@ -1427,14 +1427,14 @@ async fn small_files_a_rewrite_reads_are_folded_into_its_output() {
     assert!(folded >= 10, "{folded} files folded in 12 merges");
 }
 
-/// tributary's copy-on-write rewrite (the default) and delta-rs's MERGE
-/// (`merge_engine = "delta-rs"`) give the same table and the same counts, step by step:
-/// updates moving partitions, deletes, inserts, a late file of stale changes, a delete of an
-/// absent key, a re-insert after a delete; files that hold no changed key stay as they are.
+/// tributary's copy-on-write rewrite gives the model's table step by step, with counts
+/// that add up: updates moving partitions, deletes, inserts, a late file of stale changes,
+/// a delete of an absent key, a re-insert after a delete; files that hold no changed key
+/// stay as they are. (Until #43 this compared it with delta-rs's MERGE, now out of the
+/// build; the property tests compare it with the model under any delivery.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_rewrite_and_the_delta_rs_merge_give_the_same_table_and_counts() {
+async fn the_rewrite_gives_the_models_table_and_counts_step_by_step() {
     let rewrite = Fixture::items();
-    let merge = Fixture::items_merged_by(true);
     let part = |id: i64| ["a", "b", "c"][(id % 3) as usize];
     let load: Vec<Change> = (1..=60)
         .map(|id| c('I', "2024-01-01 00:00:00.000000", id, part(id), id))
@@ -1471,23 +1471,13 @@ async fn the_rewrite_and_the_delta_rs_merge_give_the_same_table_and_counts() {
             4 => "2024/01/01/20240101-0000000001.parquet".to_string(),
             n => format!("2024/01/01/20240101-{n:010}.parquet"),
         };
-        let counts = |r: &tributary::ProcessReport| {
-            let t = &r.tables[0];
-            (
-                t.inserted,
-                t.updated,
-                t.deleted,
-                t.skipped_stale,
-                t.blocked_by_tombstone,
-            )
-        };
+        let before = rewrite.items_rows().await.len();
         let a = rewrite.merge_ok(&[rewrite.put_items(&name, f)]).await;
-        let b = merge.merge_ok(&[merge.put_items(&name, f)]).await;
-        assert_eq!(counts(&a), counts(&b), "{name}");
+        let t = &a.tables[0];
         assert_eq!(
-            rewrite.items_rows().await,
-            merge.items_rows().await,
-            "{name}"
+            rewrite.items_rows().await.len(),
+            before + t.inserted - t.deleted,
+            "{name}: the counts add up: {t:?}"
         );
         if n == 4 {
             let t = &a.tables[0];
@@ -1509,10 +1499,7 @@ async fn the_rewrite_and_the_delta_rs_merge_give_the_same_table_and_counts() {
             let mut in_order = all.clone();
             in_order.sort_by(|x, y| x.ts.cmp(&y.ts));
             assert_eq!(rewrite.items_rows().await, model(&in_order), "{name}");
-            assert!(
-                a.tables[0].rewritten() && !b.tables[0].rewritten(),
-                "{name}"
-            );
+            assert!(a.tables[0].rewritten(), "{name}");
         }
         if n == 1 {
             // Rows moved to another partition are written with the inserts: one new file
@@ -1620,9 +1607,9 @@ async fn a_file_changed_after_the_rows_held_back_is_read_again_and_written_whole
 }
 
 /// A composite key of a string and an integer (the rewrite's row-encoded key index, and
-/// file pruning by string statistics): the same table as delta-rs's MERGE, step by step.
+/// file pruning by string statistics): each key's own row updated, deleted, inserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_composite_string_key_rewrites_as_the_delta_rs_merge_does() {
+async fn a_composite_string_key_rewrites_each_keys_own_row() {
     use std::sync::Arc;
     use tributary::deltalake::arrow::array::{ArrayRef, Int64Array};
     let table = |extra: &str| {
@@ -1631,7 +1618,6 @@ async fn a_composite_string_key_rewrites_as_the_delta_rs_merge_does() {
         )
     };
     let rewrite = Fixture::new(&table(""));
-    let merge = Fixture::new(&table("merge_engine = \"delta-rs\"\n"));
     let ints = |v: Vec<i64>| -> ArrayRef { Arc::new(Int64Array::from(v)) };
     let regions = ["eu-west", "us-east", "ap-south"];
     // Load: 3 regions × ids 1..=300 (the same ids in every region).
@@ -1684,18 +1670,16 @@ async fn a_composite_string_key_rewrites_as_the_delta_rs_merge_does() {
         let a = rewrite
             .merge_ok(&[rewrite.put_batch("multi", name, b)])
             .await;
-        let m = merge.merge_ok(&[merge.put_batch("multi", name, b)]).await;
-        let (ta, tm) = (&a.tables[0], &m.tables[0]);
-        assert_eq!(
-            (ta.inserted, ta.updated, ta.deleted, ta.skipped_stale),
-            (tm.inserted, tm.updated, tm.deleted, tm.skipped_stale),
-            "{name}"
-        );
-        if !name.starts_with("LOAD") {
-            assert!(ta.rewritten() && !tm.rewritten(), "{name}");
+        let ta = &a.tables[0];
+        let counts = (ta.inserted, ta.updated, ta.deleted, ta.skipped_stale);
+        match name {
+            "LOAD00000001.parquet" => assert_eq!(counts, (900, 0, 0, 0)),
+            "20240101-0000000001.parquet" => assert_eq!(counts, (1, 2, 1, 0), "{ta:?}"),
+            _ => assert_eq!(counts, (0, 1, 0, 1), "{ta:?}"),
         }
-        let got = region_rows(&rewrite).await;
-        assert_eq!(got, region_rows(&merge).await, "{name}");
+        if !name.starts_with("LOAD") {
+            assert!(ta.rewritten(), "{name}");
+        }
     }
     let got = region_rows(&rewrite).await;
     assert_eq!(got.len(), 900, "one insert, one delete");

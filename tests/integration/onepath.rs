@@ -273,10 +273,9 @@ proptest! {
         max_file in 1usize..5,
         cut in 0usize..8,
         dup_seed in any::<u64>(),
-        delta_rs_merge in any::<bool>(),
     ) {
         let rt = runtime();
-        let fx = Fixture::items_merged_by(delta_rs_merge);
+        let fx = Fixture::items();
         let (load, files) = history(seed, keys, changes, max_file);
         let note = |c: &Change| format!("{}@{}", c.val, c.ts);
         // Position 0 is the load, 1.. the CDC files; from `cut` on they carry `note`.
@@ -304,14 +303,9 @@ proptest! {
             let name = format!("2024/01/01/20240101-{:010}.parquet", n + 1);
             urls.push(fx.put_batch("shop/items", &name, &wide(n + 1, f, true)));
         }
-        let mut merge_paths = 0;
         for call in deliveries(&urls, dup_seed) {
             let r = rt.block_on(fx.engine.process(&call));
             prop_assert!(r.failures().next().is_none(), "{:?}", r.files);
-            merge_paths += r.tables.iter().filter(|t| t.write_path == Some(WritePath::Merge)).count();
-        }
-        if !delta_rs_merge {
-            prop_assert_eq!(merge_paths, 0);
         }
         let expected: Vec<(i64, String, i64, Option<String>)> =
             expected.into_iter().map(|(id, (p, v, n))| (id, p, v, n)).collect();
@@ -389,11 +383,6 @@ proptest! {
         for call in deliveries(&urls, dup_seed) {
             let r = rt.block_on(fx.engine.process(&call));
             prop_assert!(r.failures().next().is_none(), "{:?}", r.files);
-            prop_assert!(
-                r.tables.iter().all(|t| t.write_path != Some(WritePath::Merge)),
-                "{:?}",
-                r.tables
-            );
         }
         let expected: Vec<Row> = expected.into_iter().map(|(id, (p, v))| (id, p, v)).collect();
         prop_assert_eq!(rt.block_on(fx.items_rows()), expected);

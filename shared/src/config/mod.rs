@@ -195,9 +195,6 @@ pub struct TableConfig {
     /// Write the order-key columns with Parquet's DELTA_BYTE_ARRAY encoding (prefix
     /// compression: consecutive keys share most of their text) instead of PLAIN.
     pub delta_order_keys: bool,
-    /// Apply merges with tributary's copy-on-write rewrite where it is the same as the MERGE
-    /// (`merge_engine = "rewrite"`, the default); false: always delta-rs's MERGE.
-    pub rewrite: bool,
     pub maintenance: MaintenanceConfig,
     /// The history (SCD type 2) output, when configured.
     pub history: Option<HistoryConfig>,

@@ -433,15 +433,9 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     };
     let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
     let (compression, delta_order_keys) = file_settings(&tuning, d)?;
-    let rewrite = match pick(&tuning.merge_engine, &d.merge_engine).as_deref() {
-        None | Some("rewrite") => true,
-        Some("delta-rs") => false,
-        Some(other) => {
-            return Err(format!(
-                "`merge_engine` is \"{other}\"; use \"rewrite\" (default) or \"delta-rs\""
-            ))
-        }
-    };
+    if pick(&tuning.merge_engine, &d.merge_engine).is_some() {
+        return Err("`merge_engine` was removed: every merge takes tributary's own write path (delta-rs's MERGE is no longer in the build); delete the key".into());
+    }
     let change_data_feed = pick(&tuning.change_data_feed, &d.change_data_feed).unwrap_or(false);
     if change_data_feed && target.is_none() {
         return Err("`change_data_feed` applies to the current table, and this table keeps only its history (no `target`): remove it, or read the history table's versions instead".into());
@@ -512,7 +506,6 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         change_data_feed,
         compression,
         delta_order_keys,
-        rewrite,
         maintenance,
         history,
         catalog,

@@ -35,9 +35,6 @@ use arrow::array::{
 use arrow::compute::{concat_batches, take, SortOptions};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::OwnedRow;
-use deltalake::datafusion::common::Column;
-use deltalake::datafusion::logical_expr::utils::conjunction;
-use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::DeltaTable;
 use serde::Serialize;
 
@@ -505,7 +502,6 @@ async fn settle_kinds(
         &[],
     ))
     .await?;
-    let table = delta::settle(table).await?;
     let kinds: Vec<SeqKind> = match kinds {
         Some(k) if k.len() == cfg.sequence_by.len() => k.to_vec(),
         _ => vec![kind],
@@ -1111,13 +1107,8 @@ fn row_absent(schema: &SchemaRef, absent: &[usize], cs: &ChangeSet, row: usize) 
     out
 }
 
-fn qcol(alias: &str, name: &str) -> Expr {
-    Expr::Column(Column::new(Some(alias), name))
-}
-
 /// Write versions on (key, first order key): remove, update or insert — by tributary's
-/// copy-on-write rewrite (the columns the history lacks first added by a metadata commit),
-/// delta-rs's MERGE only where the rewrite cannot (see `Rewrite::eligible`).
+/// copy-on-write rewrite (the columns the history lacks first added by a metadata commit).
 async fn merge_versions(
     cfg: &TableConfig,
     table: DeltaTable,
@@ -1128,7 +1119,6 @@ async fn merge_versions(
     let mut vcfg = cfg.clone();
     vcfg.name = cfg.label(crate::config::Managed::History);
     vcfg.primary_key.push(cfg.sequence_column.clone());
-    vcfg.rewrite = true;
     let ops = crate::plan::MergePlan {
         batch: source.clone(),
         upserts: 0,
@@ -1154,85 +1144,8 @@ async fn merge_versions(
             let run = rw.unconditional().run(&vcfg, table, files, &extras);
             Ok(Box::pin(run).await?.0)
         }
-        None => {
-            Box::pin(merge_versions_with_delta_rs(
-                cfg, table, source, files, txns,
-            ))
-            .await
-        }
+        None => Ok(table),
     }
-}
-
-/// delta-rs's MERGE of versions on (key, first order key).
-async fn merge_versions_with_delta_rs(
-    cfg: &TableConfig,
-    table: DeltaTable,
-    source: &RecordBatch,
-    files: &[String],
-    txns: &[deltalake::kernel::Transaction],
-) -> Result<DeltaTable> {
-    let label = cfg.label(crate::config::Managed::History);
-    let delta_err = |e| Error::delta(&label, e);
-    let seq = cfg.sequence_column.as_str();
-    // A version is its key and its first order key. The order key is matched with `IS NOT
-    // DISTINCT FROM` (the same for these never-null values) rather than `=`: delta-rs turns
-    // each `=` of the ON clause into a range of the MERGE's read predicate, and with the
-    // order keys' range in it a concurrent writer's version of the same key (another order
-    // key) was no conflict — both committed, and the key had two current versions. Read
-    // by key alone, any concurrent commit of one of the keys conflicts.
-    let on = conjunction(
-        cfg.primary_key
-            .iter()
-            .map(|k| qcol("t", k).eq(qcol("s", k)))
-            .chain([deltalake::datafusion::logical_expr::binary_expr(
-                qcol("t", seq),
-                deltalake::datafusion::logical_expr::Operator::IsNotDistinctFrom,
-                qcol("s", seq),
-            )]),
-    )
-    .ok_or_else(|| Error::internal("empty primary key"))?;
-    let columns: Vec<String> = source
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .filter(|n| n != OP)
-        .collect();
-    let new_columns = match delta::arrow_schema(&table) {
-        Some(ts) => columns.iter().any(|c| ts.field_with_name(c).is_err()),
-        None => true,
-    };
-    let df = SessionContext::new()
-        .read_batch(source.clone())
-        .map_err(|e| Error::datafusion(format!("{label}: MERGE source"), e))?;
-    let is_write = qcol("s", OP).eq(lit(PlanOp::Upsert.marker()));
-    let (table, _) = table
-        .merge(df, on)
-        .with_source_alias("s")
-        .with_target_alias("t")
-        .with_merge_schema(new_columns)
-        .with_session_state(delta::merge_session())
-        .with_writer_properties(delta::writer_properties(cfg))
-        .with_commit_properties(
-            delta::tributary_commit(files).with_application_transactions(txns.to_vec()),
-        )
-        .when_matched_delete(|d| d.predicate(qcol("s", OP).eq(lit(PlanOp::Delete.marker()))))
-        .map_err(delta_err)?
-        .when_matched_update(|u| {
-            columns.iter().fold(u.predicate(is_write.clone()), |u, c| {
-                u.update(Column::new_unqualified(c), qcol("s", c))
-            })
-        })
-        .map_err(delta_err)?
-        .when_not_matched_insert(|i| {
-            columns.iter().fold(i.predicate(is_write.clone()), |i, c| {
-                i.set(Column::new_unqualified(c), qcol("s", c))
-            })
-        })
-        .map_err(delta_err)?
-        .await
-        .map_err(delta_err)?;
-    delta::settle(table).await
 }
 
 #[cfg(test)]

@@ -10,7 +10,6 @@
 //! the same version conflict, and a compaction that lost a file to a merge conflicts too.
 
 use deltalake::datafile::writer::DeltaWriter;
-use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
@@ -77,22 +76,22 @@ pub(super) fn plan(
     Ok(CompactionPlan { partitions })
 }
 
-/// Rewrite the plan's bins and commit: returns the number of files removed and the table
-/// state at the commit (`None` when there was nothing to do).
+/// Rewrite the plan's bins and commit with the application transaction `guard`: returns
+/// the number of files removed and the table after the commit.
 pub(super) async fn execute(
-    table: &DeltaTable,
+    table: DeltaTable,
     plan: CompactionPlan,
     (target, props): (u64, parquet::file::properties::WriterProperties),
-    commit: deltalake::kernel::transaction::CommitProperties,
-) -> Result<(u64, Option<deltalake::table::state::DeltaTableState>)> {
+    guard: deltalake::kernel::Transaction,
+) -> Result<(u64, DeltaTable)> {
     if plan.partitions.is_empty() {
-        return Ok((0, None));
+        return Ok((0, table));
     }
     let label = table.table_url().to_string();
     let delta_err = |e| Error::delta(&label, e);
     let snapshot = table.snapshot().map_err(delta_err)?;
     let store = table.log_store().object_store(None);
-    let table_files = crate::datafile::TableFiles::of(table);
+    let table_files = crate::datafile::TableFiles::of(&table);
     let schema = snapshot.snapshot().arrow_schema();
     let mut actions = Vec::new();
     let mut removed = 0u64;
@@ -130,23 +129,20 @@ pub(super) async fn execute(
             actions.push(Action::Add(add));
         }
     }
-    let done = CommitBuilder::from(commit)
-        .with_actions(actions)
-        .build(
-            Some(snapshot),
-            table.log_store(),
-            DeltaOperation::Optimize {
-                predicate: Some(
-                    plan.partitions
-                        .iter()
-                        .map(|(p, _)| p.folder())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                ),
-                target_size: target as i64,
-            },
-        )
-        .await
-        .map_err(delta_err)?;
-    Ok((removed, Some(done.snapshot())))
+    let operation = DeltaOperation::Optimize {
+        predicate: Some(
+            plan.partitions
+                .iter()
+                .map(|(p, _)| p.folder())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        target_size: target as i64,
+    };
+    // It read the files it removes: a concurrent commit removing one of them conflicts.
+    let read = crate::delta::Read::Nothing;
+    let table =
+        crate::delta::commit_actions(&label, table, actions, operation, read, &[], &[guard])
+            .await?;
+    Ok((removed, table))
 }

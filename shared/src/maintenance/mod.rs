@@ -18,7 +18,6 @@ mod compact;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
 use deltalake::operations::vacuum::VacuumMode;
 use deltalake::DeltaTable;
@@ -76,13 +75,10 @@ pub struct MaintenanceReport {
     pub history: Option<Box<MaintenanceReport>>,
 }
 
-/// Commit properties of a maintenance commit that rewrites files: the guard id (its version
-/// only has to be new; the conflict comes from the id itself).
-fn guarded_commit() -> CommitProperties {
-    delta::tributary_commit(&[]).with_application_transaction(Transaction::new(
-        MAINTENANCE_APP_ID,
-        Utc::now().timestamp_millis(),
-    ))
+/// The application transaction of a maintenance commit that rewrites files: the guard id
+/// (its version only has to be new; the conflict comes from the id itself).
+fn guard() -> Transaction {
+    Transaction::new(MAINTENANCE_APP_ID, Utc::now().timestamp_millis())
 }
 
 /// Maintain the named tables (all when `only` is empty). A failing table does not stop
@@ -428,11 +424,8 @@ async fn compact_table(
                 )
                 .await;
             let props = delta::writer_properties(table_cfg);
-            let (removed, state) =
-                compact::execute(&table, plan, (target_size, props), guarded_commit()).await?;
-            if let Some(state) = state {
-                table.state = Some(state);
-            }
+            let (removed, table) =
+                compact::execute(table, plan, (target_size, props), guard()).await?;
             Ok((removed, compacted, table))
         }
     };
@@ -458,20 +451,18 @@ async fn vacuum(
 ) -> Result<(DeltaTable, usize)> {
     let retention = chrono::Duration::from_std(retention)
         .map_err(|e| Error::config(label, format!("vacuum retention out of range: {e}")))?;
-    let (table, removed) = table
-        .vacuum()
-        .with_retention_period(retention)
-        .with_enforce_retention_duration(false)
-        .with_mode(VacuumMode::Lite)
-        .with_commit_properties(delta::tributary_commit(&[]))
+    let dry_run = |table: DeltaTable, mode| {
+        table
+            .vacuum()
+            .with_retention_period(retention)
+            .with_enforce_retention_duration(false)
+            .with_mode(mode)
+            .with_dry_run(true)
+    };
+    let (table, removed) = dry_run(table, VacuumMode::Lite)
         .await
         .map_err(|e| Error::delta(label, e))?;
-    let (table, unreferenced) = table
-        .vacuum()
-        .with_retention_period(retention)
-        .with_enforce_retention_duration(false)
-        .with_mode(VacuumMode::Full)
-        .with_dry_run(true)
+    let (table, unreferenced) = dry_run(table, VacuumMode::Full)
         .await
         .map_err(|e| Error::delta(label, e))?;
     let partitions = table
@@ -487,9 +478,25 @@ async fn vacuum(
     if !foreign.is_empty() {
         tracing::warn!(table = label, kept = foreign.len(), first = ?&foreign[..foreign.len().min(5)], "objects in the table's folder that no Delta writer made are never vacuumed; move them out of it");
     }
+    let mut doomed = removed.files_deleted;
+    doomed.extend(orphans);
+    doomed.sort();
+    doomed.dedup();
+    if doomed.is_empty() {
+        return Ok((table, 0));
+    }
+    // As Delta's VACUUM: a START commit (which also checks the table's protocol, e.g.
+    // `vacuumProtocolCheck`), the deletes, an END commit.
+    let start = deltalake::protocol::DeltaOperation::VacuumStart {
+        retention_check_enabled: false,
+        specified_retention_millis: Some(retention.num_milliseconds()),
+        default_retention_millis: retention.num_milliseconds(),
+    };
+    let metrics = serde_json::json!({"numFilesToDelete": doomed.len()});
+    let table = delta::commit_marker(label, table, start, metrics).await?;
     let store = table.log_store().object_store(None);
-    let mut deleted = removed.files_deleted.len();
-    for p in orphans {
+    let mut deleted = 0;
+    for p in doomed {
         // As listed: parsed, not re-encoded (a partition value's `%3D` stays as it is).
         let Ok(path) = deltalake::Path::parse(&p) else {
             continue;
@@ -500,6 +507,11 @@ async fn vacuum(
             Err(e) => return Err(Error::storage(label, e)),
         }
     }
+    let end = deltalake::protocol::DeltaOperation::VacuumEnd {
+        status: "COMPLETED".to_string(),
+    };
+    let metrics = serde_json::json!({"numDeletedFiles": deleted, "numVacuumedDirectories": 0});
+    let table = delta::commit_marker(label, table, end, metrics).await?;
     Ok((table, deleted))
 }
 

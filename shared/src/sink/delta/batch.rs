@@ -473,13 +473,13 @@ impl DeltaSink {
 
 /// How a commit will write its plan, chosen once from the plan and the table.
 enum Chosen {
-    /// No row of the table can match: the rows appended (what MERGE would insert, without
-    /// reading or rewriting a file), with the key-range predicate the commit read.
-    Append(String),
+    /// No row of the table can match: the rows appended (what a merge would insert, without
+    /// reading or rewriting a file), with the key range the commit read.
+    Append(crate::scan::KeyRange),
     /// tributary's copy-on-write rewrite of the files holding the plan's keys.
     Rewrite(Box<crate::rewrite::Rewrite>),
-    /// delta-rs's MERGE.
-    Merge,
+    /// No change to write (every change stale or screened): only the transactions.
+    Nothing,
 }
 
 impl Chosen {
@@ -490,23 +490,24 @@ impl Chosen {
         extras: &MergeExtras,
     ) -> Result<Chosen> {
         if extras.delete_unmatched_below.is_none() {
-            if let Some(predicate) = delta::append_predicate(table, target, plan).await? {
-                return Ok(Chosen::Append(predicate));
+            if plan.batch.num_rows() == 0 {
+                return Ok(Chosen::Nothing);
+            }
+            if let Some(range) = delta::append_range(table, target, plan).await? {
+                return Ok(Chosen::Append(range));
             }
         }
         Ok(
             match crate::rewrite::Rewrite::eligible(table, target, plan, extras)? {
-                Some(rw) => Chosen::Rewrite(Box::new(rw)),
-                None => Chosen::Merge,
+                Some(rewrite) => Chosen::Rewrite(Box::new(rewrite)),
+                None => Chosen::Nothing,
             },
         )
     }
 }
 
 /// Commit the plan on the path chosen for it ([`Chosen`]): the table after it, the path as
-/// it was taken, and the counts. A rewrite that meets a data file tributary cannot read
-/// itself (a type it does not convert, a storage hiccup) is made by delta-rs's MERGE
-/// instead, which reads it its own way.
+/// it was taken, and the counts.
 pub(super) async fn write(
     table: &TableConfig,
     target: DeltaTable,
@@ -514,11 +515,11 @@ pub(super) async fn write(
     files: &[String],
     extras: &MergeExtras,
 ) -> Result<(DeltaTable, WritePath, Applied)> {
-    let (target, path, counts) = match Chosen::of(table, &target, plan, extras).await? {
-        Chosen::Append(predicate) => {
+    Ok(match Chosen::of(table, &target, plan, extras).await? {
+        Chosen::Append(range) => {
             let rows = plan.batch.num_rows();
             let (target, written) =
-                delta::append(table, target, plan, predicate, files, extras).await?;
+                delta::append(table, target, plan, range, files, extras).await?;
             let counts = Applied {
                 inserted: rows,
                 files_added: written,
@@ -526,37 +527,19 @@ pub(super) async fn write(
             };
             (target, WritePath::Append, counts)
         }
-        Chosen::Rewrite(rw) => match rw.run(table, target.clone(), files, extras).await {
-            Ok((target, counts)) => (target, WritePath::Rewrite, counts),
-            Err(e) if e.is_unreadable_data_file() => {
-                tracing::warn!(table = %table.name, error = %e, "copy-on-write rewrite not possible; merging with delta-rs's MERGE");
-                merge(table, target, plan, files, extras).await?
-            }
-            Err(e) => return Err(e),
-        },
-        Chosen::Merge => merge(table, target, plan, files, extras).await?,
-    };
-    Ok((target, path, counts))
-}
-
-/// delta-rs's MERGE of the plan.
-async fn merge(
-    table: &TableConfig,
-    target: DeltaTable,
-    plan: &MergePlan,
-    files: &[String],
-    extras: &MergeExtras,
-) -> Result<(DeltaTable, WritePath, Applied)> {
-    let (target, m) = delta::merge(table, target, plan, files, extras).await?;
-    let counts = Applied {
-        inserted: m.num_target_rows_inserted,
-        updated: m.num_target_rows_updated,
-        deleted: m.num_target_rows_deleted,
-        files_added: m.num_target_files_added,
-        files_removed: m.num_target_files_removed,
-        files_folded: 0,
-    };
-    Ok((target, WritePath::Merge, counts))
+        Chosen::Rewrite(rw) => {
+            let (target, counts) = rw.run(table, target, files, extras).await?;
+            (target, WritePath::Rewrite, counts)
+        }
+        Chosen::Nothing if extras.txns.is_empty() => {
+            (target, WritePath::Rewrite, Applied::default())
+        }
+        Chosen::Nothing => {
+            let info = ("tributary.files", serde_json::json!(files));
+            let target = delta::commit_txns_with(target, extras.txns.clone(), Some(info)).await?;
+            (target, WritePath::Rewrite, Applied::default())
+        }
+    })
 }
 
 /// The commit's counts in the report.
@@ -609,12 +592,7 @@ pub(crate) async fn adopt(table: &TableConfig, target: DeltaTable) -> Result<Del
         deltalake::kernel::DataType::STRING,
         true,
     );
-    let target = target
-        .add_columns()
-        .with_fields([column])
-        .with_commit_properties(delta::tributary_commit(&[]))
-        .await
-        .map_err(|e| crate::error::Error::delta(&table.name, e))?;
+    let target = delta::add_columns(&table.name, target, vec![column]).await?;
     // From now on every CDC file applied is recorded, as in a table tributary creates: a
     // re-delivered file is then screened out, and commits nothing.
     let mut props = TableProps::for_adoption(chrono::Utc::now());

@@ -102,9 +102,7 @@ impl DeltaSink {
                 "a table tributary did not create: adopted by the first slice's merge",
             ));
         }
-        if let Some(why) = crate::delta::writes_only_through_merge(&view.table) {
-            return Ok(Whole::Fallback(why));
-        }
+        crate::delta::refuse_unwritable(&view.table, &table.name)?;
         let mut slices = super::slices_of(table, &view, file, raw)?;
         let Some(first) = slices.next_slice()? else {
             return Ok(Whole::Fallback("no rows"));
@@ -476,7 +474,7 @@ impl crate::retry::Attempts for Appending<'_> {
             table,
             self.target.clone(),
             self.w.adds.clone(),
-            self.range.predicate(&table.primary_key[0]),
+            self.range.clone(),
             &self.files,
             &txns,
         )

@@ -6,15 +6,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{Field, Schema, SchemaRef};
-use deltalake::datafusion::common::Column;
-use deltalake::datafusion::logical_expr::utils::conjunction;
-use deltalake::datafusion::logical_expr::when;
-use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
-use deltalake::kernel::{StructType, Transaction};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::{Action, MetadataExt, StructType, Transaction};
 use deltalake::logstore::LogStore;
-use deltalake::operations::merge::MergeMetrics;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::{DeltaTable, DeltaTableBuilder};
 use parquet::basic::Compression;
@@ -25,34 +20,13 @@ use url::Url;
 use crate::config::TableConfig;
 use crate::error::{Error, Result};
 use crate::logcache::LogCache;
-use crate::plan::{is_internal, MergePlan, PlanOp, OP_COLUMN};
+use crate::plan::{is_internal, MergePlan, PlanOp};
 use crate::props::TableProps;
 use crate::scan::{KeyBound, KeyRange};
 
-/// Every DataFusion read of a table's data files decodes Parquet INT96 timestamps (Spark's
-/// legacy type) as microseconds, the table's `timestamp` unit: DataFusion's default
-/// nanoseconds wrap outside 1677–2262, so a row of a Spark table holding 9999-12-30 that a
-/// MERGE rewrote came out as 1816-03-28 (#43). Sub-microsecond digits are not kept, as by
-/// tributary's own readers (`source/parquet.rs`, `datafile.rs`).
-fn read_int96_exactly(options: &mut deltalake::datafusion::config::ConfigOptions) {
-    options.execution.parquet.coerce_int96 = Some("us".into());
-    options.execution.parquet.coerce_int96_tz = Some("UTC".into());
-}
-
-/// The session of a query or scan of a table (DataFusion's defaults, INT96 read exactly).
-pub(crate) fn session() -> SessionContext {
-    let mut config = deltalake::datafusion::prelude::SessionConfig::new();
-    read_int96_exactly(config.options_mut());
-    SessionContext::new_with_config(config)
-}
-
-/// The session of a delta-rs MERGE (delta-rs's own, INT96 read exactly).
-pub(crate) fn merge_session() -> Arc<dyn deltalake::datafusion::catalog::Session> {
-    let ctx = deltalake::delta_datafusion::DeltaSessionContext::new().into_inner();
-    let mut state = ctx.state();
-    read_int96_exactly(state.config_mut().options_mut());
-    Arc::new(state)
-}
+mod commit;
+use commit::Commit;
+pub(crate) use commit::Read;
 
 /// Open a table, or return an unloaded handle when nothing is there yet.
 pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaTable> {
@@ -66,12 +40,9 @@ pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaT
             })?;
         }
     }
-    let (mut table, store) = unloaded(url, options)?;
+    let (mut table, _) = unloaded(url, options)?;
     match table.load().await {
-        Ok(()) => {
-            note_schema(&store, url, &table);
-            Ok(table)
-        }
+        Ok(()) => Ok(table),
         Err(deltalake::DeltaTableError::NotATable(_)) => Ok(table),
         Err(e) => Err(Error::delta(&label, e)),
     }
@@ -106,17 +77,6 @@ fn unloaded(url: &Url, options: &HashMap<String, String>) -> Result<(DeltaTable,
     );
     let table = builder.build().map_err(|e| Error::delta(&label, e))?;
     Ok((table, store))
-}
-
-/// Tell the bucket's store what the loaded table's schema says of its decimal bounds, so
-/// that its commits' statistics are made exact only where they need it (`stats`).
-fn note_schema(store: &Arc<LogCache>, url: &Url, table: &DeltaTable) {
-    if let (Some(schema), Ok(root)) = (
-        arrow_schema(table),
-        object_store::path::Path::from_url_path(url.path()),
-    ) {
-        store.note_schema(root.as_ref(), crate::stats::arrow_has_wide_decimal(&schema));
-    }
 }
 
 /// Keep the data files of the table at `url` in its bucket's cache once read or written
@@ -232,7 +192,7 @@ pub(crate) async fn create(
         .with_configuration(properties.into_iter().map(|(k, v)| (k, Some(v))))
         // tributary's own `tributary.*` keys are not Delta properties.
         .with_raise_if_key_not_exists(false)
-        .with_commit_properties(tributary_commit(&[]))
+        .with_commit_properties(create_commit())
         .await
         .map_err(|e| Error::delta(&label, e))
 }
@@ -296,19 +256,102 @@ pub(crate) async fn record_kinds(
     set_properties(target, TableProps::for_kinds(kinds)).await
 }
 
-/// Set table properties (a metadata commit: concurrent writers retry once).
+/// Set table properties: a metadata commit (with the protocol the properties need: the
+/// change data feed's writer version or feature). A concurrent writer's metadata commit
+/// makes it conflict; the caller's attempt retries it.
 pub(crate) async fn set_properties(
     table: DeltaTable,
     properties: HashMap<String, String>,
 ) -> Result<DeltaTable> {
     let label = table.table_url().to_string();
-    table
-        .set_tbl_properties()
-        .with_properties(properties)
-        .with_raise_if_not_exists(false)
-        .with_commit_properties(tributary_commit(&[]))
-        .await
-        .map_err(|e| Error::delta(&label, e))
+    let delta_err = |e| Error::delta(&label, e);
+    let state = table.snapshot().map_err(delta_err)?;
+    let mut metadata = state.metadata().clone();
+    for (k, v) in &properties {
+        metadata = metadata
+            .add_config_key(k.clone(), v.clone())
+            .map_err(|e| delta_err(e.into()))?;
+    }
+    let mut actions = vec![Action::Metadata(metadata)];
+    let feed = properties
+        .get("delta.enableChangeDataFeed")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if feed {
+        actions.extend(upgraded(
+            state.protocol(),
+            None,
+            "changeDataFeed",
+            4,
+            &label,
+        )?);
+    }
+    let operation = DeltaOperation::SetTableProperties { properties };
+    let commit = Commit::of(&label, actions, operation, Read::Nothing);
+    commit::commit(table, commit).await
+}
+
+/// The table's protocol with a feature more, when it lacks it: `writer` (a writer feature,
+/// or a reader-writer one with `reader`); a legacy protocol (writer version below 7) that
+/// has it from `legacy_writer` on, upgraded to that version, else to table features (the
+/// features its versions implied listed, as Spark upgrades them).
+fn upgraded(
+    protocol: &deltalake::kernel::Protocol,
+    reader: Option<&str>,
+    writer: &str,
+    legacy_writer: i32,
+    label: &str,
+) -> Result<Option<Action>> {
+    fn names<T: std::fmt::Display>(f: Option<&[T]>) -> Vec<String> {
+        f.unwrap_or_default()
+            .iter()
+            .map(|f| f.to_string())
+            .collect()
+    }
+    let (r, w) = (protocol.min_reader_version(), protocol.min_writer_version());
+    let mut readers = names(protocol.reader_features());
+    let mut writers = names(protocol.writer_features());
+    if writers.iter().any(|f| f == writer) && reader.is_none_or(|f| readers.iter().any(|x| x == f))
+    {
+        return Ok(None);
+    }
+    let value = if w < 7 && reader.is_none() {
+        if w >= legacy_writer {
+            return Ok(None);
+        }
+        serde_json::json!({"minReaderVersion": r, "minWriterVersion": legacy_writer})
+    } else {
+        if w < 7 {
+            let implied: &[(i32, &[&str])] = &[
+                (2, &["appendOnly", "invariants"]),
+                (3, &["checkConstraints"]),
+                (4, &["changeDataFeed", "generatedColumns"]),
+                (5, &["columnMapping"]),
+                (6, &["identityColumns"]),
+            ];
+            for (v, features) in implied {
+                if w >= *v {
+                    writers.extend(features.iter().map(|f| f.to_string()));
+                }
+            }
+            if r == 2 {
+                readers.push("columnMapping".into());
+            }
+        }
+        writers.push(writer.to_string());
+        readers.extend(reader.map(str::to_string));
+        let mut value = serde_json::json!({
+            "minReaderVersion": if reader.is_some() || r >= 3 { 3 } else { r },
+            "minWriterVersion": 7,
+            "writerFeatures": writers,
+        });
+        if reader.is_some() || r >= 3 {
+            value["readerFeatures"] = serde_json::json!(readers);
+        }
+        value
+    };
+    serde_json::from_value(value)
+        .map(|p| Some(Action::Protocol(p)))
+        .map_err(|e| Error::internal(format!("{label}: protocol upgrade: {e}")))
 }
 
 /// The version an application transaction id was last committed with, if any.
@@ -329,59 +372,54 @@ pub(crate) async fn commit_txns(table: DeltaTable, txns: Vec<Transaction>) -> Re
 
 /// [`commit_txns`], with one more entry in the commit info.
 pub(crate) async fn commit_txns_with(
-    mut table: DeltaTable,
+    table: DeltaTable,
     txns: Vec<Transaction>,
     info: Option<(&str, serde_json::Value)>,
 ) -> Result<DeltaTable> {
     let label = table.table_url().to_string();
-    let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
-    CommitBuilder::from(tributary_commit_with(&[], info).with_application_transactions(txns))
-        .build(
-            Some(snapshot),
-            table.log_store(),
-            DeltaOperation::Write {
-                mode: SaveMode::Append,
-                partition_by: None,
-                predicate: None,
-            },
-        )
-        .await
-        .map_err(|e| Error::delta(&label, e))?;
-    table
-        .update_incremental(None)
-        .await
-        .map_err(|e| Error::delta(&label, e))?;
-    Ok(table)
+    let mut commit = Commit::of(
+        &label,
+        vec![],
+        append_operation(&table, None)?,
+        Read::Nothing,
+    );
+    commit.txns = txns;
+    commit.info.extend(info.map(|(k, v)| (k.to_string(), v)));
+    commit::commit(table, commit).await
 }
 
-/// Commit properties of every tributary commit: engine and source files in the commit info,
-/// and no log cleanup after the commit. delta-rs's post-commit cleanup (on by default) lists
-/// the whole `_delta_log` at every commit: with a commit every few seconds and 30 days of log
-/// retention that is hundreds of thousands of entries, hundreds of LIST pages, on every
-/// merge. The maintenance run cleans the log once per run instead (`cleanup_metadata`, with
-/// the table's `delta.logRetentionDuration`).
-pub(crate) fn tributary_commit(files: &[String]) -> CommitProperties {
-    tributary_commit_with(files, None)
+/// A commit of no action (VACUUM's START and END), `metrics` as its operation metrics.
+pub(crate) async fn commit_marker(
+    label: &str,
+    table: DeltaTable,
+    operation: DeltaOperation,
+    metrics: serde_json::Value,
+) -> Result<DeltaTable> {
+    let mut commit = Commit::of(label, vec![], operation, Read::Nothing);
+    commit.info.push(("operationMetrics".to_string(), metrics));
+    commit::commit(table, commit).await
 }
 
-/// [`tributary_commit`] with one more entry in the commit info.
-pub(crate) fn tributary_commit_with(
-    files: &[String],
-    info: Option<(&str, serde_json::Value)>,
-) -> CommitProperties {
-    let mut meta = vec![(
-        "engineInfo".to_string(),
-        serde_json::Value::String(format!("tributary/{}", env!("CARGO_PKG_VERSION"))),
-    )];
-    if !files.is_empty() {
-        meta.push(("tributary.files".to_string(), serde_json::json!(files)));
-    }
-    if let Some((k, v)) = info {
-        meta.push((k.to_string(), v));
-    }
+/// The commit properties of a table tributary creates (delta-rs's create commits version 0
+/// itself): tributary as the engine, and no log cleanup (the maintenance run cleans the log
+/// once per run, `cleanup_metadata`, with the table's `delta.logRetentionDuration`).
+pub(crate) fn create_commit() -> CommitProperties {
     CommitProperties::default()
-        .with_metadata(meta)
+        .with_metadata([(
+            "engineInfo".to_string(),
+            serde_json::Value::String(format!("tributary/{}", env!("CARGO_PKG_VERSION"))),
+        )])
         .with_cleanup_expired_logs(Some(false))
+}
+
+/// A `WRITE` (append) operation on the table, declaring `predicate` as what it read.
+fn append_operation(table: &DeltaTable, predicate: Option<String>) -> Result<DeltaOperation> {
+    let partition_columns = partition_columns(table)?;
+    Ok(DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by: (!partition_columns.is_empty()).then_some(partition_columns),
+        predicate,
+    })
 }
 
 /// How delta-rs's writer lays out data files of the table at `snapshot` (its schema,
@@ -455,14 +493,6 @@ pub fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
         }
     }
     b.build()
-}
-
-fn qcol(alias: &str, name: &str) -> Expr {
-    Expr::Column(Column::new(Some(alias), name))
-}
-
-fn ucol(name: &str) -> Column {
-    Column::new_unqualified(name)
 }
 
 /// Check the plan against an existing table: keys, partitioning, types. New columns are
@@ -576,12 +606,49 @@ pub(crate) async fn add_new_columns_as(
             table: label.to_string(),
             message: format!("cannot map the new columns {names:?} to Delta types: {e}"),
         })?;
-    table
-        .add_columns()
-        .with_fields(kernel.fields().cloned().collect::<Vec<_>>())
-        .with_commit_properties(tributary_commit(&[]))
-        .await
-        .map_err(|e| Error::delta(label, e))
+    add_columns(label, table, kernel.fields().cloned().collect()).await
+}
+
+/// Add `fields` to the table's schema, as Spark's `ALTER TABLE ADD COLUMNS` commits: the
+/// table's metadata with the wider schema, and the `timestampNtz` feature when a new column
+/// needs it.
+pub(crate) async fn add_columns(
+    label: &str,
+    table: DeltaTable,
+    fields: Vec<deltalake::kernel::StructField>,
+) -> Result<DeltaTable> {
+    let delta_err = |e| Error::delta(label, e);
+    let state = table.snapshot().map_err(delta_err)?;
+    let schema = state.schema();
+    let all: Vec<_> = schema
+        .fields()
+        .cloned()
+        .chain(fields.iter().cloned())
+        .collect();
+    let wider = StructType::try_new(all).map_err(|e| Error::Schema {
+        table: label.to_string(),
+        message: format!("cannot add the columns: {e}"),
+    })?;
+    let metadata = state
+        .metadata()
+        .clone()
+        .with_schema(&wider)
+        .map_err(|e| delta_err(e.into()))?;
+    let mut actions = vec![Action::Metadata(metadata)];
+    let ntz = fields
+        .iter()
+        .any(|f| serde_json::to_string(f).is_ok_and(|s| s.contains("\"timestamp_ntz\"")));
+    if ntz {
+        actions.extend(upgraded(
+            state.protocol(),
+            Some("timestampNtz"),
+            "timestampNtz",
+            7,
+            label,
+        )?);
+    }
+    let operation = DeltaOperation::AddColumn { fields };
+    commit::commit(table, Commit::of(label, actions, operation, Read::Nothing)).await
 }
 
 /// What a MERGE commits besides the plan.
@@ -594,244 +661,16 @@ pub(crate) struct MergeExtras {
     pub(crate) delete_unmatched_below: Option<String>,
 }
 
-/// The expressions of tributary's MERGE (docs/design.md, "One MERGE per call").
-struct MergeSql {
-    on: Expr,
-    /// Target column → value when a newer upsert matches.
-    updates: Vec<(String, Expr)>,
-    /// Columns inserted from the source.
-    inserts: Vec<String>,
-    upsert_when: Expr,
-    delete_when: Expr,
-    /// Whether the plan brings columns the table lacks (schema evolution only then: it
-    /// costs extra planning in every MERGE otherwise).
-    new_columns: bool,
-}
-
-impl MergeSql {
-    fn new(table_cfg: &TableConfig, plan: &MergePlan, table: &DeltaTable) -> Result<Self> {
-        let on = conjunction(
-            table_cfg
-                .primary_key
-                .iter()
-                .map(|k| qcol("t", k).eq(qcol("s", k))),
-        )
-        .ok_or_else(|| Error::internal("empty primary key"))?;
-        let seq = table_cfg.sequence_column.as_str();
-        let newer = |s: Expr| qcol("t", seq).is_null().or(s.gt(qcol("t", seq)));
-        let is_op = |op: PlanOp| qcol("s", OP_COLUMN).eq(lit(op.marker()));
-        let inserts: Vec<String> = plan
-            .batch
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .filter(|n| !is_internal(n))
-            .collect();
-        let new_columns = match arrow_schema(table) {
-            Some(ts) => inserts.iter().any(|c| ts.field_with_name(c).is_err()),
-            None => true,
-        };
-        // A sparse column takes the plan's value only when the change that set it is newer
-        // than the row (plan.rs explains why).
-        let update_value = |c: &str| -> Result<Expr> {
-            match plan.sparse.iter().find(|s| s.column == c) {
-                None => Ok(qcol("s", c)),
-                Some(s) => when(
-                    qcol("s", &s.seq_column)
-                        .is_not_null()
-                        .and(newer(qcol("s", &s.seq_column))),
-                    qcol("s", c),
-                )
-                .otherwise(qcol("t", c))
-                .map_err(|e| {
-                    Error::datafusion(format!("table {}: MERGE update", table_cfg.name), e)
-                }),
-            }
-        };
-        Ok(MergeSql {
-            on,
-            updates: inserts
-                .iter()
-                .map(|c| Ok((c.clone(), update_value(c)?)))
-                .collect::<Result<_>>()?,
-            upsert_when: is_op(PlanOp::Upsert).and(newer(qcol("s", seq))),
-            delete_when: is_op(PlanOp::Delete).and(newer(qcol("s", seq))),
-            inserts,
-            new_columns,
-        })
-    }
-}
-
-/// MERGE the plan into the table. Applies a change only when its order key is greater than
-/// the row's (or the row has none). Returns the new table state and the metrics.
-pub(crate) async fn merge(
-    table_cfg: &TableConfig,
-    table: DeltaTable,
-    plan: &MergePlan,
-    files: &[String],
-    extras: &MergeExtras,
-) -> Result<(DeltaTable, MergeMetrics)> {
-    let label = table_cfg.name.as_str();
-    let delta_err = |e| Error::delta(label, e);
-    let source = SessionContext::new()
-        .read_batch(plan.batch.clone())
-        .map_err(|e| Error::datafusion(format!("table {label}: MERGE source"), e))?;
-    let sql = MergeSql::new(table_cfg, plan, &table)?;
-    let checks = checks(&table);
-    let mut commit = tributary_commit(files);
-    if !extras.txns.is_empty() {
-        commit = commit.with_application_transactions(extras.txns.clone());
-    }
-    let mut builder = table
-        .merge(source, sql.on)
-        .with_source_alias("s")
-        .with_target_alias("t")
-        .with_merge_schema(sql.new_columns)
-        .with_session_state(merge_session())
-        .with_writer_properties(writer_properties(table_cfg))
-        .with_commit_properties(commit)
-        .when_matched_update(|u| {
-            sql.updates
-                .iter()
-                .fold(u.predicate(sql.upsert_when), |u, (c, e)| {
-                    u.update(ucol(c), e.clone())
-                })
-        })
-        .map_err(delta_err)?
-        .when_matched_delete(|d| d.predicate(sql.delete_when))
-        .map_err(delta_err)?
-        .when_not_matched_insert(|i| {
-            sql.inserts.iter().fold(
-                i.predicate(qcol("s", OP_COLUMN).eq(lit(PlanOp::Upsert.marker()))),
-                |i, c| i.set(ucol(c), qcol("s", c)),
-            )
-        })
-        .map_err(delta_err)?;
-    if let Some(floor) = &extras.delete_unmatched_below {
-        let seq = table_cfg.sequence_column.as_str();
-        let below = qcol("t", seq)
-            .is_null()
-            .or(qcol("t", seq).lt(lit(floor.clone())));
-        builder = builder
-            .when_not_matched_by_source_delete(|d| d.predicate(below))
-            .map_err(delta_err)?;
-    }
-    let (table, metrics) = builder
-        .await
-        .map_err(|e| refused_rows(label, &checks, files, e))?;
-    Ok((settle(table).await?, metrics))
-}
-
-/// The table's CHECK constraints and NOT NULL columns, for messages.
-fn checks(table: &DeltaTable) -> String {
-    let Ok(state) = table.snapshot() else {
-        return String::new();
-    };
-    let mut out: Vec<String> = state
-        .metadata()
-        .configuration()
-        .iter()
-        .filter_map(|(k, v)| {
-            Some(format!(
-                "CHECK {}: {v}",
-                k.strip_prefix("delta.constraints.")?
-            ))
-        })
-        .collect();
-    out.sort();
-    for f in state.schema().fields() {
-        if !f.is_nullable() {
-            out.push(format!("`{}` NOT NULL", f.name()));
-        }
-        if let Some(v) = f.metadata().get("delta.invariants") {
-            out.push(format!("`{}` invariant {v:?}", f.name()));
-        }
-    }
-    out.join("; ")
-}
-
-/// A MERGE that delta-rs's writer refused because rows break the table's CHECK constraints
-/// or NOT NULL invariants: the files' fault, not retryable, named with the constraints and
-/// the rows (delta-rs's preview). Any other error as it is.
-fn refused_rows(
-    label: &str,
-    checks: &str,
-    files: &[String],
-    e: deltalake::DeltaTableError,
-) -> Error {
-    let text = e.to_string();
-    if !text.contains("failed validation check") && !text.contains("validation check failed") {
-        return Error::delta(label, e);
-    }
-    Error::bad_input(
-        &files.join(", "),
-        crate::error::Location::File,
-        format!("rows break a constraint of table `{label}` ({checks}), checked on every write; nothing was applied. Fix the rows at the source and replay the file, or drop the constraint if it no longer holds (ALTER TABLE … DROP CONSTRAINT). {text}"),
-    )
-}
-
-/// The table after a commit, as readers see it. delta-rs keeps the committed actions in
-/// memory as its writer made them; the stored commit has exact decimal bounds (`stats`),
-/// the in-memory one the writer's `f64` ones, which a MERGE or scan of this handle would
-/// prune by. A table with such columns is read back from the log (its commits are in the
-/// log cache); any other is kept as it is.
-pub(crate) async fn settle(mut table: DeltaTable) -> Result<DeltaTable> {
-    let wide = arrow_schema(&table).is_some_and(|s| crate::stats::arrow_has_wide_decimal(&s));
-    let Some(version) = table.version().filter(|_| wide) else {
-        return Ok(table);
-    };
-    let label = table.table_url().to_string();
-    table.state = None;
-    table
-        .load_version(version)
-        .await
-        .map_err(|e| Error::delta(&label, e))?;
-    Ok(table)
-}
-
 pub(crate) fn is_conflict(e: &Error) -> bool {
     matches!(e, Error::Delta { source, .. } if crate::error::is_commit_conflict(source))
-}
-
-/// Run SQL against a table registered as `t` (used by the demo, CLI and tests).
-pub async fn query(table: &DeltaTable, sql: &str) -> Result<Vec<RecordBatch>> {
-    let label = table.table_url().to_string();
-    let ctx = session();
-    table
-        .update_datafusion_session(&ctx.state())
-        .map_err(|e| Error::delta(&label, e))?;
-    let provider = table
-        .table_provider()
-        .await
-        .map_err(|e| Error::datafusion(format!("{label}: table provider"), e))?;
-    ctx.register_table("t", provider)
-        .map_err(|e| Error::datafusion(format!("{label}: register"), e))?;
-    ctx.sql(sql)
-        .await
-        .map_err(|e| Error::datafusion(format!("{label}: query"), e))?
-        .collect()
-        .await
-        .map_err(|e| Error::datafusion(format!("{label}: query"), e))
 }
 
 /// When a plan can be appended instead of merged: every row an upsert, no new column, one
 /// key column of an integer or string type, and no row of the table with a key in the
 /// plan's key range — then MERGE would insert every row, and an append writes the same rows
-/// without reading or rewriting anything. Returns the range predicate (SQL), which the
-/// append's commit declares as what it read: a concurrent commit that adds files whose key
+/// without reading or rewriting anything. Returns the key range, which the append's
+/// commit declares as what it read: a concurrent commit that adds files whose key
 /// statistics overlap the range makes the append conflict, and the retry merges.
-pub(crate) async fn append_predicate(
-    cfg: &TableConfig,
-    table: &DeltaTable,
-    plan: &MergePlan,
-) -> Result<Option<String>> {
-    Ok(append_range(cfg, table, plan)
-        .await?
-        .map(|r| r.predicate(&cfg.primary_key[0])))
-}
-
-/// The plan's key range when it can be appended (see [`append_predicate`]).
 pub(crate) async fn append_range(
     cfg: &TableConfig,
     table: &DeltaTable,
@@ -843,8 +682,7 @@ pub(crate) async fn append_range(
     let Some(tschema) = arrow_schema(table) else {
         return Ok(None);
     };
-    if writes_only_through_merge(table).is_some()
-        || !plan.sparse.is_empty()
+    if !plan.sparse.is_empty()
         || plan.batch.num_rows() == 0
         || plan.ops()?.iter().any(|o| *o != PlanOp::Upsert)
         || plan
@@ -867,10 +705,41 @@ pub(crate) async fn append_range(
     Ok((!crate::scan::rows_in_range(table, key, &range).await?).then_some(range))
 }
 
+/// Reader features tributary reads exactly (deletion vectors with the kernel, the rest as
+/// delta-rs does); column mapping only while its mode is `none` (checked below).
+const READER_FEATURES: &[&str] = &[
+    "deletionVectors",
+    "timestampNtz",
+    "v2Checkpoint",
+    "vacuumProtocolCheck",
+    "columnMapping",
+];
+
+/// Writer features tributary writes exactly: CHECK constraints, invariants and NOT NULL
+/// checked on every row (`constraints`), the change data feed written (`rewrite`), append-
+/// only refused for any remove (`commit`), deletion vectors honoured, VACUUM committing
+/// START/END through this check; generated, identity and mapped columns only while the
+/// table has none (checked below).
+const WRITER_FEATURES: &[&str] = &[
+    "appendOnly",
+    "invariants",
+    "checkConstraints",
+    "changeDataFeed",
+    "timestampNtz",
+    "deletionVectors",
+    "v2Checkpoint",
+    "vacuumProtocolCheck",
+    "generatedColumns",
+    "identityColumns",
+    "columnMapping",
+];
+
 /// A table tributary cannot write exactly, refused by name before anything is written
-/// (the adoption's metadata commit included), not retryable: column mapping (the data files
-/// name columns by physical names tributary does not write) and identity columns (values
-/// the writer must generate).
+/// (the adoption's metadata commit included), not retryable: a protocol feature it does
+/// not know (row tracking, clustering, type widening, in-commit timestamps, …), column
+/// mapping (the data files name columns by physical names tributary does not write),
+/// identity columns (values the writer must generate) and generated columns (values the
+/// writer must compute).
 pub(crate) fn refuse_unwritable(table: &DeltaTable, label: &str) -> Result<()> {
     let Ok(state) = table.snapshot() else {
         return Ok(());
@@ -880,6 +749,34 @@ pub(crate) fn refuse_unwritable(table: &DeltaTable, label: &str) -> Result<()> {
         feature,
         way_forward: format!("nothing was written; {way_forward}"),
     };
+    let protocol = state.protocol();
+    let unknown: Vec<String> = protocol
+        .reader_features()
+        .unwrap_or_default()
+        .iter()
+        .map(|f| f.to_string())
+        .filter(|f| !READER_FEATURES.contains(&f.as_str()))
+        .chain(
+            protocol
+                .writer_features()
+                .unwrap_or_default()
+                .iter()
+                .map(|f| f.to_string())
+                .filter(|f| !WRITER_FEATURES.contains(&f.as_str())),
+        )
+        .collect();
+    if !unknown.is_empty() || protocol.min_reader_version() > 3 || protocol.min_writer_version() > 7
+    {
+        return Err(refuse(
+            format!(
+                "the table's protocol (reader version {}, writer version {}) has features tributary does not write: {}",
+                protocol.min_reader_version(),
+                protocol.min_writer_version(),
+                if unknown.is_empty() { "a newer protocol version".to_string() } else { unknown.join(", ") }
+            ),
+            "merge into a new table (point `target` at a new folder: tributary creates it, and the DMS full load fills it), or drop the features with the engine that added them, then replay the files",
+        ));
+    }
     if let Some(mode) = state
         .metadata()
         .configuration()
@@ -891,49 +788,29 @@ pub(crate) fn refuse_unwritable(table: &DeltaTable, label: &str) -> Result<()> {
             "merge into a new table (point `target` at a new folder: tributary creates it, and the DMS full load fills it), or rewrite this one without column mapping (e.g. Spark's CREATE TABLE … AS SELECT), then replay the files",
         ));
     }
-    let identity: Vec<String> = state
-        .schema()
-        .fields()
-        .filter(|f| f.metadata().keys().any(|k| k.starts_with("delta.identity")))
-        .map(|f| format!("`{}`", f.name()))
-        .collect();
+    let with = |prefix: &str| -> Vec<String> {
+        state
+            .schema()
+            .fields()
+            .filter(|f| f.metadata().keys().any(|k| k.starts_with(prefix)))
+            .map(|f| format!("`{}`", f.name()))
+            .collect()
+    };
+    let identity = with("delta.identity");
     if !identity.is_empty() {
         return Err(refuse(
             format!("identity columns ({}), whose values the writer must generate; tributary writes the source's values", identity.join(", ")),
             "merge into a new table without identity columns (the source database already assigns the key), then replay the files",
         ));
     }
-    Ok(())
-}
-
-/// Why the table's rows can be written only through delta-rs's MERGE (it computes
-/// generated columns and writes column mapping's physical names), or `None` when
-/// tributary's own writers (the append, the whole-file append, the rewrite) write the
-/// table exactly — CHECK constraints, invariants and NOT NULL columns included, which
-/// they check on every row (`constraints`).
-pub(crate) fn writes_only_through_merge(table: &DeltaTable) -> Option<&'static str> {
-    let state = table.snapshot().ok()?;
-    // Deletion vectors are honoured by tributary's readers (`datafile::TableFiles`); column
-    // mapping's physical names are not.
-    if state
-        .metadata()
-        .configuration()
-        .get("delta.columnMapping.mode")
-        .is_some_and(|m| m != "none")
-    {
-        return Some("column mapping");
+    let generated = with("delta.generationExpression");
+    if !generated.is_empty() {
+        return Err(refuse(
+            format!("generated columns ({}), whose values the writer must compute from their expressions; tributary writes the source's columns only", generated.join(", ")),
+            "merge into a new table without generated columns (compute them in the readers' views, or in the source), then replay the files",
+        ));
     }
-    state.schema().fields().find_map(|f| {
-        f.metadata().keys().find_map(|k| {
-            if k.starts_with("delta.generationExpression") {
-                Some("generated columns")
-            } else if k.starts_with("delta.identity") {
-                Some("identity columns")
-            } else {
-                None
-            }
-        })
-    })
+    Ok(())
 }
 
 /// Whether a data file's statistics show that the table has a row with an integer `key`
@@ -975,13 +852,13 @@ pub(crate) async fn append(
     cfg: &TableConfig,
     table: DeltaTable,
     plan: &MergePlan,
-    predicate: String,
+    range: KeyRange,
     files: &[String],
     extras: &MergeExtras,
 ) -> Result<(DeltaTable, usize)> {
     let adds = write_rows(cfg, &table, plan, &files.join(", ")).await?;
     let written = adds.len();
-    let table = commit_append(cfg, table, adds, predicate, files, &extras.txns).await?;
+    let table = commit_append(cfg, table, adds, range, files, &extras.txns).await?;
     Ok((table, written))
 }
 
@@ -1083,13 +960,24 @@ pub(crate) async fn append_rows(
         .into_iter()
         .map(Action::Add)
         .collect();
-    let partition_columns = partition_columns(&table)?;
-    let operation = DeltaOperation::Write {
-        mode: SaveMode::Append,
-        partition_by: (!partition_columns.is_empty()).then_some(partition_columns),
-        predicate: None,
+    let operation = append_operation(&table, None)?;
+    commit_actions(label, table, adds, operation, Read::Nothing, files, &[]).await
+}
+
+/// Append `rows` to the table, creating it (their schema, partitioned by `partition_by`)
+/// when it does not exist yet: the benchmarks' base tables, written as a load would be.
+pub async fn write_batch(
+    table: DeltaTable,
+    name: &str,
+    rows: &RecordBatch,
+    partition_by: &[String],
+    properties: WriterProperties,
+) -> Result<DeltaTable> {
+    let table = match exists(&table) {
+        true => table,
+        false => create(table, name, &rows.schema(), partition_by, HashMap::new()).await?,
     };
-    commit_actions_as(label, table, adds, operation, files, &[]).await
+    append_rows(name, table, rows, Some(properties), &[]).await
 }
 
 /// Rewrite the table's rows through `change` (each batch of each live file, its deletion
@@ -1154,84 +1042,93 @@ pub(crate) async fn rewrite_rows(
                 .map(Action::Add),
         );
     }
-    let table = commit_actions_as(label, table, actions, operation, &[], txns).await?;
+    // What it read are the files it removes: a concurrent commit that adds rows adds newer
+    // ones, which this does not touch.
+    let table = commit_actions(label, table, actions, operation, Read::Nothing, &[], txns).await?;
     Ok((table, changed))
 }
 
-/// Commit written files as an append on the table's snapshot, declaring `predicate` (the
-/// key range) as what it read, with the application transactions `txns`.
+/// Commit written files as an append on the table's snapshot that read the keys in
+/// `range` of the table's first key column, with the application transactions `txns`.
 pub(crate) async fn commit_append(
     cfg: &TableConfig,
     table: DeltaTable,
     adds: Vec<deltalake::kernel::Action>,
-    predicate: String,
+    range: KeyRange,
     files: &[String],
     txns: &[Transaction],
 ) -> Result<DeltaTable> {
-    let partition_columns = partition_columns(&table)?;
-    let operation = DeltaOperation::Write {
-        mode: SaveMode::Append,
-        partition_by: (!partition_columns.is_empty()).then_some(partition_columns),
-        predicate: Some(predicate),
-    };
-    commit_actions(cfg, table, adds, operation, files, txns).await
+    let key = cfg.primary_key[0].clone();
+    let operation = append_operation(&table, Some(range.predicate(&key)))?;
+    let read = Read::Keys { column: key, range };
+    commit_actions(&cfg.name, table, adds, operation, read, files, txns).await
 }
 
-/// Commit actions on the table's loaded snapshot as `operation` (whose read predicate the
-/// conflict checker uses), with the merged `files` in the commit info and the application
-/// transactions `txns`; returns the table at the new version.
+/// Commit actions on the table's loaded snapshot as `operation` having read `read`
+/// (`commit`), with the merged CDC `files` in the commit info and the application
+/// transactions `txns`; returns the table at the new version. `label` names the table in
+/// errors.
 pub(crate) async fn commit_actions(
-    cfg: &TableConfig,
+    label: &str,
     table: DeltaTable,
     actions: Vec<deltalake::kernel::Action>,
     operation: DeltaOperation,
+    read: Read,
     files: &[String],
     txns: &[Transaction],
 ) -> Result<DeltaTable> {
-    commit_actions_as(&cfg.name, table, actions, operation, files, txns).await
-}
-
-/// [`commit_actions`] on any table, `label` naming it in errors.
-pub(crate) async fn commit_actions_as(
-    label: &str,
-    mut table: DeltaTable,
-    actions: Vec<deltalake::kernel::Action>,
-    operation: DeltaOperation,
-    files: &[String],
-    txns: &[Transaction],
-) -> Result<DeltaTable> {
-    let snapshot = table.snapshot().map_err(|e| Error::delta(label, e))?;
-    let commit = |txns: Vec<Transaction>, actions: Vec<deltalake::kernel::Action>| {
-        let mut commit = tributary_commit(files);
-        if !txns.is_empty() {
-            commit = commit.with_application_transactions(txns);
-        }
-        CommitBuilder::from(commit).with_actions(actions).build(
-            Some(snapshot),
-            table.log_store(),
-            operation.clone(),
-        )
-    };
-    let watermark = |t: &Transaction| t.app_id == crate::model::WATERMARK_APP_ID;
-    let done = match commit(txns.to_vec(), actions.clone()).await {
-        // The watermark a merge carries lost to another writer's: the merge commits without
-        // it (its own conflicts checked again), and the watermark is committed after.
-        Err(e) if crate::error::is_commit_conflict(&e) && txns.iter().any(watermark) => {
-            let without = txns.iter().filter(|t| !watermark(t)).cloned().collect();
-            commit(without, actions).await
-        }
-        done => done,
+    let mut commit = Commit::of(label, actions, operation, read);
+    commit.txns = txns.to_vec();
+    if !files.is_empty() {
+        commit
+            .info
+            .push(("tributary.files".to_string(), serde_json::json!(files)));
     }
-    .map_err(|e| Error::delta(label, e))?;
-    // The commit's own snapshot (delta-rs brought it to the new version): loading it again
-    // would list and read the log once more (except where its statistics are not exact).
-    table.state = Some(done.snapshot());
-    settle(table).await
+    commit::commit(table, commit).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The protocol a property or a new column needs: a legacy protocol moves to the writer
+    /// version that has the feature, or to table features listing what its versions
+    /// implied; a table-features protocol gets the feature added; one that has it, nothing.
+    #[test]
+    fn a_protocol_is_upgraded_as_little_as_the_feature_needs() {
+        let protocol = |v: serde_json::Value| -> deltalake::kernel::Protocol {
+            serde_json::from_value(v).unwrap()
+        };
+        let json = |a: Option<Action>| match a {
+            Some(Action::Protocol(p)) => serde_json::to_value(p).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        let legacy = protocol(serde_json::json!({"minReaderVersion": 1, "minWriterVersion": 2}));
+        let feed = upgraded(&legacy, None, "changeDataFeed", 4, "t").unwrap();
+        assert_eq!(
+            json(feed),
+            serde_json::json!({"minReaderVersion": 1, "minWriterVersion": 4})
+        );
+        let ntz = upgraded(&legacy, Some("timestampNtz"), "timestampNtz", 7, "t").unwrap();
+        assert_eq!(
+            json(ntz),
+            serde_json::json!({"minReaderVersion": 3, "minWriterVersion": 7,
+                "readerFeatures": ["timestampNtz"],
+                "writerFeatures": ["appendOnly", "invariants", "timestampNtz"]})
+        );
+        let features = protocol(serde_json::json!({"minReaderVersion": 3, "minWriterVersion": 7,
+            "readerFeatures": ["deletionVectors"], "writerFeatures": ["deletionVectors"]}));
+        let feed = upgraded(&features, None, "changeDataFeed", 4, "t").unwrap();
+        assert_eq!(
+            json(feed),
+            serde_json::json!({"minReaderVersion": 3, "minWriterVersion": 7,
+                "readerFeatures": ["deletionVectors"],
+                "writerFeatures": ["deletionVectors", "changeDataFeed"]})
+        );
+        let four = protocol(serde_json::json!({"minReaderVersion": 1, "minWriterVersion": 4}));
+        assert!(upgraded(&four, None, "changeDataFeed", 4, "t").unwrap().is_none());
+    }
+
     use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
 
