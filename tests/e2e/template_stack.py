@@ -181,6 +181,36 @@ class Resolver:
         return {k: str(self.value(v)) for k, v in variables.items()}
 
 
+# The name property of the resource types whose physical id is their name.
+NAME_PROPERTY = {"AWS::SQS::Queue": "QueueName", "AWS::S3::Bucket": "BucketName", "AWS::IAM::Role": "RoleName",
+                 "AWS::Events::Rule": "Name", "AWS::Lambda::Function": "FunctionName",
+                 "AWS::StepFunctions::StateMachine": "StateMachineName"}
+
+
+def synthetic(parameters=None, stack_name="tributary-synthetic", region="us-east-1"):
+    """A `Resolver` of the whole transformed template for a stack that is not deployed (no
+    emulator): each resource with the physical id CloudFormation would give it — its name
+    property resolved when it has one, `<stack>-<logical id>-<suffix>` otherwise (lower case
+    for a bucket) — so that its policies can be resolved and evaluated as they would be in
+    the account (ACCOUNT)."""
+    full = template_names.transformed(str(ROOT / "template.yaml"), region)
+    resolve = Resolver(full, parameters, {}, stack_name, region)
+    resolve.params["AWS::StackId"] = (f"arn:aws:cloudformation:{region}:{ACCOUNT}:stack/{stack_name}/"
+                                      "8c0e7bd0-1f2a-11ef-9f1d-0a1b2c3d4e5f")
+    for name, r in full["Resources"].items():
+        kind, props = r["Type"], r.get("Properties", {})
+        own = NAME_PROPERTY.get(kind)
+        phys = str(resolve.value(props[own])) if own in props else f"{stack_name}-{name}-1A2B3C4D5E6F"
+        if kind == "AWS::SQS::Queue":
+            phys = f"https://sqs.{region}.amazonaws.com/{ACCOUNT}/{phys}"
+        elif kind == "AWS::S3::Bucket":
+            phys = phys.lower()
+        elif kind == "AWS::StepFunctions::StateMachine":
+            phys = f"arn:aws:states:{region}:{ACCOUNT}:stateMachine:{phys}"
+        resolve.resources[name] = phys
+    return resolve
+
+
 def _decide_conditions(body, resolver):
     """The template with its conditions decided for these parameters, as CloudFormation
     decides them: the branch of each `Fn::If`, without the resources and outputs whose
