@@ -122,10 +122,9 @@ fn log_files(fx: &Fixture) -> usize {
 /// Merging into a table Spark wrote adopts it (#43): the order-key column is added by a
 /// metadata commit, the table records the adoption, the rows it had rank below every change
 /// (an update, a delete and an insert apply; a re-delivery changes nothing), and the rows no
-/// change touched keep their values. An INT96 timestamp of 9999-12-30 in a row a MERGE
-/// rewrote (the CDC file lacks the column, so delta-rs's MERGE keeps it from the row) stays
-/// 9999-12-30: DataFusion read it as nanoseconds, which wrap (1816-03-28, exit 0); and the
-/// rewrite, reading the same way, could not convert the file and fell back to the MERGE.
+/// change touched keep their values. An INT96 timestamp of 9999-12-30 in a row a merge
+/// rewrote (the CDC file lacks the column, so the row's value is kept) stays 9999-12-30:
+/// delta-rs's MERGE (before #43) read it as nanoseconds, which wrap (1816-03-28, exit 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spark_table_is_adopted_and_its_int96_timestamps_stay_exact() {
     use chrono::TimeZone;
@@ -306,7 +305,7 @@ async fn a_check_constraint_refuses_inserts_as_it_refuses_updates() {
         text(&fx, &["id", "amount"], ":", &["id"]).await,
         vec!["1:10", "2:20"]
     );
-    // A file whose rows keep the constraint: tributary's rewrite, not delta-rs's MERGE.
+    // A file whose rows keep the constraint: written by tributary's rewrite.
     let ok = put_t(&fx, "20240101-000000003.parquet", &["U"], vec![1], vec![99]);
     let r = fx.merge_ok(&[ok]).await;
     assert_eq!(

@@ -1242,8 +1242,8 @@ async fn wide_decimal_bounds_are_exact_in_the_log_and_filters_find_their_rows() 
     let by_frac = ("frac", "123.456789012345678901");
     assert_eq!(found(by_amt.0, by_amt.1).await, vec!["1"]);
     assert_eq!(found(by_frac.0, by_frac.1).await, vec!["1"]);
-    // A MERGE (delta-rs's: decimal keys and values are not rewritten by tributary itself)
-    // and a compaction write new files: their bounds are exact too.
+    // A merge and a compaction write new files: their bounds are exact too (made exact in
+    // tributary's commit, on every store).
     let update = cdc(
         &fx,
         "20240101-0000000001.parquet",

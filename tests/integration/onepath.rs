@@ -263,8 +263,7 @@ proptest! {
 
     /// The source gains a column part-way (files before the cut lack it), delivered
     /// shuffled, duplicated and grouped at random (calls mixing files with and without it
-    /// make it sparse): the table converges to the source's final state, on either write
-    /// path; on the rewrite's, no merge falls back to delta-rs's MERGE.
+    /// make it sparse): the table converges to the source's final state.
     #[test]
     fn a_column_added_part_way_converges(
         seed in any::<u64>(),

@@ -99,10 +99,7 @@ pub(crate) async fn commit(mut table: DeltaTable, c: Commit<'_>) -> Result<Delta
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|v| *v > 0)
             .unwrap_or(100);
-        let v2 = state
-            .protocol()
-            .reader_features()
-            .is_some_and(|f| f.iter().any(|f| f.to_string() == "v2Checkpoint"));
+        let v2 = !super::classic_checkpoints(&table);
         let wide = crate::stats::arrow_has_wide_decimal(&state.snapshot().arrow_schema());
         let known = if wide {
             crate::stats::Known::Wide

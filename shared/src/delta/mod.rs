@@ -241,6 +241,16 @@ pub(crate) fn has_checkpoint_interval(table: &DeltaTable) -> bool {
     })
 }
 
+/// Whether tributary writes the table's checkpoints: not for tables with the `v2Checkpoint`
+/// feature (delta-rs writes classic checkpoints only; their writer keeps theirs).
+pub(crate) fn classic_checkpoints(table: &DeltaTable) -> bool {
+    table.snapshot().is_ok_and(|s| {
+        !s.protocol()
+            .reader_features()
+            .is_some_and(|f| f.iter().any(|f| f.to_string() == "v2Checkpoint"))
+    })
+}
+
 /// A table without recorded sequence kinds (created before they were recorded, or by
 /// another writer) gets the batch's, once, so that later files are checked against them.
 pub(crate) async fn record_kinds(
@@ -1116,8 +1126,10 @@ mod tests {
                 "readerFeatures": ["timestampNtz"],
                 "writerFeatures": ["appendOnly", "invariants", "timestampNtz"]})
         );
-        let features = protocol(serde_json::json!({"minReaderVersion": 3, "minWriterVersion": 7,
-            "readerFeatures": ["deletionVectors"], "writerFeatures": ["deletionVectors"]}));
+        let features = protocol(
+            serde_json::json!({"minReaderVersion": 3, "minWriterVersion": 7,
+            "readerFeatures": ["deletionVectors"], "writerFeatures": ["deletionVectors"]}),
+        );
         let feed = upgraded(&features, None, "changeDataFeed", 4, "t").unwrap();
         assert_eq!(
             json(feed),
@@ -1126,7 +1138,9 @@ mod tests {
                 "writerFeatures": ["deletionVectors", "changeDataFeed"]})
         );
         let four = protocol(serde_json::json!({"minReaderVersion": 1, "minWriterVersion": 4}));
-        assert!(upgraded(&four, None, "changeDataFeed", 4, "t").unwrap().is_none());
+        assert!(upgraded(&four, None, "changeDataFeed", 4, "t")
+            .unwrap()
+            .is_none());
     }
 
     use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};

@@ -236,13 +236,17 @@ impl Tidy<'_> {
         compact(&mut table, label, self.cfg, &before, &mut report).await?;
         // 2. Checkpoint of the newest version and expired log cleanup.
         update(&mut table, label).await?;
-        deltalake::checkpoints::create_checkpoint(&table, None)
-            .await
-            .map_err(|e| Error::delta(label, e))?;
-        report.checkpoint_version = table.version();
-        report.log_files_removed = deltalake::checkpoints::cleanup_metadata(&table, None)
-            .await
-            .map_err(|e| Error::delta(label, e))?;
+        if delta::classic_checkpoints(&table) {
+            deltalake::checkpoints::create_checkpoint(&table, None)
+                .await
+                .map_err(|e| Error::delta(label, e))?;
+            report.checkpoint_version = table.version();
+            report.log_files_removed = deltalake::checkpoints::cleanup_metadata(&table, None)
+                .await
+                .map_err(|e| Error::delta(label, e))?;
+        } else {
+            tracing::info!(table = %label, "v2 checkpoints: left to the table's writer, and its log with them");
+        }
         // 3. VACUUM (full: also removes files of failed, uncommitted writes).
         let (mut table, vacuumed) =
             vacuum(table, self.cfg.maintenance.vacuum_retention, label).await?;
