@@ -50,7 +50,7 @@ pub(crate) async fn run(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
 impl Demo {
     /// Clear earlier output, write the configuration, generate the scenario.
     fn prepare(dir: &Path, rows: i32, new_rows: i32) -> Result<Demo> {
-        tributary::tuning::Tuning::from_env()?;
+        tributary::tuning::Tuning::from_env()?.apply();
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = std::fs::canonicalize(dir)?;
         for sub in ["raw", "curated"] {

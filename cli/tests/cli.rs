@@ -124,3 +124,34 @@ fn an_unparsable_tuning_variable_fails_the_command_by_name() {
         );
     }
 }
+
+/// `TRIBUTARY_LOG_VALUES=false` (#44): a failed file's error leaves the value out and still
+/// names the file, row and column; without it the value is named.
+#[test]
+fn row_values_are_left_out_of_errors_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("raw/s/t")).unwrap();
+    std::fs::write(
+        d.join("t.toml"),
+        "[[table]]\nname = \"t\"\nsource = \"raw/s/t/\"\ntarget = \"curated/t\"\nprimary_key = [\"id\"]\nformat = \"csv\"\n[table.csv]\ncolumns = [{ name = \"id\", type = \"int64\" }, { name = \"amount\", type = \"int64\" }]\n",
+    )
+    .unwrap();
+    let file = "raw/s/t/20240101-120000000.csv";
+    std::fs::write(d.join(file), "I,1,10\nI,2,secret-4711\n").unwrap();
+    for (setting, shown) in [("true", true), ("false", false)] {
+        let out = tributary(&["merge", "--config", "t.toml", file], d)
+            .env("TRIBUTARY_LOG_VALUES", setting)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{text}");
+        assert_eq!(text.contains("secret-4711"), shown, "{setting}: {text}");
+        assert!(text.contains("20240101-120000000.csv"), "{text}");
+        assert!(
+            text.contains("amount") || text.contains("column 3"),
+            "{text}"
+        );
+    }
+}

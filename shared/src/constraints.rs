@@ -155,7 +155,7 @@ impl Checks {
                         true => "NULL".to_string(),
                         false => arrow::util::display::array_value_to_string(&c, v.row).ok()?,
                     };
-                    Some(format!("{k} = {value}"))
+                    Some(format!("{k} = {}", crate::redact::value(&value)))
                 })
                 .collect::<Vec<_>>()
                 .join(", ")

@@ -47,7 +47,7 @@ pub enum Error {
 
     /// An input file is malformed or does not fit the table. Not retryable: the file
     /// has to be fixed (or the configuration changed) and replayed.
-    #[error("bad input file {file}{location}: {message}")]
+    #[error("bad input file {file}{location}: {}", crate::redact::text(.message))]
     BadInput {
         file: String,
         location: Location,
@@ -57,7 +57,7 @@ pub enum Error {
     /// A file's column has another type than the table's column, the change is not a
     /// lossless widening (those are applied), and the values do not fit the table's type.
     /// Not retryable: the way forward is a reload of the table or a new table.
-    #[error("type change in {file}: column `{column}` is {} in the table but {} in the file, and {}{}; {TYPE_CHANGE_HELP}", .change.table_type, .change.file_type, row_text(.row), .change.reason)]
+    #[error("type change in {file}: column `{column}` is {} in the table but {} in the file, and {}{}; {TYPE_CHANGE_HELP}", .change.table_type, .change.file_type, row_text(.row), crate::redact::text(&.change.reason))]
     TypeChange {
         file: String,
         column: String,
@@ -83,7 +83,7 @@ pub enum Error {
     },
 
     /// The change set does not fit the table's schema (type change, missing key, ...).
-    #[error("table {table}: schema mismatch: {message}")]
+    #[error("table {table}: schema mismatch: {}", crate::redact::text(.message))]
     Schema { table: String, message: String },
 
     /// Concurrent writers kept winning; the change was not applied and must be retried.
@@ -147,11 +147,11 @@ pub enum Error {
     },
 
     /// Maintenance could not rewrite a data file of the table.
-    #[error("compaction: {file}: {message}")]
+    #[error("compaction: {file}: {}", crate::redact::text(.message))]
     Compaction { file: String, message: String },
 
     /// A data file of the Delta table could not be read for a copy-on-write rewrite.
-    #[error("table {table}: data file {file} could not be read: {message}")]
+    #[error("table {table}: data file {file} could not be read: {}", crate::redact::text(.message))]
     DataFile {
         table: String,
         file: String,
@@ -167,7 +167,7 @@ pub enum Error {
     },
 
     /// An Arrow computation failed (a bug or an unexpected state; the source says what).
-    #[error("{context}: {source}")]
+    #[error("{context}: {}", crate::redact::text(&.source.to_string()))]
     Arrow {
         context: String,
         #[source]

@@ -52,6 +52,7 @@ pub mod manifest;
 mod model;
 mod plan;
 mod props;
+pub mod redact;
 pub mod reload;
 mod report;
 mod retry;
@@ -77,20 +78,16 @@ pub use props::TableProps;
 pub use source::{apply_order, FileCounts, SeqKind};
 
 /// Default log filter of the functions: tributary's own `info` lines; `warn` for libraries,
-/// minus delta-rs's per-merge metric warning and the kernel's error line when a table does
-/// not exist yet (tributary creates it; real failures come back as errors and are logged).
-/// delta-rs's transaction module logs handled commit conflicts at ERROR (with a "Help:"
-/// paragraph) and the retries at WARN: tributary logs its own decision instead (conflict,
-/// retry n of m at INFO; giving up at WARN; a failed file at ERROR). A version checksum file
+/// minus the kernel's error line when a table does not exist yet (tributary creates it; real
+/// failures come back as errors and are logged). Commit conflicts are tributary's own
+/// (conflict, retry n of m at INFO; giving up at WARN; a failed file at ERROR). A version checksum file
 /// (`_delta_log/<v>.crc`, optional in the protocol) the kernel cannot parse — Spark 3.1's have
 /// no `metadata` field — is skipped and the table read from its log: the kernel's WARN (with
 /// a stack trace where RUST_BACKTRACE is set) came at every load of such a table and asks
 /// nothing of anybody, so it is off.
 pub const LOG_FILTER: &str = "warn,tributary=info,tributary_merge=info,tributary_maintenance=info,\
-deltalake_core::operations::merge=error,deltalake_core::kernel::transaction=off,\
 buoyant_kernel::snapshot::builder=off,buoyant_kernel::crc::reader=off";
 
 /// The CLI's default log filter (stderr): libraries' warnings only.
-pub const CLI_LOG_FILTER: &str = "warn,tributary=off,deltalake_core::operations::merge=error,\
-deltalake_core::kernel::transaction=off,buoyant_kernel::snapshot::builder=off,\
-buoyant_kernel::crc::reader=off";
+pub const CLI_LOG_FILTER: &str =
+    "warn,tributary=off,buoyant_kernel::snapshot::builder=off,buoyant_kernel::crc::reader=off";

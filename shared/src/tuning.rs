@@ -1,5 +1,5 @@
 //! The library's tuning from the environment (`TRIBUTARY_LOG_CACHE_MB`,
-//! `TRIBUTARY_SPILL_MB`), read and checked in one place: a value that is not what the
+//! `TRIBUTARY_SPILL_MB`, `TRIBUTARY_LOG_VALUES`), read and checked in one place: a value that is not what the
 //! variable takes is refused with the variable, the value and what it takes — at start-up
 //! ([`Tuning::from_env`], from [`crate::Engine::from_config_location`]: the function's init
 //! or the CLI command fails with it) — never replaced by the default.
@@ -17,6 +17,9 @@ pub struct Tuning {
     /// Objects larger than this are spilled to disk (`TRIBUTARY_SPILL_MB`; `None`: the
     /// default, 64 MB).
     pub spill_bytes: Option<u64>,
+    /// Row values in error messages (`TRIBUTARY_LOG_VALUES`, default true; false: `…`
+    /// instead, [`crate::redact`]).
+    pub log_values: bool,
 }
 
 impl Tuning {
@@ -38,10 +41,29 @@ impl Tuning {
             var("TRIBUTARY_SPILL_MB").as_deref(),
             "objects larger than this many megabytes are streamed to a local file (default 64; fractions allowed, e.g. 0.5)",
         )?;
+        let log_values = match unset(var("TRIBUTARY_LOG_VALUES").as_deref()) {
+            None => true,
+            Some(v) if v.eq_ignore_ascii_case("true") => true,
+            Some(v) if v.eq_ignore_ascii_case("false") => false,
+            Some(v) => {
+                return Err(refused(
+                    "TRIBUTARY_LOG_VALUES",
+                    v,
+                    "true or false",
+                    "whether error messages may quote row values (default true; false writes … instead)",
+                ))
+            }
+        };
         Ok(Tuning {
             log_cache_bytes: log_cache_mb.saturating_mul(1024 * 1024),
             spill_bytes: spill_mb.map(|mb| (mb * 1024.0 * 1024.0) as u64),
+            log_values,
         })
+    }
+
+    /// Apply the process-wide parts: whether messages quote row values ([`crate::redact`]).
+    pub fn apply(&self) {
+        crate::redact::withhold_values(!self.log_values);
     }
 }
 
@@ -110,10 +132,27 @@ mod tests {
         let want = Tuning {
             log_cache_bytes: 64 * 1024 * 1024,
             spill_bytes: None,
+            log_values: true,
         };
         assert_eq!(tuning(&[]).unwrap(), want);
         let empty = [("TRIBUTARY_LOG_CACHE_MB", " "), ("TRIBUTARY_SPILL_MB", "")];
         assert_eq!(tuning(&empty).unwrap(), want);
+    }
+
+    #[test]
+    fn row_values_in_messages_are_true_or_false_and_nothing_else() {
+        assert!(
+            !tuning(&[("TRIBUTARY_LOG_VALUES", "false")])
+                .unwrap()
+                .log_values
+        );
+        assert!(
+            tuning(&[("TRIBUTARY_LOG_VALUES", "TRUE")])
+                .unwrap()
+                .log_values
+        );
+        let e = tuning(&[("TRIBUTARY_LOG_VALUES", "no")]).unwrap_err();
+        assert!(e.to_string().contains("TRIBUTARY_LOG_VALUES=no"), "{e}");
     }
 
     #[test]

@@ -133,7 +133,7 @@ impl Engine {
     /// Load the configuration from a local path or `s3://` URI and build the engine, after
     /// checking the environment's tuning ([`crate::tuning::Tuning`]).
     pub async fn from_config_location(location: &str) -> Result<Self> {
-        crate::tuning::Tuning::from_env()?;
+        crate::tuning::Tuning::from_env()?.apply();
         let config = if location.starts_with("s3://") || location.starts_with("file://") {
             let url = Url::parse(location)
                 .map_err(|e| Error::config(location, format!("not a valid URI: {e}")))?;
