@@ -46,6 +46,8 @@ pub mod demo;
 mod engine;
 mod error;
 pub mod history;
+#[cfg(test)]
+mod layers;
 pub mod logcache;
 pub mod maintenance;
 pub mod manifest;
