@@ -15,6 +15,7 @@
 // limit allows when the release build computes their layout.
 #![recursion_limit = "256"]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,7 +30,7 @@ use tributary::deltalake::arrow::array::{
 };
 use tributary::deltalake::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use tributary::deltalake::DeltaTable;
-use tributary::{delta, demo, manifest, Config, Engine};
+use tributary::{delta, demo, manifest, Config, Engine, ProcessReport, TableConfig};
 
 const CITIES: [&str; 10] = demo::CITIES;
 
@@ -445,33 +446,13 @@ fn pct(v: &[f64], p: f64) -> f64 {
     s[i]
 }
 
-async fn run(args: RunArgs) -> Result<()> {
-    let RunArgs {
-        workload:
-            Workload {
-                dir,
-                rows,
-                changes,
-                mix,
-                count,
-            },
-        manifests,
-        maintain_first,
-        target_file_size_mb,
-        history,
-        compression,
-        order_keys,
-    } = args;
-    let dir = std::fs::canonicalize(&dir)?;
-    let base = base_dir(&dir, rows, &compression, &order_keys);
-    if !base.join("_delta_log").exists() {
-        bail!("no base table at {}: run `prepare` first", base.display());
-    }
-    let files = make_files(&dir, rows, changes, mix, count)?;
+/// Copies the base table (and, with `history`, the base history table) into a fresh work
+/// folder under `dir` and empties its source prefix; returns the work folder and the prefix.
+fn stage_work(dir: &Path, base: &Path, rows: i64, history: bool) -> Result<(PathBuf, PathBuf)> {
     let work = dir.join("work-rust");
     let table_dir = work.join("curated/bench");
     std::fs::create_dir_all(work.join("curated"))?;
-    copy_dir(&base, &table_dir)?;
+    copy_dir(base, &table_dir)?;
     if history {
         let versions = dir.join(format!("base-{rows}-history"));
         if !versions.join("_delta_log").exists() {
@@ -487,6 +468,20 @@ async fn run(args: RunArgs) -> Result<()> {
         std::fs::remove_dir_all(&raw)?;
     }
     std::fs::create_dir_all(&raw)?;
+    Ok((work, raw))
+}
+
+/// The `tributary.toml` of a run: the bench table with the run's settings and, with
+/// `--history`, its history table.
+fn run_config(args: &RunArgs) -> String {
+    let RunArgs {
+        manifests,
+        target_file_size_mb,
+        history,
+        compression,
+        order_keys,
+        ..
+    } = args;
     let config = format!(
         r#"[[table]]
 name = "bench"
@@ -505,36 +500,65 @@ order_key_encoding = "{order_keys}"
         Some(mb) => format!("{config}target_file_size_mb = {mb}\n"),
         None => config,
     };
-    let config = if history {
+    if *history {
         format!("{config}[table.history]\ntarget = \"curated/bench_history\"\nstart_column = \"valid_from\"\nend_column = \"valid_to\"\ncurrent_column = \"iscurrent\"\n")
     } else {
         config
-    };
-    std::fs::write(work.join("tributary.toml"), config)?;
-    let engine = Engine::new(Config::from_path(&work.join("tributary.toml"))?);
-    let tcfg = engine.config().tables[0].clone();
-    let mut base_files_after_maintenance = None;
-    if maintain_first {
-        let m = tributary::maintenance::maintain(
-            &tcfg,
-            engine.storage(),
-            engine.storage_options(),
-            Default::default(),
-        )
-        .await?;
-        base_files_after_maintenance = Some(m.files_after);
     }
-    let mut latency = Vec::new();
-    let mut freshness = Vec::new();
-    let (mut rewritten, mut rewritten_bytes, mut added) = (0usize, 0i64, 0usize);
-    let mut phases: std::collections::BTreeMap<String, f64> = Default::default();
-    for f in &files {
-        let before =
-            manifest::live_files(&delta::open(tcfg.state_table()?, &Default::default()).await?)?;
+}
+
+/// Maintains the bench table (compaction, checkpoint, vacuum, manifests); returns what
+/// maintenance did.
+async fn maintain(
+    engine: &Engine,
+    table: &TableConfig,
+) -> Result<tributary::maintenance::MaintenanceReport> {
+    Ok(tributary::maintenance::maintain(
+        table,
+        engine.storage(),
+        engine.storage_options(),
+        Default::default(),
+    )
+    .await?)
+}
+
+/// The live data files of `table`'s state table.
+async fn live_files(table: &TableConfig) -> Result<Vec<manifest::LiveFile>> {
+    Ok(manifest::live_files(
+        &delta::open(table.state_table()?, &Default::default()).await?,
+    )?)
+}
+
+/// What the merges of a run measured, merge by merge.
+#[derive(Default)]
+struct MergeTally {
+    /// Milliseconds of each merge (one per merged file).
+    latency_ms: Vec<f64>,
+    /// Milliseconds from each file landing to its rows being visible.
+    freshness_ms: Vec<f64>,
+    files_rewritten: usize,
+    bytes_rewritten: i64,
+    files_added: usize,
+    /// Mean milliseconds per merge phase over the run's files.
+    phases_ms_mean: BTreeMap<String, f64>,
+}
+
+impl MergeTally {
+    /// Lands `file` in the source prefix `raw` as DMS would, merges it and records what the
+    /// merge took and rewrote; `files` is how many files the run merges (for the means).
+    async fn merge_file(
+        &mut self,
+        engine: &Engine,
+        table: &TableConfig,
+        raw: &Path,
+        file: &Path,
+        files: usize,
+    ) -> Result<()> {
+        let before = live_files(table).await?;
         // "Landing": DMS writes the file, then the merge runs.
         let landed = Instant::now();
-        let dest = raw.join(f.file_name().context("file name")?);
-        std::fs::copy(f, &dest)?;
+        let dest = raw.join(file.file_name().context("file name")?);
+        std::fs::copy(file, &dest)?;
         let url = url::Url::from_file_path(&dest).map_err(|_| anyhow::anyhow!("url"))?;
         let t0 = Instant::now();
         let report = engine.process(&[url]).await;
@@ -542,63 +566,212 @@ order_key_encoding = "{order_keys}"
         if let Some(fail) = report.failures().next() {
             bail!("merge failed: {fail:?}");
         }
-        freshness.push(landed.elapsed().as_secs_f64() * 1000.0);
-        latency.push(ms);
-        let after =
-            manifest::live_files(&delta::open(tcfg.state_table()?, &Default::default()).await?)?;
+        self.freshness_ms
+            .push(landed.elapsed().as_secs_f64() * 1000.0);
+        self.latency_ms.push(ms);
+        let after = live_files(table).await?;
+        self.count_rewritten(&before, &after);
+        self.files_added += report.tables.iter().map(|t| t.files_added).sum::<usize>();
+        self.add_phases(&report, files)
+    }
+
+    /// Counts the files of `before` that `after` no longer has: those the merge rewrote.
+    fn count_rewritten(&mut self, before: &[manifest::LiveFile], after: &[manifest::LiveFile]) {
         let after_set: std::collections::HashSet<&str> =
             after.iter().map(|f| f.path.as_str()).collect();
-        for b in &before {
+        for b in before {
             if !after_set.contains(b.path.as_str()) {
-                rewritten += 1;
-                rewritten_bytes += b.size;
-            }
-        }
-        added += report.tables.iter().map(|t| t.files_added).sum::<usize>();
-        for t in &report.tables {
-            if let serde_json::Value::Object(m) = serde_json::to_value(&t.phases_ms)? {
-                for (k, v) in m {
-                    *phases.entry(k).or_default() +=
-                        v.as_f64().unwrap_or_default() / files.len() as f64;
-                }
+                self.files_rewritten += 1;
+                self.bytes_rewritten += b.size;
             }
         }
     }
-    let t0 = Instant::now();
-    let m = tributary::maintenance::maintain(
-        &tcfg,
-        engine.storage(),
-        engine.storage_options(),
-        Default::default(),
-    )
-    .await?;
-    let maintenance_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    let total_s: f64 = latency.iter().sum::<f64>() / 1000.0;
-    let n = files.len() as f64;
-    let r = RunResult {
-        engine: "tributary",
-        history,
-        compression,
+
+    /// Adds each table's phase times in `report`, divided by the run's `files`, to the means.
+    fn add_phases(&mut self, report: &ProcessReport, files: usize) -> Result<()> {
+        for t in &report.tables {
+            if let serde_json::Value::Object(m) = serde_json::to_value(&t.phases_ms)? {
+                for (k, v) in m {
+                    *self.phases_ms_mean.entry(k).or_default() +=
+                        v.as_f64().unwrap_or_default() / files as f64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The run's JSON line: its settings, what its merges measured, and the maintenance
+    /// that followed (`maintained`, in `maintenance_ms`).
+    fn into_result(
+        self,
+        args: &RunArgs,
+        maintained: &tributary::maintenance::MaintenanceReport,
+        maintenance_ms: f64,
+        base_files_after_maintenance: Option<usize>,
+    ) -> RunResult {
+        let latency = self.latency_ms;
+        let total_s: f64 = latency.iter().sum::<f64>() / 1000.0;
+        let n = latency.len() as f64;
+        let changes = args.workload.changes;
+        RunResult {
+            engine: "tributary",
+            history: args.history,
+            compression: args.compression.clone(),
+            rows: args.workload.rows,
+            changes,
+            mix: args.workload.mix,
+            files: latency.len(),
+            p50_ms: pct(&latency, 0.5),
+            p95_ms: pct(&latency, 0.95),
+            changes_per_s: (changes as f64 * n) / total_s,
+            freshness_p50_ms: pct(&self.freshness_ms, 0.5),
+            files_rewritten_per_merge: self.files_rewritten as f64 / n,
+            bytes_rewritten_per_merge: self.bytes_rewritten as f64 / n,
+            files_added_per_merge: self.files_added as f64 / n,
+            table_files_after: maintained.files_after,
+            maintenance_ms,
+            base_files_after_maintenance,
+            peak_rss_mb: peak_rss_mb(),
+            phases_ms_mean: self.phases_ms_mean,
+            latency_ms: latency.iter().map(|v| (v * 10.0).round() / 10.0).collect(),
+        }
+    }
+}
+
+/// Copies the base table, merges the workload's files one by one, then maintains; prints
+/// one JSON line.
+async fn run(args: RunArgs) -> Result<()> {
+    let Workload {
         rows,
         changes,
         mix,
-        files: files.len(),
-        p50_ms: pct(&latency, 0.5),
-        p95_ms: pct(&latency, 0.95),
-        changes_per_s: (changes as f64 * n) / total_s,
-        freshness_p50_ms: pct(&freshness, 0.5),
-        files_rewritten_per_merge: rewritten as f64 / n,
-        bytes_rewritten_per_merge: rewritten_bytes as f64 / n,
-        files_added_per_merge: added as f64 / n,
-        table_files_after: m.files_after,
-        maintenance_ms,
-        base_files_after_maintenance,
-        peak_rss_mb: peak_rss_mb(),
-        phases_ms_mean: phases,
-        latency_ms: latency.iter().map(|v| (v * 10.0).round() / 10.0).collect(),
-    };
+        count,
+        ..
+    } = args.workload;
+    let dir = std::fs::canonicalize(&args.workload.dir)?;
+    let base = base_dir(&dir, rows, &args.compression, &args.order_keys);
+    if !base.join("_delta_log").exists() {
+        bail!("no base table at {}: run `prepare` first", base.display());
+    }
+    let files = make_files(&dir, rows, changes, mix, count)?;
+    let (work, raw) = stage_work(&dir, &base, rows, args.history)?;
+    std::fs::write(work.join("tributary.toml"), run_config(&args))?;
+    let engine = Engine::new(Config::from_path(&work.join("tributary.toml"))?);
+    let tcfg = engine.config().tables[0].clone();
+    let mut base_files_after_maintenance = None;
+    if args.maintain_first {
+        base_files_after_maintenance = Some(maintain(&engine, &tcfg).await?.files_after);
+    }
+    let mut tally = MergeTally::default();
+    for f in &files {
+        tally
+            .merge_file(&engine, &tcfg, &raw, f, files.len())
+            .await?;
+    }
+    let t0 = Instant::now();
+    let m = maintain(&engine, &tcfg).await?;
+    let maintenance_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let r = tally.into_result(&args, &m, maintenance_ms, base_files_after_maintenance);
     println!("{}", serde_json::to_string(&r)?);
     Ok(())
+}
+
+/// The base table's data files under `base`, whole (as a MERGE rewrites them) and in path
+/// order, until they make `mb` MB; returns them and their bytes.
+fn pick_files(base: &Path, mb: f64) -> Result<(Vec<PathBuf>, u64)> {
+    let mut files = Vec::new();
+    walk_parquet(base, &mut files)?;
+    files.sort();
+    let mut picked = Vec::new();
+    let mut bytes = 0u64;
+    for f in files {
+        if bytes as f64 >= mb * 1e6 {
+            break;
+        }
+        bytes += std::fs::metadata(&f)?.len();
+        picked.push(f);
+    }
+    Ok((picked, bytes))
+}
+
+/// The writer settings tributary's MERGE writes the bench table with, under `compression`
+/// and `order_keys`.
+fn merge_writer(
+    dir: &Path,
+    compression: &str,
+    order_keys: &str,
+) -> Result<tributary::deltalake::parquet::file::properties::WriterProperties> {
+    let config = Config::from_toml(
+        &format!(
+            "[[table]]\nname = \"bench\"\nsource = \"raw/bench/\"\ntarget = \"curated/bench\"\nprimary_key = [\"trip_id\"]\npartition_by = [\"route_id\"]\nsequence_by = [\"update_ts_dms\"]\nparquet_compression = \"{compression}\"\norder_key_encoding = \"{order_keys}\"\n"
+        ),
+        "floor",
+        Some(dir),
+    )?;
+    Ok(delta::writer_properties(&config.tables[0]))
+}
+
+/// One pass of the floor: the picked files read by `threads` threads (thread `t` takes
+/// every `threads`-th file from the `t`-th) and, when writing, written back into `out`.
+struct FloorPass<'a> {
+    picked: &'a [PathBuf],
+    props: &'a tributary::deltalake::parquet::file::properties::WriterProperties,
+    out: &'a Path,
+    threads: usize,
+}
+
+impl FloorPass<'_> {
+    /// Milliseconds the pass takes: every picked file read and, with `write`, written back.
+    fn time(&self, write: bool) -> Result<f64> {
+        let t0 = Instant::now();
+        std::thread::scope(|scope| -> Result<()> {
+            let handles: Vec<_> = (0..self.threads)
+                .map(|t| scope.spawn(move || self.copy_share(t, write)))
+                .collect();
+            for h in handles {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("floor thread panicked"))??;
+            }
+            Ok(())
+        })?;
+        Ok(t0.elapsed().as_secs_f64() * 1000.0)
+    }
+
+    /// Reads (and with `write` writes back) thread `t`'s share of the picked files.
+    fn copy_share(&self, t: usize, write: bool) -> Result<()> {
+        for (i, f) in self.picked.iter().enumerate().skip(t).step_by(self.threads) {
+            self.copy_file(i, f, write)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the `i`-th picked file `f` into Arrow and, with `write`, writes it back as
+    /// `out/<i>.parquet`.
+    fn copy_file(&self, i: usize, f: &Path, write: bool) -> Result<()> {
+        use tributary::deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        use tributary::deltalake::parquet::arrow::ArrowWriter;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(f)?)?.build()?;
+        let mut writer = None;
+        for b in reader {
+            let b = b?;
+            if !write {
+                continue;
+            }
+            let w = match &mut writer {
+                Some(w) => w,
+                None => writer.insert(ArrowWriter::try_new(
+                    std::fs::File::create(self.out.join(format!("{i}.parquet")))?,
+                    b.schema(),
+                    Some(self.props.clone()),
+                )?),
+            };
+            w.write(&b)?;
+        }
+        if let Some(w) = writer {
+            w.close()?;
+        }
+        Ok(())
+    }
 }
 
 /// What reading and writing `mb` MB of the base table's Parquet costs here, without any
@@ -611,94 +784,30 @@ fn floor(
     threads: Option<usize>,
     repeat: usize,
 ) -> Result<()> {
-    use tributary::deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    use tributary::deltalake::parquet::arrow::ArrowWriter;
     let dir = std::fs::canonicalize(dir)?;
     let base = base_dir(&dir, rows, compression, order_keys);
-    let mut files = Vec::new();
-    walk_parquet(&base, &mut files)?;
-    files.sort();
-    // Whole files, as a MERGE rewrites them, until `mb` MB.
-    let mut picked = Vec::new();
-    let mut bytes = 0u64;
-    for f in files {
-        if bytes as f64 >= mb * 1e6 {
-            break;
-        }
-        bytes += std::fs::metadata(&f)?.len();
-        picked.push(f);
-    }
-    let config = Config::from_toml(
-        &format!(
-            "[[table]]\nname = \"bench\"\nsource = \"raw/bench/\"\ntarget = \"curated/bench\"\nprimary_key = [\"trip_id\"]\npartition_by = [\"route_id\"]\nsequence_by = [\"update_ts_dms\"]\nparquet_compression = \"{compression}\"\norder_key_encoding = \"{order_keys}\"\n"
-        ),
-        "floor",
-        Some(&dir),
-    )?;
-    let props = delta::writer_properties(&config.tables[0]);
+    let (picked, bytes) = pick_files(&base, mb)?;
+    let props = merge_writer(&dir, compression, order_keys)?;
     let threads = threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
     });
     let out = dir.join("floor-out");
+    let pass = FloorPass {
+        picked: &picked,
+        props: &props,
+        out: &out,
+        threads,
+    };
     let (mut read_ms, mut total_ms) = (Vec::new(), Vec::new());
     for _ in 0..repeat {
         if out.exists() {
             std::fs::remove_dir_all(&out)?;
         }
         std::fs::create_dir_all(&out)?;
-        for write in [false, true] {
-            let t0 = Instant::now();
-            std::thread::scope(|scope| -> Result<()> {
-                let handles: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let (picked, props, out) = (&picked, &props, &out);
-                        scope.spawn(move || -> Result<()> {
-                            for (i, f) in picked.iter().enumerate().skip(t).step_by(threads) {
-                                let reader = ParquetRecordBatchReaderBuilder::try_new(
-                                    std::fs::File::open(f)?,
-                                )?
-                                .build()?;
-                                let mut writer = None;
-                                for b in reader {
-                                    let b = b?;
-                                    if !write {
-                                        continue;
-                                    }
-                                    let w = match &mut writer {
-                                        Some(w) => w,
-                                        None => writer.insert(ArrowWriter::try_new(
-                                            std::fs::File::create(
-                                                out.join(format!("{i}.parquet")),
-                                            )?,
-                                            b.schema(),
-                                            Some(props.clone()),
-                                        )?),
-                                    };
-                                    w.write(&b)?;
-                                }
-                                if let Some(w) = writer {
-                                    w.close()?;
-                                }
-                            }
-                            Ok(())
-                        })
-                    })
-                    .collect();
-                for h in handles {
-                    h.join()
-                        .map_err(|_| anyhow::anyhow!("floor thread panicked"))??;
-                }
-                Ok(())
-            })?;
-            let ms = t0.elapsed().as_secs_f64() * 1000.0;
-            if write {
-                total_ms.push(ms)
-            } else {
-                read_ms.push(ms)
-            }
-        }
+        read_ms.push(pass.time(false)?);
+        total_ms.push(pass.time(true)?);
     }
     std::fs::remove_dir_all(&out)?;
     println!(

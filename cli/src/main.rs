@@ -43,7 +43,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use tributary::{demo, storage, Engine, FileStatus};
+use tributary::{demo, storage, Engine, FileStatus, ProcessReport, TableReport};
 use url::Url;
 
 const EXAMPLES: &str = "\
@@ -264,26 +264,26 @@ async fn files_to_merge(engine: &Engine, inputs: &[String]) -> Result<Vec<Url>> 
     Ok(files)
 }
 
-async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> {
-    let engine = Engine::from_config_location(config).await?;
-    let files = files_to_merge(&engine, inputs).await?;
-    let mut failed = 0usize;
-    let mut merged = 0usize;
-    let mut ignored = 0usize;
-    let mut progress = progress::Progress::new("files", files.len());
-    for chunk in files.chunks(batch) {
-        let t0 = Instant::now();
-        let report = engine.process(chunk).await;
-        progress.clear();
+/// How many files a merge run merged, ignored and failed.
+#[derive(Default)]
+struct MergeCounts {
+    merged: usize,
+    ignored: usize,
+    failed: usize,
+}
+
+impl MergeCounts {
+    /// Counts the files of `report`, printing those ignored and those that failed.
+    fn count(&mut self, report: &ProcessReport) {
         for f in &report.files {
             match &f.status {
-                FileStatus::Merged { .. } => merged += 1,
+                FileStatus::Merged { .. } => self.merged += 1,
                 FileStatus::Ignored { reason } => {
-                    ignored += 1;
+                    self.ignored += 1;
                     err!("ignored {}: {reason}", storage::display(&f.file));
                 }
                 FileStatus::Failed { error, .. } => {
-                    failed += 1;
+                    self.failed += 1;
                     err!(
                         "FAILED {} ({}, {}): {error}",
                         storage::display(&f.file),
@@ -297,48 +297,74 @@ async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> 
                 }
             }
         }
+    }
+}
+
+/// Prints what a batch did to table `t`: its history table's line, its own line (unless it
+/// only keeps a history; milliseconds since `t0`, the batch's start) and its catalog sync.
+fn print_table_report(engine: &Engine, t: &TableReport, t0: Instant) {
+    let history_only = engine
+        .config()
+        .table(&t.table)
+        .is_some_and(|c| c.target.is_none());
+    if let Some(h) = &t.history {
+        out!(
+            "{}{}: v{} files={} versions written={} removed={} late_keys={}",
+            t.table,
+            if history_only { "" } else { " history" },
+            h.version
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
+            t.files,
+            h.versions_written,
+            h.versions_removed,
+            h.late_keys
+        );
+    }
+    if !history_only {
+        out!(
+            "{}: v{} files={} inserted={} updated={} deleted={} skipped_stale={} ({} ms)",
+            t.table,
+            t.version
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
+            t.files,
+            t.inserted,
+            t.updated,
+            t.deleted,
+            t.skipped_stale,
+            t0.elapsed().as_millis()
+        );
+    }
+    if let Some(c) = &t.catalog {
+        print_catalog(&t.table, c, "  ");
+    }
+}
+
+/// Merges the files named (and those under the prefixes named) `batch` at a time, printing
+/// each batch's tables and the totals; fails when any file could not be merged.
+async fn run_merge(config: &str, batch: usize, inputs: &[String]) -> Result<()> {
+    let engine = Engine::from_config_location(config).await?;
+    let files = files_to_merge(&engine, inputs).await?;
+    let mut counts = MergeCounts::default();
+    let mut progress = progress::Progress::new("files", files.len());
+    for chunk in files.chunks(batch) {
+        let t0 = Instant::now();
+        let report = engine.process(chunk).await;
+        progress.clear();
+        counts.count(&report);
         for t in &report.tables {
-            let history_only = engine
-                .config()
-                .table(&t.table)
-                .is_some_and(|c| c.target.is_none());
-            if let Some(h) = &t.history {
-                out!(
-                    "{}{}: v{} files={} versions written={} removed={} late_keys={}",
-                    t.table,
-                    if history_only { "" } else { " history" },
-                    h.version
-                        .map(|v| v.to_string())
-                        .unwrap_or_else(|| "-".into()),
-                    t.files,
-                    h.versions_written,
-                    h.versions_removed,
-                    h.late_keys
-                );
-            }
-            if !history_only {
-                out!(
-                    "{}: v{} files={} inserted={} updated={} deleted={} skipped_stale={} ({} ms)",
-                    t.table,
-                    t.version
-                        .map(|v| v.to_string())
-                        .unwrap_or_else(|| "-".into()),
-                    t.files,
-                    t.inserted,
-                    t.updated,
-                    t.deleted,
-                    t.skipped_stale,
-                    t0.elapsed().as_millis()
-                );
-            }
-            if let Some(c) = &t.catalog {
-                print_catalog(&t.table, c, "  ");
-            }
+            print_table_report(&engine, t, t0);
         }
         let rows = report.tables.iter().map(|t| t.source_rows as u64).sum();
         progress.advance(chunk.len(), rows);
     }
     progress.clear();
+    let MergeCounts {
+        merged,
+        ignored,
+        failed,
+    } = counts;
     out!("{merged} merged, {ignored} ignored, {failed} failed");
     if failed > 0 {
         bail!("{failed} file(s) could not be merged (they are unchanged; fix and replay them)");

@@ -2,7 +2,10 @@
 
 use anyhow::Result;
 use chrono::{DateTime, Utc};
-use tributary::status::{table_status, TableStatus};
+use tributary::catalog::EntryStatus;
+use tributary::cut::GroupCut;
+use tributary::status::{table_status, Drift, Freshness, ManifestStatus, TableStatus};
+use tributary::watermark::Progress;
 use tributary::Engine;
 
 pub(crate) async fn run(config: &str, tables: &[String], json: bool) -> Result<()> {
@@ -99,12 +102,45 @@ fn ago(seconds: f64) -> String {
     }
 }
 
+/// Prints a table's state for people: one labelled line per aspect.
 fn print(st: &TableStatus, now: DateTime<Utc>) {
     out!("{}  {}", st.table, st.target);
     if !st.exists {
         out!("  not created yet (no file merged)");
         return;
     }
+    print_version_and_size(st, now);
+    out!("  freshness   {}", freshness_text(&st.freshness));
+    if let Some(w) = &st.watermark {
+        out!("  watermark   {}", watermark_text(w, now));
+    }
+    for g in &st.cuts {
+        out!("  group {}  {}", g.group, cut_text(g, &st.table));
+    }
+    out!("  tombstones  {}", tombstones_text(st));
+    out!("  manifests   {}", manifests_text(st.manifests.as_ref()));
+    out!(
+        "  change feed {}",
+        if st.change_data_feed { "on" } else { "off" }
+    );
+    if let Some(t) = st.adopted {
+        out!(
+            "  adopted     {} (created by another writer; its rows then rank below every change)",
+            t.to_rfc3339()
+        );
+    }
+    if let Some(d) = &st.drift {
+        print_drift(d);
+    }
+    if let Some(entries) = &st.catalog {
+        for e in entries {
+            out!("  catalog     {}", catalog_text(e));
+        }
+    }
+}
+
+/// Prints the table's version (and last commit) and its rows, files, bytes and partitions.
+fn print_version_and_size(st: &TableStatus, now: DateTime<Utc>) {
     let commit = st
         .last_commit
         .map(|t| {
@@ -128,127 +164,136 @@ fn print(st: &TableStatus, now: DateTime<Utc>) {
         thousands(st.small_files),
         st.partitions
     );
-    let f = &st.freshness;
-    let fresh = if f.full_load_only {
-        "full load only (no CDC change applied yet)".to_string()
+}
+
+/// The newest change applied, the file it came from and how far behind it is (`-` when
+/// nothing is known).
+fn freshness_text(f: &Freshness) -> String {
+    if f.full_load_only {
+        return "full load only (no CDC change applied yet)".to_string();
+    }
+    let mut parts = Vec::new();
+    if let Some(s) = &f.newest_sequence {
+        parts.push(format!("newest change {s}"));
+    }
+    if let Some(file) = &f.newest_file {
+        parts.push(format!("from {file}"));
+    }
+    if let Some(b) = f.behind_seconds {
+        parts.push(ago(b));
+    }
+    if parts.is_empty() {
+        "-".into()
     } else {
-        let mut parts = Vec::new();
-        if let Some(s) = &f.newest_sequence {
-            parts.push(format!("newest change {s}"));
-        }
-        if let Some(file) = &f.newest_file {
-            parts.push(format!("from {file}"));
-        }
-        if let Some(b) = f.behind_seconds {
-            parts.push(ago(b));
-        }
-        if parts.is_empty() {
-            "-".into()
-        } else {
-            parts.join(", ")
-        }
+        parts.join(", ")
+    }
+}
+
+/// A point in time and how far behind it is, or `none yet`.
+fn point_text(at: Option<DateTime<Utc>>, lag_seconds: Option<f64>) -> String {
+    match (at, lag_seconds) {
+        (Some(t), Some(lag)) => format!("{} ({})", t.to_rfc3339(), ago(lag)),
+        _ => "none yet".to_string(),
+    }
+}
+
+/// The table's watermark and what holds it.
+fn watermark_text(w: &Progress, now: DateTime<Utc>) -> String {
+    let at = point_text(w.watermark, w.lag_seconds(now));
+    let state = match &w.held_by {
+        Some(h) => format!(
+            "held by {} (written {}): {}",
+            h.file,
+            h.written.to_rfc3339(),
+            h.reason
+        ),
+        None if w.caught_up => "every file under the source is applied".to_string(),
+        None => "-".to_string(),
     };
-    out!("  freshness   {fresh}");
-    if let Some(w) = &st.watermark {
-        let at = match (w.watermark, w.lag_seconds(now)) {
-            (Some(t), Some(lag)) => format!("{} ({})", t.to_rfc3339(), ago(lag)),
-            _ => "none yet".to_string(),
-        };
-        let state = match &w.held_by {
-            Some(h) => format!(
-                "held by {} (written {}): {}",
-                h.file,
-                h.written.to_rfc3339(),
-                h.reason
-            ),
-            None if w.caught_up => "every file under the source is applied".to_string(),
-            None => "-".to_string(),
-        };
-        out!("  watermark   {at}; {state}");
-    }
-    for g in &st.cuts {
-        let at = match (g.cut, g.lag_seconds) {
-            (Some(c), Some(lag)) => format!("{} ({})", c.to_rfc3339(), ago(lag)),
-            _ => "none yet".to_string(),
-        };
-        let version = g
-            .tables
-            .iter()
-            .find(|t| t.table == st.table)
-            .and_then(|t| t.version)
-            .map_or_else(
-                || "-".to_string(),
-                |v| format!("read this table at version {v}"),
-            );
-        let held = g
-            .held_by
-            .as_ref()
-            .map(|t| format!("; held by table {t}"))
-            .unwrap_or_default();
-        out!("  group {}  cut {at}; {version}{held}", g.group);
-    }
-    if st.history_only {
-        out!("  tombstones  none kept (history table only: its change log keeps the deletes)");
-    } else {
-        out!(
-            "  tombstones  {} recorded (a re-delivered delete counts again)",
-            thousands(st.tombstones)
+    format!("{at}; {state}")
+}
+
+/// Group `g`'s cut, the version of `table` to read at it, and the table holding the cut.
+fn cut_text(g: &GroupCut, table: &str) -> String {
+    let at = point_text(g.cut, g.lag_seconds);
+    let version = g
+        .tables
+        .iter()
+        .find(|t| t.table == table)
+        .and_then(|t| t.version)
+        .map_or_else(
+            || "-".to_string(),
+            |v| format!("read this table at version {v}"),
         );
+    let held = g
+        .held_by
+        .as_ref()
+        .map(|t| format!("; held by table {t}"))
+        .unwrap_or_default();
+    format!("cut {at}; {version}{held}")
+}
+
+/// The delete tombstones the table keeps.
+fn tombstones_text(st: &TableStatus) -> String {
+    if st.history_only {
+        "none kept (history table only: its change log keeps the deletes)".to_string()
+    } else {
+        format!(
+            "{} recorded (a re-delivered delete counts again)",
+            thousands(st.tombstones)
+        )
     }
-    match &st.manifests {
-        None => out!("  manifests   off"),
-        Some(m) if m.exact => out!("  manifests   exact (list the live files)"),
-        Some(m) => out!(
-            "  manifests   DIFFER in {} partition(s): {} (the next merge of the table or maintenance rewrites them)",
+}
+
+/// Whether the symlink manifests are kept and list exactly the live files.
+fn manifests_text(m: Option<&ManifestStatus>) -> String {
+    match m {
+        None => "off".to_string(),
+        Some(m) if m.exact => "exact (list the live files)".to_string(),
+        Some(m) => format!(
+            "DIFFER in {} partition(s): {} (the next merge of the table or maintenance rewrites them)",
             m.differing_partitions.len(),
             m.differing_partitions.join(", ")
         ),
     }
+}
+
+/// Prints the columns the recent source files lack and those added since the table was
+/// created.
+fn print_drift(d: &Drift) {
+    let missing = if d.missing_from_recent_files.is_empty() {
+        "none".to_string()
+    } else {
+        d.missing_from_recent_files.join(", ")
+    };
     out!(
-        "  change feed {}",
-        if st.change_data_feed { "on" } else { "off" }
+        "  drift       columns the last {} source file(s) lack: {missing} (dropped or renamed at the source; see rename_columns)",
+        d.files.len()
     );
-    if let Some(t) = st.adopted {
-        out!(
-            "  adopted     {} (created by another writer; its rows then rank below every change)",
-            t.to_rfc3339()
-        );
-    }
-    if let Some(d) = &st.drift {
-        let missing = if d.missing_from_recent_files.is_empty() {
-            "none".to_string()
-        } else {
-            d.missing_from_recent_files.join(", ")
-        };
-        out!(
-            "  drift       columns the last {} source file(s) lack: {missing} (dropped or renamed at the source; see rename_columns)",
-            d.files.len()
-        );
-        match &d.added_since_created {
-            Some(a) if !a.is_empty() => {
-                out!(
-                    "              added since the table was created: {}",
-                    a.join(", ")
-                )
-            }
-            _ => {}
+    match &d.added_since_created {
+        Some(a) if !a.is_empty() => {
+            out!(
+                "              added since the table was created: {}",
+                a.join(", ")
+            )
         }
+        _ => {}
     }
-    if let Some(entries) = &st.catalog {
-        for e in entries {
-            let parts = e
-                .partitions
-                .as_ref()
-                .map(|p| {
-                    format!(
-                        ", partitions {} in the catalog / {} in the table, {} differing",
-                        p.in_catalog, p.in_table, p.differing
-                    )
-                })
-                .unwrap_or_default();
-            out!("  catalog     {}: {}{parts}", e.entry, e.state);
-        }
-    }
+}
+
+/// A catalog entry's state and, for partitioned tables, how its partitions compare.
+fn catalog_text(e: &EntryStatus) -> String {
+    let parts = e
+        .partitions
+        .as_ref()
+        .map(|p| {
+            format!(
+                ", partitions {} in the catalog / {} in the table, {} differing",
+                p.in_catalog, p.in_table, p.differing
+            )
+        })
+        .unwrap_or_default();
+    format!("{}: {}{parts}", e.entry, e.state)
 }
 
 #[cfg(test)]

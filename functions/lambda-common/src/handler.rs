@@ -2,7 +2,7 @@
 //! merged, the messages that failed worked out — FIFO messages with files that cannot be
 //! merged moved to the dead-letter queue when `crate::queues` says so — and the response.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use serde_json::Value;
@@ -10,7 +10,7 @@ use url::Url;
 
 use tributary::{Engine, FileStatus, ProcessReport};
 
-use crate::events::{parse, Trigger};
+use crate::events::{parse, Invocation, Trigger};
 use crate::FunctionError;
 
 /// What the merge handler did with one invocation.
@@ -88,90 +88,169 @@ pub async fn handle_with(
     event: &Value,
 ) -> Result<Handled, FunctionError> {
     let inv = parse(event).map_err(FunctionError::Event)?;
-    let mut all = Vec::new();
-    for m in &inv.messages {
-        if let Ok(objs) = &m.objects {
-            all.extend(objs.iter().cloned());
-        }
-    }
+    let all = announced(&inv);
     let report = engine.process(&all).await;
-    let errors: HashMap<&Url, (String, bool)> = report
-        .files
-        .iter()
-        .filter_map(|f| match &f.status {
-            FileStatus::Failed { error, .. } => {
-                Some((&f.file, (error.to_string(), error.is_retryable())))
-            }
-            _ => None,
-        })
-        .collect();
-    let staged: std::collections::HashSet<&Url> = report
-        .files
-        .iter()
-        .filter(|f| matches!(&f.status, FileStatus::Failed { error, .. } if matches!(error.as_ref(), tributary::Error::Widening { .. })))
-        .map(|f| &f.file)
-        .collect();
-    let errors: HashMap<Url, &(String, bool)> = all
-        .iter()
-        .filter_map(|o| errors.get(&engine.resolve(o)).map(|e| (o.clone(), e)))
-        .collect();
-    let dead_letters = queues.is_some_and(|q| q.dead_letters(event));
-    let mut failed = Vec::new();
-    let mut dead_lettered = Vec::new();
-    let mut go_on = Vec::new();
+    let failures = Failures::of(engine, &all, &report);
+    let dead_letter_to = queues.filter(|q| q.dead_letters(event));
+    let mut fates = Fates::default();
     for m in &inv.messages {
         match &m.objects {
-            Err(reason) => {
-                tracing::error!(message_id = ?m.id, error = %reason, "cannot understand message");
-                // Not retryable: the same body fails again (SQS redelivers it after the
-                // queue's timeout, then dead-letters it).
-                failed.push((m.id.clone(), reason.clone(), false));
-            }
+            Err(reason) => fates.not_understood(&m.id, reason),
             Ok(objs) => {
-                let (bad, errs): (Vec<Url>, Vec<&(String, bool)>) = objs
-                    .iter()
-                    .filter_map(|o| errors.get(o).map(|e| (o.clone(), *e)))
-                    .unzip();
-                if errs.is_empty() {
-                    continue;
+                if let Some(failed) = failures.of_message(engine, objs) {
+                    fates.failed(&m.id, failed, event, dead_letter_to).await;
                 }
-                if let Some(id) = &m.id {
-                    if bad.iter().all(|o| staged.contains(&engine.resolve(o))) {
-                        go_on.push(id.clone());
-                    }
-                }
-                let reason = errs
-                    .iter()
-                    .map(|(e, _)| e.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                let retryable = errs.iter().any(|(_, r)| *r);
-                if let (true, false, Some(q), Some(id)) = (dead_letters, retryable, queues, &m.id) {
-                    match q.dead_letter(event, id, &bad, &reason).await {
-                        Ok(()) => {
-                            tracing::error!(message_id = %id, error = %reason, "moved to the dead-letter queue (cannot be merged; its table goes on)");
-                            dead_lettered.push((id.clone(), reason));
-                            continue;
-                        }
-                        Err(e) => {
-                            tracing::error!(message_id = %id, error = %e, "could not move the message to the dead-letter queue; reporting it failed");
-                            // The move, not the file, failed: tried again soon.
-                            failed.push((m.id.clone(), reason, true));
-                            continue;
-                        }
-                    }
-                }
-                failed.push((m.id.clone(), reason, retryable));
             }
         }
     }
     Ok(Handled {
         trigger: inv.trigger,
         report,
-        failed_messages: failed,
-        dead_lettered,
-        go_on,
+        failed_messages: fates.failed,
+        dead_lettered: fates.dead_lettered,
+        go_on: fates.go_on,
     })
+}
+
+/// The files the invocation's messages announce, in message order.
+fn announced(inv: &Invocation) -> Vec<Url> {
+    let mut all = Vec::new();
+    for m in &inv.messages {
+        if let Ok(objs) = &m.objects {
+            all.extend(objs.iter().cloned());
+        }
+    }
+    all
+}
+
+/// The files of a merge that failed, by the URL their event announced them under.
+struct Failures<'r> {
+    /// Why each failed announced file failed, and whether trying again may succeed.
+    errors: HashMap<Url, (String, bool)>,
+    /// The failed files (resolved) that only wait for a widening to go on
+    /// (`tributary::Error::Widening`, staged).
+    staged: HashSet<&'r Url>,
+}
+
+/// The failed files of one message.
+struct MessageFailure {
+    files: Vec<Url>,
+    /// The files' errors, joined.
+    reason: String,
+    /// Whether trying again may succeed (any of the errors is retryable).
+    retryable: bool,
+    /// Every failed file only waits for a widening.
+    staged: bool,
+}
+
+impl<'r> Failures<'r> {
+    /// The failures in `report` of the announced files `all`.
+    fn of(engine: &Engine, all: &[Url], report: &'r ProcessReport) -> Self {
+        let errors: HashMap<&Url, (String, bool)> = report
+            .files
+            .iter()
+            .filter_map(|f| match &f.status {
+                FileStatus::Failed { error, .. } => {
+                    Some((&f.file, (error.to_string(), error.is_retryable())))
+                }
+                _ => None,
+            })
+            .collect();
+        let staged = report
+            .files
+            .iter()
+            .filter(|f| matches!(&f.status, FileStatus::Failed { error, .. } if matches!(error.as_ref(), tributary::Error::Widening { .. })))
+            .map(|f| &f.file)
+            .collect();
+        let errors = all
+            .iter()
+            .filter_map(|o| {
+                errors
+                    .get(&engine.resolve(o))
+                    .map(|e| (o.clone(), e.clone()))
+            })
+            .collect();
+        Self { errors, staged }
+    }
+
+    /// The failed files among a message's `objs`; `None` when all of them merged.
+    fn of_message(&self, engine: &Engine, objs: &[Url]) -> Option<MessageFailure> {
+        let (files, errs): (Vec<Url>, Vec<&(String, bool)>) = objs
+            .iter()
+            .filter_map(|o| self.errors.get(o).map(|e| (o.clone(), e)))
+            .unzip();
+        if errs.is_empty() {
+            return None;
+        }
+        let staged = files
+            .iter()
+            .all(|o| self.staged.contains(&engine.resolve(o)));
+        let reason = errs
+            .iter()
+            .map(|(e, _)| e.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let retryable = errs.iter().any(|(_, r)| *r);
+        Some(MessageFailure {
+            files,
+            reason,
+            retryable,
+            staged,
+        })
+    }
+}
+
+/// What becomes of the invocation's messages, as [`Handled`] reports it.
+#[derive(Default)]
+struct Fates {
+    failed: Vec<(Option<String>, String, bool)>,
+    dead_lettered: Vec<(String, String)>,
+    go_on: Vec<String>,
+}
+
+impl Fates {
+    /// A message whose body cannot be understood: failed, not retryable.
+    fn not_understood(&mut self, id: &Option<String>, reason: &str) {
+        tracing::error!(message_id = ?id, error = %reason, "cannot understand message");
+        // Not retryable: the same body fails again (SQS redelivers it after the
+        // queue's timeout, then dead-letters it).
+        self.failed.push((id.clone(), reason.to_string(), false));
+    }
+
+    /// A message with files that failed: moved to the dead-letter queue when
+    /// `dead_letter_to` takes it and trying again cannot help, reported failed otherwise.
+    async fn failed(
+        &mut self,
+        id: &Option<String>,
+        failure: MessageFailure,
+        event: &Value,
+        dead_letter_to: Option<&crate::queues::Queues>,
+    ) {
+        if let (Some(id), true) = (id, failure.staged) {
+            self.go_on.push(id.clone());
+        }
+        let MessageFailure {
+            files,
+            reason,
+            retryable,
+            ..
+        } = failure;
+        if let (false, Some(q), Some(id)) = (retryable, dead_letter_to, id) {
+            match q.dead_letter(event, id, &files, &reason).await {
+                Ok(()) => {
+                    tracing::error!(message_id = %id, error = %reason, "moved to the dead-letter queue (cannot be merged; its table goes on)");
+                    self.dead_lettered.push((id.clone(), reason));
+                }
+                Err(e) => {
+                    tracing::error!(message_id = %id, error = %e, "could not move the message to the dead-letter queue; reporting it failed");
+                    // The move, not the file, failed: tried again soon.
+                    self.failed.push((Some(id.clone()), reason, true));
+                }
+            }
+            return;
+        }
+        self.failed.push((id.clone(), reason, retryable));
+    }
 }
 
 #[cfg(test)]

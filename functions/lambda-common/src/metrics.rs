@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use tributary::maintenance::{MaintenanceReport, Summary};
-use tributary::{FileStatus, ProcessReport};
+use tributary::{FileStatus, ProcessReport, TableReport};
 
 /// The namespace when `TRIBUTARY_METRICS_NAMESPACE` is not set.
 pub const NAMESPACE: &str = "tributary";
@@ -88,57 +88,96 @@ pub fn config_rejected_emf(now_ms: i64) -> Value {
     })
 }
 
-/// One EMF document per table touched by a merge call.
-pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
-    #[derive(Default)]
-    struct M {
-        merged: u64,
-        failed: u64,
-        inserted: u64,
-        updated: u64,
-        deleted: u64,
-        stale: u64,
-        blocked: u64,
-        attempts: u64,
-        duration_ms: u64,
-        versions: u64,
-        late_keys: u64,
-        catalog_calls: u64,
-        catalog_failed: u64,
-        widened: u64,
-    }
-    let mut by: BTreeMap<String, M> = BTreeMap::new();
-    for f in &report.files {
-        match &f.status {
-            FileStatus::Merged { table, .. } => by.entry(table.clone()).or_default().merged += 1,
-            FileStatus::Failed { table, .. } => {
-                by.entry(table.clone().unwrap_or_else(|| "unknown".into()))
-                    .or_default()
-                    .failed += 1
+/// A table's merge metrics, summed over a merge call's files and merges.
+#[derive(Default)]
+struct TableMetrics {
+    merged: u64,
+    failed: u64,
+    inserted: u64,
+    updated: u64,
+    deleted: u64,
+    stale: u64,
+    blocked: u64,
+    attempts: u64,
+    duration_ms: u64,
+    versions: u64,
+    late_keys: u64,
+    catalog_calls: u64,
+    catalog_failed: u64,
+    widened: u64,
+}
+
+impl TableMetrics {
+    /// The metrics of every table a merge call touched (files of no table: `unknown`).
+    fn by_table(report: &ProcessReport) -> BTreeMap<String, TableMetrics> {
+        let mut by: BTreeMap<String, TableMetrics> = BTreeMap::new();
+        for f in &report.files {
+            match &f.status {
+                FileStatus::Merged { table, .. } => {
+                    by.entry(table.clone()).or_default().merged += 1
+                }
+                FileStatus::Failed { table, .. } => {
+                    by.entry(table.clone().unwrap_or_else(|| "unknown".into()))
+                        .or_default()
+                        .failed += 1
+                }
+                FileStatus::Ignored { .. } => {}
             }
-            FileStatus::Ignored { .. } => {}
         }
+        for t in &report.tables {
+            by.entry(t.table.clone()).or_default().add(t);
+        }
+        by
     }
-    for t in &report.tables {
-        let m = by.entry(t.table.clone()).or_default();
-        m.inserted += t.inserted as u64;
-        m.updated += t.updated as u64;
-        m.deleted += t.deleted as u64;
-        m.stale += t.skipped_stale as u64;
-        m.blocked += t.blocked_by_tombstone as u64;
-        m.attempts += t.commit_attempts as u64;
-        m.duration_ms += t.duration_ms;
-        m.widened += t.widened.len() as u64;
+
+    /// Adds what the merge of table report `t` did.
+    fn add(&mut self, t: &TableReport) {
+        self.inserted += t.inserted as u64;
+        self.updated += t.updated as u64;
+        self.deleted += t.deleted as u64;
+        self.stale += t.skipped_stale as u64;
+        self.blocked += t.blocked_by_tombstone as u64;
+        self.attempts += t.commit_attempts as u64;
+        self.duration_ms += t.duration_ms;
+        self.widened += t.widened.len() as u64;
         if let Some(h) = &t.history {
-            m.widened += h.widened.len() as u64;
-            m.versions += h.versions_written as u64;
-            m.late_keys += h.late_keys as u64;
+            self.widened += h.widened.len() as u64;
+            self.versions += h.versions_written as u64;
+            self.late_keys += h.late_keys as u64;
         }
         if let Some(c) = &t.catalog {
-            m.catalog_calls += c.calls;
-            m.catalog_failed += u64::from(c.error.is_some());
+            self.catalog_calls += c.calls;
+            self.catalog_failed += u64::from(c.error.is_some());
         }
     }
+
+    /// The EMF document of `table`'s metrics.
+    fn document(&self, table: &str, now_ms: i64) -> Value {
+        document(
+            table,
+            now_ms,
+            &[
+                ("FilesMerged", COUNT, self.merged),
+                ("FilesFailed", COUNT, self.failed),
+                ("RowsInserted", COUNT, self.inserted),
+                ("RowsUpdated", COUNT, self.updated),
+                ("RowsDeleted", COUNT, self.deleted),
+                ("RowsSkippedStale", COUNT, self.stale),
+                ("RowsBlockedByTombstone", COUNT, self.blocked),
+                ("CommitAttempts", COUNT, self.attempts),
+                ("MergeDuration", MS, self.duration_ms),
+                ("HistoryVersionsWritten", COUNT, self.versions),
+                ("HistoryLateKeys", COUNT, self.late_keys),
+                ("CatalogCalls", COUNT, self.catalog_calls),
+                ("CatalogSyncFailed", COUNT, self.catalog_failed),
+                ("ColumnsWidened", COUNT, self.widened),
+            ],
+        )
+    }
+}
+
+/// One EMF document per table touched by a merge call.
+pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
     let now = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(now_ms).unwrap_or_default();
     let lags: Vec<Value> = report
         .tables
@@ -148,29 +187,9 @@ pub fn emf(report: &ProcessReport, now_ms: i64) -> Vec<Value> {
             Some(lag_document("Table", &t.table, now_ms, lag))
         })
         .collect();
-    by.into_iter()
-        .map(|(table, m)| {
-            document(
-                &table,
-                now_ms,
-                &[
-                    ("FilesMerged", COUNT, m.merged),
-                    ("FilesFailed", COUNT, m.failed),
-                    ("RowsInserted", COUNT, m.inserted),
-                    ("RowsUpdated", COUNT, m.updated),
-                    ("RowsDeleted", COUNT, m.deleted),
-                    ("RowsSkippedStale", COUNT, m.stale),
-                    ("RowsBlockedByTombstone", COUNT, m.blocked),
-                    ("CommitAttempts", COUNT, m.attempts),
-                    ("MergeDuration", MS, m.duration_ms),
-                    ("HistoryVersionsWritten", COUNT, m.versions),
-                    ("HistoryLateKeys", COUNT, m.late_keys),
-                    ("CatalogCalls", COUNT, m.catalog_calls),
-                    ("CatalogSyncFailed", COUNT, m.catalog_failed),
-                    ("ColumnsWidened", COUNT, m.widened),
-                ],
-            )
-        })
+    TableMetrics::by_table(report)
+        .into_iter()
+        .map(|(table, m)| m.document(&table, now_ms))
         .chain(lags)
         .collect()
 }

@@ -672,6 +672,25 @@ mod tests {
         Engine::new(tributary::Config::from_toml(&text, "t", None).unwrap())
     }
 
+    /// Each message a plan sends: its group, the ids of the messages it carries and the keys
+    /// of the files it announces.
+    fn sends(plan: &ForwardPlan) -> Vec<(&str, Vec<&str>, Vec<String>)> {
+        plan.sends
+            .iter()
+            .map(|s| {
+                let body: Value = serde_json::from_str(&s.body).unwrap();
+                let keys = body["Records"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["s3"]["object"]["key"].as_str().unwrap().to_string())
+                    .collect();
+                let ids = s.sources.iter().map(String::as_str).collect();
+                (s.group.as_str(), ids, keys)
+            })
+            .collect()
+    }
+
     #[test]
     fn a_batch_goes_to_its_tables_groups_one_message_each_and_only_routed_queues_forward() {
         let std_arn = "arn:aws:sqs:us-east-1:1:merge";
@@ -685,23 +704,8 @@ mod tests {
             sqs("f", std_arn, "dms/s/orders/20240101-1.parquet"),
         ]});
         let plan = plan_forward(&engine(), &event);
-        let got: Vec<(&str, Vec<&str>, Vec<String>)> = plan
-            .sends
-            .iter()
-            .map(|s| {
-                let body: Value = serde_json::from_str(&s.body).unwrap();
-                let keys = body["Records"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|r| r["s3"]["object"]["key"].as_str().unwrap().to_string())
-                    .collect();
-                let ids = s.sources.iter().map(String::as_str).collect();
-                (s.group.as_str(), ids, keys)
-            })
-            .collect();
         assert_eq!(
-            got,
+            sends(&plan),
             vec![
                 (
                     UNROUTED_GROUP,
