@@ -383,75 +383,100 @@ fn text_mismatch(array: &ArrayRef, out: &ArrayRef, to: &DataType) -> Option<(usi
             ));
         }
     }
+    let rows = rows.collect::<Vec<_>>();
     match to {
         DataType::Decimal32(_, s)
         | DataType::Decimal64(_, s)
         | DataType::Decimal128(_, s)
-        | DataType::Decimal256(_, s) => {
-            for i in rows {
-                let t = text(i);
-                if let Some(needed) = decimal_scale(&t) {
-                    if needed > i64::from(*s) {
-                        return Some((
-                            i,
-                            format!("it has {needed} decimal places; the column keeps {s}"),
-                        ));
-                    }
-                }
-            }
-            None
-        }
+        | DataType::Decimal256(_, s) => too_many_decimals(&rows, text, *s),
         DataType::Float16 | DataType::Float32 | DataType::Float64 => {
-            let values = as_f64(out)?;
-            for i in rows {
-                let t = text(i);
-                let v = values[i];
-                if v.is_infinite() && !names_infinity(&t) {
-                    return Some((i, "it is out of the type's range".into()));
-                }
-                if v == 0.0 && has_nonzero_mantissa(&t) {
-                    return Some((i, "it is too small for the type (would become 0)".into()));
-                }
-            }
-            None
+            float_out_of_range(&rows, text, &as_f64(out)?)
         }
-        DataType::Timestamp(unit, _) => {
-            let keep = match unit {
-                TimeUnit::Second => 0,
-                TimeUnit::Millisecond => 3,
-                TimeUnit::Microsecond => 6,
-                TimeUnit::Nanosecond => 9,
-            };
-            for i in rows {
-                let digits = fraction_digits(&text(i));
-                if digits > keep {
-                    return Some((
-                        i,
-                        format!(
-                            "it has {digits} fractional second digits; the column keeps {keep}"
-                        ),
-                    ));
-                }
-            }
-            None
-        }
-        DataType::Date32 | DataType::Date64 => {
-            // A time of day other than midnight would be dropped.
-            let micros = DataType::Timestamp(TimeUnit::Microsecond, None);
-            let said = cast_with_options(array, &micros, &CastOptions::default()).ok()?;
-            let kept = cast_with_options(out, &micros, &CastOptions::default()).ok()?;
-            let equal = not_distinct(&said, &kept).ok()?;
-            rows.into_iter()
-                .find(|&i| said.is_valid(i) && !equal.value(i))
-                .map(|i| {
-                    (
-                        i,
-                        "it has a time of day; the column keeps dates".to_string(),
-                    )
-                })
-        }
+        DataType::Timestamp(unit, _) => too_many_second_digits(&rows, text, unit),
+        DataType::Date32 | DataType::Date64 => time_of_day_dropped(&rows, array, out),
         _ => None,
     }
+}
+
+/// The first row whose text has more decimal places than the column's scale `s`.
+fn too_many_decimals(
+    rows: &[usize],
+    text: impl Fn(usize) -> String,
+    s: i8,
+) -> Option<(usize, String)> {
+    rows.iter().find_map(|&i| {
+        let needed = decimal_scale(&text(i))?;
+        (needed > i64::from(s)).then(|| {
+            (
+                i,
+                format!("it has {needed} decimal places; the column keeps {s}"),
+            )
+        })
+    })
+}
+
+/// The first row whose float `values` lost what the text says: out of range, or too small
+/// (0 from a non-zero mantissa).
+fn float_out_of_range(
+    rows: &[usize],
+    text: impl Fn(usize) -> String,
+    values: &[f64],
+) -> Option<(usize, String)> {
+    rows.iter().find_map(|&i| {
+        let (t, v) = (text(i), values[i]);
+        if v.is_infinite() && !names_infinity(&t) {
+            return Some((i, "it is out of the type's range".to_string()));
+        }
+        (v == 0.0 && has_nonzero_mantissa(&t)).then(|| {
+            (
+                i,
+                "it is too small for the type (would become 0)".to_string(),
+            )
+        })
+    })
+}
+
+/// The first row whose text has more fractional second digits than `unit` keeps.
+fn too_many_second_digits(
+    rows: &[usize],
+    text: impl Fn(usize) -> String,
+    unit: &TimeUnit,
+) -> Option<(usize, String)> {
+    let keep = match unit {
+        TimeUnit::Second => 0,
+        TimeUnit::Millisecond => 3,
+        TimeUnit::Microsecond => 6,
+        TimeUnit::Nanosecond => 9,
+    };
+    rows.iter().find_map(|&i| {
+        let digits = fraction_digits(&text(i));
+        (digits > keep).then(|| {
+            (
+                i,
+                format!("it has {digits} fractional second digits; the column keeps {keep}"),
+            )
+        })
+    })
+}
+
+/// The first row whose date dropped a time of day other than midnight.
+fn time_of_day_dropped(
+    rows: &[usize],
+    array: &ArrayRef,
+    out: &ArrayRef,
+) -> Option<(usize, String)> {
+    let micros = DataType::Timestamp(TimeUnit::Microsecond, None);
+    let said = cast_with_options(array, &micros, &CastOptions::default()).ok()?;
+    let kept = cast_with_options(out, &micros, &CastOptions::default()).ok()?;
+    let equal = not_distinct(&said, &kept).ok()?;
+    rows.iter()
+        .find(|&&i| said.is_valid(i) && !equal.value(i))
+        .map(|&i| {
+            (
+                i,
+                "it has a time of day; the column keeps dates".to_string(),
+            )
+        })
 }
 
 /// The first valid row of a text array whose text is `bad`.

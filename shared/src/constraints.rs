@@ -336,34 +336,12 @@ fn column(b: &RecordBatch, name: &str) -> R<ArrayRef> {
 }
 
 fn eval(e: &Expr, b: &RecordBatch) -> R<Val> {
-    let text = |s: &str| -> ArrayRef { Arc::new(StringArray::from(vec![s.to_string()])) };
     Ok(match e {
         Expr::Identifier(i) => Val::Col(column(b, &i.value)?),
         Expr::CompoundIdentifier(parts) => Val::Col(column(b, &parts[0].value)?),
         Expr::Nested(x) => eval(x, b)?,
-        Expr::Value(v) => match &v.value {
-            Value::Number(n, _) => Val::Num(n.to_string()),
-            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => Val::Lit(text(s)),
-            Value::Boolean(v) => Val::Lit(Arc::new(BooleanArray::from(vec![*v]))),
-            Value::Null => Val::Lit(Arc::new(arrow::array::NullArray::new(1))),
-            other => return Err(format!("the literal `{other}`")),
-        },
-        Expr::TypedString(t) => {
-            let s = t
-                .value
-                .value
-                .clone()
-                .into_string()
-                .ok_or_else(|| format!("the literal `{e}`"))?;
-            let to = match t.data_type {
-                sqlparser::ast::DataType::Date => DataType::Date32,
-                sqlparser::ast::DataType::Timestamp(..) => {
-                    DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into()))
-                }
-                _ => DataType::Utf8,
-            };
-            Val::Lit(arrow::compute::cast(&text(&s), &to).map_err(|e| e.to_string())?)
-        }
+        Expr::Value(v) => literal(&v.value)?,
+        Expr::TypedString(_) => typed_literal(e)?,
         Expr::IsNull(x) | Expr::IsNotNull(x) => {
             let a = expand(eval(x, b)?, b.num_rows()).map_err(|e| e.to_string())?;
             let r = match e {
@@ -372,24 +350,7 @@ fn eval(e: &Expr, b: &RecordBatch) -> R<Val> {
             };
             Val::Col(Arc::new(r.map_err(|e| e.to_string())?))
         }
-        Expr::UnaryOp { op, expr } => {
-            let v = eval(expr, b)?;
-            match (op, v) {
-                (UnaryOperator::Plus, v) => v,
-                (UnaryOperator::Minus, Val::Num(n)) => Val::Num(match n.strip_prefix('-') {
-                    Some(p) => p.to_string(),
-                    None => format!("-{n}"),
-                }),
-                (UnaryOperator::Minus, v) => {
-                    let a = expand(v, b.num_rows()).map_err(|e| e.to_string())?;
-                    Val::Col(numeric::neg(&a).map_err(|e| e.to_string())?)
-                }
-                (_, v) => {
-                    let a = as_bool(v, b.num_rows())?;
-                    Val::Col(Arc::new(boolean::not(&a).map_err(|e| e.to_string())?))
-                }
-            }
-        }
+        Expr::UnaryOp { op, expr } => unary(op, eval(expr, b)?, b)?,
         Expr::BinaryOp { left, op, right } => {
             apply(binary(op)?, eval(left, b)?, eval(right, b)?, b)?
         }
@@ -418,6 +379,62 @@ fn eval(e: &Expr, b: &RecordBatch) -> R<Val> {
             negate(any, *negated, b)?
         }
         other => return Err(format!("`{other}`")),
+    })
+}
+
+/// A literal: a number (kept as text until its column's type is known), a string, a
+/// boolean, NULL.
+fn literal(v: &Value) -> R<Val> {
+    Ok(match v {
+        Value::Number(n, _) => Val::Num(n.to_string()),
+        Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => {
+            Val::Lit(Arc::new(StringArray::from(vec![s.to_string()])))
+        }
+        Value::Boolean(v) => Val::Lit(Arc::new(BooleanArray::from(vec![*v]))),
+        Value::Null => Val::Lit(Arc::new(arrow::array::NullArray::new(1))),
+        other => return Err(format!("the literal `{other}`")),
+    })
+}
+
+/// `DATE '…'` and `TIMESTAMP '…'` (other typed strings as text).
+fn typed_literal(e: &Expr) -> R<Val> {
+    let Expr::TypedString(t) = e else {
+        return Err(format!("the literal `{e}`"));
+    };
+    let s = t
+        .value
+        .value
+        .clone()
+        .into_string()
+        .ok_or_else(|| format!("the literal `{e}`"))?;
+    let to = match t.data_type {
+        sqlparser::ast::DataType::Date => DataType::Date32,
+        sqlparser::ast::DataType::Timestamp(..) => {
+            DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into()))
+        }
+        _ => DataType::Utf8,
+    };
+    let text: ArrayRef = Arc::new(StringArray::from(vec![s]));
+    let typed = arrow::compute::cast(&text, &to).map_err(|e| e.to_string())?;
+    Ok(Val::Lit(typed))
+}
+
+/// `+x`, `-x` (a number literal negated as text), `NOT x`.
+fn unary(op: &UnaryOperator, v: Val, b: &RecordBatch) -> R<Val> {
+    Ok(match (op, v) {
+        (UnaryOperator::Plus, v) => v,
+        (UnaryOperator::Minus, Val::Num(n)) => Val::Num(match n.strip_prefix('-') {
+            Some(p) => p.to_string(),
+            None => format!("-{n}"),
+        }),
+        (UnaryOperator::Minus, v) => {
+            let a = expand(v, b.num_rows()).map_err(|e| e.to_string())?;
+            Val::Col(numeric::neg(&a).map_err(|e| e.to_string())?)
+        }
+        (_, v) => {
+            let a = as_bool(v, b.num_rows())?;
+            Val::Col(Arc::new(boolean::not(&a).map_err(|e| e.to_string())?))
+        }
     })
 }
 

@@ -146,6 +146,10 @@ impl Rewrite {
     /// to write). A plan the rewrite cannot express is refused by name (the planner and the
     /// metadata commits before it make every plan expressible: columns added, types
     /// aligned).
+    #[allow(
+        clippy::too_many_lines,
+        reason = "a long operation #45 item 3 splits into plan, execute and metrics"
+    )]
     pub(crate) fn eligible(
         cfg: &TableConfig,
         table: &DeltaTable,
@@ -312,15 +316,7 @@ impl Rewrite {
         let seq = self.rows.column(self.seq_column).as_string::<i32>();
         let found = self.index.lookup(b)?;
         let tseq = b.column(self.seq_column).as_string::<i32>();
-        // The file's partition (the same for every row of it).
-        let file_partition = match &self.partitions {
-            Some((converter, _, columns)) if b.num_rows() > 0 => {
-                let cols: Vec<ArrayRef> =
-                    columns.iter().map(|c| b.column(*c).slice(0, 1)).collect();
-                Some(converter.convert_columns(&cols).map_err(Error::arrow)?)
-            }
-            _ => None,
-        };
+        let file_partition = self.file_partition(b)?;
         let moves = |p: usize| match (&self.partitions, &file_partition) {
             (Some((_, plan, _)), Some(file)) => plan.row(p) != file.row(0),
             _ => false,
@@ -381,21 +377,30 @@ impl Rewrite {
         };
         let merged = self.merged(b, tseq, &picks, &updates)?;
         if self.feed {
-            let rows = |idx: Vec<u32>| {
-                arrow::compute::take_record_batch(b, &UInt32Array::from(idx)).map_err(Error::arrow)
-            };
-            let pre = updates.iter().chain(&moved_updates).map(|u| u.1 as u32);
-            out.feed.preimages.push(rows(pre.collect())?);
-            out.feed.deletes.push(rows(gone)?);
+            let pre: Vec<u32> = updates
+                .iter()
+                .chain(&moved_updates)
+                .map(|u| u.1 as u32)
+                .collect();
             let post: Vec<u32> = updates.iter().map(|u| u.0 as u32).collect();
-            out.feed.postimages.push(
-                arrow::compute::take_record_batch(&merged, &UInt32Array::from(post))
-                    .map_err(Error::arrow)?,
-            );
-            out.feed.postimages.extend(moved.clone());
+            out.feed
+                .record(b, &merged, moved.as_ref(), (pre, post, gone))?;
         }
         out.moved.extend(moved);
         Ok((merged, true))
+    }
+
+    /// The partition of a file's batch (the same for every row of it), when the table is
+    /// partitioned.
+    fn file_partition(&self, b: &RecordBatch) -> Result<Option<arrow::row::Rows>> {
+        Ok(match &self.partitions {
+            Some((converter, _, columns)) if b.num_rows() > 0 => {
+                let cols: Vec<ArrayRef> =
+                    columns.iter().map(|c| b.column(*c).slice(0, 1)).collect();
+                Some(converter.convert_columns(&cols).map_err(Error::arrow)?)
+            }
+            _ => None,
+        })
     }
 
     /// The rows `picks` chooses from the file's batch (0) and the plan (1); in the
@@ -610,6 +615,10 @@ impl Rewrite {
     /// Rewrite the files, write the inserts, commit (with the application transactions
     /// `extras.txns` and the merged `files` in the commit info). A lost commit race is
     /// returned as the commit conflict it is (the caller reloads and plans again).
+    #[allow(
+        clippy::too_many_lines,
+        reason = "a long operation #45 item 3 splits into plan, execute and metrics"
+    )]
     pub(crate) async fn run(
         self,
         cfg: &TableConfig,
@@ -985,6 +994,28 @@ struct Feed {
     preimages: Vec<RecordBatch>,
     postimages: Vec<RecordBatch>,
     deletes: Vec<RecordBatch>,
+}
+
+impl Feed {
+    /// A file batch's images: `pre` (its rows updated) and `gone` (deleted) from the file's
+    /// batch `b`, `post` from what replaces it (`merged`), and the rows `moved` to another
+    /// partition, as written there.
+    fn record(
+        &mut self,
+        b: &RecordBatch,
+        merged: &RecordBatch,
+        moved: Option<&RecordBatch>,
+        (pre, post, gone): (Vec<u32>, Vec<u32>, Vec<u32>),
+    ) -> Result<()> {
+        let take = |from: &RecordBatch, idx: Vec<u32>| {
+            arrow::compute::take_record_batch(from, &UInt32Array::from(idx)).map_err(Error::arrow)
+        };
+        self.preimages.push(take(b, pre)?);
+        self.deletes.push(take(b, gone)?);
+        self.postimages.push(take(merged, post)?);
+        self.postimages.extend(moved.cloned());
+        Ok(())
+    }
 }
 
 impl Feed {

@@ -115,6 +115,60 @@ pub struct ManifestStatus {
     pub recorded_version: Option<u64>,
 }
 
+impl TableStatus {
+    /// The status of a table not read yet: nothing known but its name and place.
+    fn of(cfg: &TableConfig) -> Result<TableStatus> {
+        Ok(TableStatus {
+            table: cfg.name.clone(),
+            target: storage::display(cfg.state_table()?),
+            exists: false,
+            version: None,
+            last_commit: None,
+            rows: 0,
+            files: 0,
+            bytes: 0,
+            small_files: 0,
+            partitions: 0,
+            freshness: Freshness::default(),
+            tombstones: 0,
+            manifests: None,
+            catalog: None,
+            change_data_feed: false,
+            adopted: None,
+            history_only: cfg.target.is_none(),
+            drift: None,
+            watermark: None,
+            cuts: Vec::new(),
+        })
+    }
+}
+
+/// The table's rows and its newest change's order key (a history table's newest change
+/// closed a version or was its last).
+async fn rows_and_newest_change(
+    cfg: &TableConfig,
+    table: &deltalake::DeltaTable,
+) -> Result<(u64, Option<String>)> {
+    match cfg.target {
+        Some(_) => count_and_max(table, &[&cfg.sequence_column], |c| Ok(c[0].clone())).await,
+        None => {
+            let columns = [
+                crate::history::END_SEQ_COLUMN,
+                crate::history::LAST_SEQ_COLUMN,
+            ];
+            count_and_max(table, &columns, |c| {
+                let end = cast(&c[0], &DataType::Utf8).map_err(Error::arrow)?;
+                let last = cast(&c[1], &DataType::Utf8).map_err(Error::arrow)?;
+                let (end, last) = (end.as_string::<i32>(), last.as_string::<i32>());
+                let coalesced: arrow::array::StringArray =
+                    end.iter().zip(last.iter()).map(|(e, l)| e.or(l)).collect();
+                Ok(Arc::new(coalesced))
+            })
+            .await
+        }
+    }
+}
+
 /// The state of `cfg`'s table at `now`. `catalog` reads the Glue entries (when the table
 /// has catalog settings).
 pub async fn table_status(
@@ -124,28 +178,7 @@ pub async fn table_status(
     catalog: Option<&Catalog>,
     now: DateTime<Utc>,
 ) -> Result<TableStatus> {
-    let mut st = TableStatus {
-        table: cfg.name.clone(),
-        target: storage::display(cfg.state_table()?),
-        exists: false,
-        version: None,
-        last_commit: None,
-        rows: 0,
-        files: 0,
-        bytes: 0,
-        small_files: 0,
-        partitions: 0,
-        freshness: Freshness::default(),
-        tombstones: 0,
-        manifests: None,
-        catalog: None,
-        change_data_feed: false,
-        adopted: None,
-        history_only: cfg.target.is_none(),
-        drift: None,
-        watermark: None,
-        cuts: Vec::new(),
-    };
+    let mut st = TableStatus::of(cfg)?;
     let table = delta::open(cfg.state_table()?, options).await?;
     st.watermark = Some(
         crate::watermark::progress(storage, cfg, &table, now)
@@ -170,25 +203,7 @@ pub async fn table_status(
     st.adopted = props.adopted;
     st.drift = drift(cfg, options, storage, &table).await?;
     file_figures(cfg, &table, &mut st)?;
-    // A history table's newest change closed a version or was its last.
-    let (rows, newest_row) = match cfg.target {
-        Some(_) => count_and_max(&table, &[&cfg.sequence_column], |c| Ok(c[0].clone())).await?,
-        None => {
-            let columns = [
-                crate::history::END_SEQ_COLUMN,
-                crate::history::LAST_SEQ_COLUMN,
-            ];
-            count_and_max(&table, &columns, |c| {
-                let end = cast(&c[0], &DataType::Utf8).map_err(Error::arrow)?;
-                let last = cast(&c[1], &DataType::Utf8).map_err(Error::arrow)?;
-                let (end, last) = (end.as_string::<i32>(), last.as_string::<i32>());
-                let coalesced: arrow::array::StringArray =
-                    end.iter().zip(last.iter()).map(|(e, l)| e.or(l)).collect();
-                Ok(Arc::new(coalesced))
-            })
-            .await?
-        }
-    };
+    let (rows, newest_row) = rows_and_newest_change(cfg, &table).await?;
     st.rows = rows;
     let (tombstones, newest_delete) = tombstone_figures(cfg, options, st.last_commit).await?;
     st.tombstones = tombstones;

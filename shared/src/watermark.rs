@@ -374,8 +374,37 @@ pub(crate) async fn progress(
     progress_with(storage, cfg, table, now, &[]).await
 }
 
+/// The watermark a commit that also records `txns` moves, to carry in that commit (one
+/// commit per merge): its transaction pushed onto `txns`, and the progress. `None` when it
+/// does not move, when the table keeps only its history, or when it cannot be computed now
+/// (logged; the post-commit step tries on its own).
+pub(crate) async fn carried(
+    storage: &Storage,
+    cfg: &TableConfig,
+    table: &DeltaTable,
+    txns: &mut Vec<Transaction>,
+) -> Option<(Progress, Stored)> {
+    cfg.target.as_ref()?;
+    let progress = progress_with(storage, cfg, table, Utc::now(), txns);
+    match Box::pin(progress).await {
+        Ok((p, Some(next))) if p.advanced => {
+            txns.push(next.txn());
+            Some((p, next))
+        }
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(table = %cfg.name, error = %e, "watermark not computed before the commit; computing it after");
+            None
+        }
+    }
+}
+
 /// [`progress`] as it will be once a commit recording `also` (the records of the files it
 /// applies) lands: the watermark a merge commits with its own changes (#43 item 8).
+#[allow(
+    clippy::too_many_lines,
+    reason = "a long operation #45 item 3 splits into plan, execute and metrics"
+)]
 pub(crate) async fn progress_with(
     storage: &Storage,
     cfg: &TableConfig,

@@ -1,3 +1,7 @@
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test reads as one scenario, setup to assertions"
+)]
 //! The integration tests of tributary on a local store, as one test binary (each binary
 //! links deltalake and all it depends on: one link instead of several saves minutes per build).
 //!

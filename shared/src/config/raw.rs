@@ -448,18 +448,57 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     )
     .map_err(|m| format!("[table.catalog]: {m}"))?;
     let format = format(&t.format, t.csv)?;
-    if let Format::Csv(opts) = &format {
-        // Every CSV value is text: an undeclared sequence column would order "10" before "9".
-        if let Some(c) = t
-            .sequence_by
-            .iter()
-            .find(|c| !opts.columns.iter().any(|s| &s.name == *c))
-        {
-            return Err(format!(
-                "`sequence_by` column `{c}` has no type in csv.columns, so its CSV text would be compared as text (\"10\" before \"9\": the older change wins); declare it, e.g. columns = [{{ name = \"{c}\", type = \"timestamp\" }}] (or \"int64\"; \"string\" only for values that order as text, such as DMS's fixed-width AR_H_CHANGE_SEQ)"
-            ));
-        }
+    check_csv_order_keys(&t.sequence_by, &format)?;
+    let (tombstone_retention, max_commit_attempts, slice_rows, slice_bytes) = limits(&tuning, d)?;
+    let maintenance = maintenance(&tuning, d)?;
+
+    Ok(TableConfig {
+        name: t.name,
+        source,
+        target,
+        tombstones,
+        primary_key: t.primary_key,
+        partition_by: t.partition_by,
+        sequence_by: t.sequence_by,
+        drop_columns: t.drop_columns,
+        rename_columns: t.rename_columns,
+        op_column,
+        before_image_prefix,
+        sequence_column,
+        format,
+        tombstone_retention,
+        max_commit_attempts,
+        slice_rows,
+        slice_bytes,
+        manifests,
+        change_data_feed,
+        compression,
+        delta_order_keys,
+        maintenance,
+        history,
+        catalog,
+    })
+}
+
+/// A CSV table's `sequence_by` columns have types in `csv.columns`: every CSV value is
+/// text, and an undeclared order key would order "10" before "9".
+fn check_csv_order_keys(sequence_by: &[String], format: &Format) -> Msg<()> {
+    let Format::Csv(opts) = format else {
+        return Ok(());
+    };
+    match sequence_by
+        .iter()
+        .find(|c| !opts.columns.iter().any(|s| &s.name == *c))
+    {
+        Some(c) => Err(format!(
+            "`sequence_by` column `{c}` has no type in csv.columns, so its CSV text would be compared as text (\"10\" before \"9\": the older change wins); declare it, e.g. columns = [{{ name = \"{c}\", type = \"timestamp\" }}] (or \"int64\"; \"string\" only for values that order as text, such as DMS's fixed-width AR_H_CHANGE_SEQ)"
+        )),
+        None => Ok(()),
     }
+}
+
+/// The table's limits: tombstone retention, commit attempts, slice rows and slice bytes.
+fn limits(tuning: &RawDefaults, d: &RawDefaults) -> Msg<(Duration, u32, usize, usize)> {
     let tombstone_days = pick(
         &tuning.tombstone_retention_days,
         &d.tombstone_retention_days,
@@ -480,36 +519,13 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         pick(&tuning.slice_mb, &d.slice_mb).unwrap_or(DEFAULT_SLICE_MB),
         "slice_mb",
     )?;
-    let maintenance = maintenance(&tuning, d)?;
-
-    Ok(TableConfig {
-        name: t.name,
-        source,
-        target,
-        tombstones,
-        primary_key: t.primary_key,
-        partition_by: t.partition_by,
-        sequence_by: t.sequence_by,
-        drop_columns: t.drop_columns,
-        rename_columns: t.rename_columns,
-        op_column,
-        before_image_prefix,
-        sequence_column,
-        format,
-        tombstone_retention: Duration::from_secs_f64(
-            positive(tombstone_days, "tombstone_retention_days")? * 86_400.0,
-        ),
+    let retention = positive(tombstone_days, "tombstone_retention_days")? * 86_400.0;
+    Ok((
+        Duration::from_secs_f64(retention),
         max_commit_attempts,
         slice_rows,
-        slice_bytes: (slice_mb * 1024.0 * 1024.0) as usize,
-        manifests,
-        change_data_feed,
-        compression,
-        delta_order_keys,
-        maintenance,
-        history,
-        catalog,
-    })
+        (slice_mb * 1024.0 * 1024.0) as usize,
+    ))
 }
 
 /// `parquet_compression` and `order_key_encoding` (delta: true).

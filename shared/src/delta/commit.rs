@@ -86,49 +86,81 @@ impl<'a> Commit<'a> {
     }
 }
 
-/// Commit on the table's loaded snapshot; returns the table at the new version.
-pub(crate) async fn commit(mut table: DeltaTable, c: Commit<'_>) -> Result<DeltaTable> {
-    let label = c.label;
-    let (base, known, checkpoint_every, v2_checkpoints) = {
+/// What a commit needs of the table it was made on.
+struct Base {
+    version: u64,
+    /// What the schema says of decimal bounds (`stats`).
+    known: crate::stats::Known,
+    checkpoint_every: u64,
+    /// tributary writes the table's checkpoints (not a v2-checkpoint table's).
+    checkpoints: bool,
+}
+
+impl Base {
+    /// The table's version and settings, once the commit is checked against the table
+    /// (its features, `appendOnly`).
+    fn of(table: &DeltaTable, actions: &[Action], label: &str) -> Result<Base> {
         let state = table.snapshot().map_err(|e| Error::delta(label, e))?;
-        super::refuse_unwritable(&table, label)?;
-        refuse_append_only(state, &c.actions, label)?;
-        let config = state.metadata().configuration();
-        let every = config
+        super::refuse_unwritable(table, label)?;
+        refuse_append_only(state, actions, label)?;
+        let checkpoint_every = state
+            .metadata()
+            .configuration()
             .get(super::CHECKPOINT_INTERVAL)
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|v| *v > 0)
             .unwrap_or(100);
-        let v2 = !super::classic_checkpoints(&table);
         let wide = crate::stats::arrow_has_wide_decimal(&state.snapshot().arrow_schema());
-        let known = if wide {
-            crate::stats::Known::Wide
-        } else {
-            crate::stats::Known::Exact
+        let known = match wide {
+            true => crate::stats::Known::Wide,
+            false => crate::stats::Known::Exact,
         };
-        (state.version(), known, every, v2)
-    };
-    let log_store = table.log_store();
-    let mut txns = c.txns;
-    let mut bytes = commit_bytes(&c.actions, &c.operation, &txns, &c.info, base, &c.read)?;
-    bytes = exact_stats(&log_store, bytes, known, label).await?;
-    let mut pending = Pending::new(&log_store, bytes).await?;
+        Ok(Base {
+            version: state.version(),
+            known,
+            checkpoint_every,
+            checkpoints: super::classic_checkpoints(table),
+        })
+    }
+}
+
+/// Commit on the table's loaded snapshot; returns the table at the new version.
+pub(crate) async fn commit(mut table: DeltaTable, c: Commit<'_>) -> Result<DeltaTable> {
+    let label = c.label;
+    let base = Base::of(&table, &c.actions, label)?;
+    // Boxed: a commit's future sits inside every writer's (the history's nest deeply).
+    let version = Box::pin(put(&table.log_store(), &c, &base)).await?;
+    table
+        .update_incremental(Some(version))
+        .await
+        .map_err(|e| Error::delta(label, e))?;
+    // delta-rs's rule (the version after a multiple of the interval), so that a table keeps
+    // its checkpoints where they were.
+    if (version + 1) % base.checkpoint_every == 0 && base.checkpoints {
+        deltalake::checkpoints::create_checkpoint(&table, None)
+            .await
+            .map_err(|e| Error::delta(label, e))?;
+    }
+    Ok(table)
+}
+
+/// Put the commit at the next free version, checking the commits that won each race
+/// ([module](self)); returns the version it got.
+async fn put(log_store: &LogStoreRef, c: &Commit<'_>, base: &Base) -> Result<u64> {
+    let label = c.label;
+    let mut txns = c.txns.clone();
+    let mut pending = pending_file(log_store, c, base, &txns).await?;
     let mine = Mine::of(&c.actions, &txns);
-    let mut checked = base;
-    let mut version = base + 1;
-    let mut done = None;
+    let (mut checked, mut version) = (base.version, base.version + 1);
     for _ in 0..ATTEMPTS {
         match log_store
             .write_commit_entry(version, pending.entry(), pending.operation_id)
             .await
         {
-            Ok(()) => {
-                done = Some(version);
-                break;
-            }
+            Ok(()) => return Ok(version),
             Err(TransactionError::VersionAlreadyExists(_)) => {}
             Err(e) => {
-                pending.abort(&log_store, version).await;
+                pending.abort(log_store, version).await;
                 return Err(Error::delta(label, e.into()));
             }
         }
@@ -145,42 +177,40 @@ pub(crate) async fn commit(mut table: DeltaTable, c: Commit<'_>) -> Result<Delta
                 .map_err(|e| Error::delta(label, e))?
                 .unwrap_or_default();
             if let Err(conflict) = check(&winner, &mine, &c.read, &mut txns) {
-                pending.abort(&log_store, version).await;
+                pending.abort(log_store, version).await;
                 tracing::debug!(table = %label, version = checked, ?conflict, "commit conflict");
-                return Err(Error::delta(
-                    label,
-                    TransactionError::CommitConflict(conflict).into(),
-                ));
+                let e = TransactionError::CommitConflict(conflict);
+                return Err(Error::delta(label, e.into()));
             }
         }
         if txns.len() != before {
-            let bytes = commit_bytes(&c.actions, &c.operation, &txns, &c.info, base, &c.read)?;
-            let bytes = exact_stats(&log_store, bytes, known, label).await?;
-            pending.abort(&log_store, version).await;
-            pending = Pending::new(&log_store, bytes).await?;
+            pending.abort(log_store, version).await;
+            pending = pending_file(log_store, c, base, &txns).await?;
         }
         version = latest + 1;
     }
-    let Some(version) = done else {
-        pending.abort(&log_store, version).await;
-        return Err(Error::delta(
-            label,
-            TransactionError::MaxCommitAttempts(ATTEMPTS as i32).into(),
-        ));
-    };
-    table
-        .update_incremental(Some(version))
-        .await
-        .map_err(|e| Error::delta(label, e))?;
-    // delta-rs's rule (the version after a multiple of the interval), so that a table keeps
-    // its checkpoints where they were. A table with v2 checkpoints is left to its writer's
-    // (delta-rs writes classic ones only).
-    if (version + 1) % checkpoint_every == 0 && !v2_checkpoints {
-        deltalake::checkpoints::create_checkpoint(&table, None)
-            .await
-            .map_err(|e| Error::delta(label, e))?;
-    }
-    Ok(table)
+    pending.abort(log_store, version).await;
+    let e = TransactionError::MaxCommitAttempts(ATTEMPTS as i32);
+    Err(Error::delta(label, e.into()))
+}
+
+/// The commit file with `txns`, exact statistics, ready for the log store.
+async fn pending_file(
+    log_store: &LogStoreRef,
+    c: &Commit<'_>,
+    base: &Base,
+    txns: &[Transaction],
+) -> Result<Pending> {
+    let bytes = commit_bytes(
+        &c.actions,
+        &c.operation,
+        txns,
+        &c.info,
+        base.version,
+        &c.read,
+    )?;
+    let bytes = exact_stats(log_store, bytes, base.known, c.label).await?;
+    Pending::new(log_store, bytes).await
 }
 
 /// An append-only table (`delta.appendOnly = true`) takes no remove of data: refused by

@@ -321,26 +321,9 @@ impl Engine {
             if !group.is_empty() && (end || large.is_some() || (set.is_some() && full)) {
                 let sets = std::mem::take(&mut group);
                 (rows, bytes) = (0, 0);
-                // The first group merges on the table read above; later ones read it again
-                // (the group before changed it).
-                let v = match view.take() {
-                    Some(v) => Ok(v),
-                    None => sink.view(table).await,
-                };
-                match v {
-                    Ok(v) => {
-                        let (r, o) = self.merge_group(sink, table, v, sets).await;
-                        reports.extend(r);
-                        outcomes.extend(o);
-                    }
-                    Err(e) => {
-                        let e = Arc::new(e);
-                        for cs in sets {
-                            log_failure(&table.name, &cs.file, &e);
-                            outcomes.push(FileOutcome::failed(cs.file, &table.name, e.clone()));
-                        }
-                    }
-                }
+                let (r, o) = self.merge_on(sink, table, view.take(), sets).await;
+                reports.extend(r);
+                outcomes.extend(o);
             }
             if let Some((file, raw)) = large {
                 // Slice by slice (or appended whole), on the table as it is now.
@@ -366,6 +349,33 @@ impl Engine {
             }
         }
         (outcomes, reports)
+    }
+
+    /// [`Engine::merge_group`] on `view`, the table read before the first group; later
+    /// groups read it again (the group before changed it). A table that cannot be read
+    /// fails the group's files.
+    async fn merge_on<S: Sink>(
+        &self,
+        sink: &S,
+        table: &TableConfig,
+        view: Option<View<S::Table>>,
+        sets: Vec<ChangeSet>,
+    ) -> (Vec<TableReport>, Vec<FileOutcome>) {
+        let v = match view {
+            Some(v) => Ok(v),
+            None => sink.view(table).await,
+        };
+        match v {
+            Ok(v) => Box::pin(self.merge_group(sink, table, v, sets)).await,
+            Err(e) => {
+                let e = Arc::new(e);
+                let failed = sets.into_iter().map(|cs| {
+                    log_failure(&table.name, &cs.file, &e);
+                    FileOutcome::failed(cs.file, &table.name, e.clone())
+                });
+                (vec![], failed.collect())
+            }
+        }
     }
 
     /// Screen, admit and merge one group of a table's small files (one commit, or one per

@@ -521,6 +521,10 @@ async fn a_retry_after_a_crash_between_a_groups_merge_and_its_confirmation_shows
     retry_after_a_crash_in_the_third_group(true).await;
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a test reads as one scenario, setup to assertions"
+)]
 async fn retry_after_a_crash_in_the_third_group(after_the_merge: bool) {
     let dir = tempfile::tempdir().unwrap();
     let extra = "sequence_by = [\"ts\"]\nslice_rows = 1024";

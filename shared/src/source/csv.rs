@@ -4,7 +4,7 @@ use std::io::Read;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use super::{at_least_one, Batches, Body, ABSENT_COLUMN, ABSENT_SEPARATOR, RESERVED_PREFIX};
 use crate::config::{CsvOptions, TableConfig};
@@ -101,6 +101,46 @@ fn read_error(gz: bool, e: arrow::error::ArrowError, names: &[String]) -> String
     }
 }
 
+/// A file with no bytes, or only whitespace (also once decompressed) is refused by name.
+fn refuse_empty(name: &str, file_name: &str, body: &Body, header: bool) -> Result<()> {
+    let gz = file_name.to_ascii_lowercase().ends_with(".gz");
+    let raw_blank = is_blank(body.reader(name)?);
+    let blank = raw_blank || (gz && is_blank(text(name, file_name, body)?));
+    if !blank {
+        return Ok(());
+    }
+    Err(Error::bad_input(
+        name,
+        Location::File,
+        format!(
+            "the file is empty ({}); a DMS CSV file has {} — remove the object from the source, or put back the file DMS wrote",
+            if raw_blank {
+                "zero bytes, or only whitespace"
+            } else {
+                "its decompressed text is zero bytes, or only whitespace"
+            },
+            if header {
+                "a header and at least one row"
+            } else {
+                "at least one row"
+            }
+        ),
+    ))
+}
+
+/// The schema of the decoded batches: each column in its target type, then the column of
+/// values absent from the source's log when `no_sup_value` is set.
+fn typed_schema(names: &[String], targets: &[DataType], absent: bool) -> SchemaRef {
+    Arc::new(Schema::new(
+        names
+            .iter()
+            .zip(targets)
+            .map(|(n, t)| Field::new(n, t.clone(), true))
+            .chain(absent.then(|| Field::new(ABSENT_COLUMN, DataType::Utf8, true)))
+            .collect::<Vec<_>>(),
+    ))
+}
+
 pub(super) fn batches(
     input: Input<'_>,
     opts: &CsvOptions,
@@ -116,22 +156,7 @@ pub(super) fn batches(
     } = input;
     let gz = file_name.to_ascii_lowercase().ends_with(".gz");
     let bad = |m: String| Error::bad_input(name, Location::File, m);
-    let raw_blank = is_blank(body.reader(name)?);
-    if raw_blank || (gz && is_blank(text(name, file_name, body)?)) {
-        return Err(bad(format!(
-            "the file is empty ({}); a DMS CSV file has {} — remove the object from the source, or put back the file DMS wrote",
-            if raw_blank {
-                "zero bytes, or only whitespace"
-            } else {
-                "its decompressed text is zero bytes, or only whitespace"
-            },
-            if opts.header(kind) {
-                "a header and at least one row"
-            } else {
-                "at least one row"
-            }
-        )));
-    }
+    refuse_empty(name, file_name, body, opts.header(kind))?;
     let names = column_names(name, text(name, file_name, body)?, opts, kind, table).map_err(
         |e| match e {
             Error::BadInput { message, .. } if gz => bad(format!(
@@ -168,19 +193,7 @@ pub(super) fn batches(
             format!("column names starting with `{RESERVED_PREFIX}` are reserved for tributary's own columns; rename the column at the source"),
         ));
     }
-    let typed_schema = Arc::new(Schema::new(
-        names
-            .iter()
-            .zip(&targets)
-            .map(|(n, t)| Field::new(n, t.clone(), true))
-            .chain(
-                checks
-                    .value
-                    .is_some()
-                    .then(|| Field::new(ABSENT_COLUMN, DataType::Utf8, true)),
-            )
-            .collect::<Vec<_>>(),
-    ));
+    let typed_schema = typed_schema(&names, &targets, checks.value.is_some());
     let empty_schema = typed_schema.clone();
     let header = opts.header(kind);
     let name = name.to_string();

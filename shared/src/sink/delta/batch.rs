@@ -292,19 +292,7 @@ impl DeltaSink {
         if first_read.is_none() {
             *first_read = Some(Before::of(table, &target)?);
         }
-        let target = adopt(table, target).await?;
-        let target = delta::record_kinds(target, batch.kinds.as_deref()).await?;
-        plan::recheck_kinds(
-            batch.changes,
-            delta::props(&target).sequence_kinds.as_deref(),
-        )?;
-        let target = enable_change_data_feed(table, target).await?;
-        let screened: Vec<super::Screened> =
-            batch.changes.iter().map(super::Screened::of).collect();
-        super::rescreen(table, &delta::props(&target), &screened)?;
-        if retried {
-            super::rescreen_contents(table, &target, &screened).await?;
-        }
+        let target = Box::pin(prepared(table, target, batch, retried)).await?;
         report.phases_ms.load_table = ms_since(t);
         let t = Instant::now();
         let mut plan = a.base_plan.clone();
@@ -335,22 +323,8 @@ impl DeltaSink {
         // The watermark this commit moves goes into it (one commit per merge); when it
         // cannot be computed, the post-commit step tries on its own.
         let mut extras = a.extras.clone();
-        let mut carried = None;
-        if table.target.is_some() {
-            let now = chrono::Utc::now();
-            let progress =
-                crate::watermark::progress_with(&self.storage, table, &target, now, &extras.txns);
-            match Box::pin(progress).await {
-                Ok((p, Some(next))) if p.advanced => {
-                    extras.txns.push(next.txn());
-                    carried = Some((p, next));
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(table = %table.name, error = %e, "watermark not computed before the commit; computing it after");
-                }
-            }
-        }
+        let carried =
+            crate::watermark::carried(&self.storage, table, &target, &mut extras.txns).await;
         report.phases_ms.watermark += ms_since(t);
         let t = Instant::now();
         let (target, path, counts) = write(table, target, &plan, a.files, &extras).await?;
@@ -504,6 +478,29 @@ impl Chosen {
             },
         )
     }
+}
+
+/// The table made ready for the batch's commit, checked again: adopted, its sequence kinds
+/// recorded (and the batch's checked against them), the change data feed turned on when
+/// configured, and the batch's files screened again against its records (their contents
+/// too on a retry: another writer may have applied them since).
+async fn prepared(
+    table: &TableConfig,
+    target: DeltaTable,
+    batch: &Batch<'_>,
+    retried: bool,
+) -> Result<DeltaTable> {
+    let target = adopt(table, target).await?;
+    let target = delta::record_kinds(target, batch.kinds.as_deref()).await?;
+    let kinds = delta::props(&target).sequence_kinds;
+    plan::recheck_kinds(batch.changes, kinds.as_deref())?;
+    let target = enable_change_data_feed(table, target).await?;
+    let screened: Vec<super::Screened> = batch.changes.iter().map(super::Screened::of).collect();
+    super::rescreen(table, &delta::props(&target), &screened)?;
+    if retried {
+        super::rescreen_contents(table, &target, &screened).await?;
+    }
+    Ok(target)
 }
 
 /// Commit the plan on the path chosen for it ([`Chosen`]): the table after it, the path as

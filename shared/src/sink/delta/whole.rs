@@ -452,22 +452,8 @@ impl crate::retry::Attempts for Appending<'_> {
         }
         // The watermark this commit moves goes into it (one commit per merge).
         let mut txns = self.txns.clone();
-        self.carried = None;
-        if table.target.is_some() {
-            let now = chrono::Utc::now();
-            let progress =
-                crate::watermark::progress_with(self.storage, table, &self.target, now, &txns);
-            match Box::pin(progress).await {
-                Ok((p, Some(next))) if p.advanced => {
-                    txns.push(next.txn());
-                    self.carried = Some((p, next));
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(table = %table.name, error = %e, "watermark not computed before the commit; computing it after");
-                }
-            }
-        }
+        self.carried =
+            crate::watermark::carried(self.storage, table, &self.target, &mut txns).await;
         // Once the commit was tried, the files are never deleted: it may have landed (a
         // lost response, a failed post-commit step); VACUUM removes them if not.
         let t = delta::commit_append(
