@@ -50,7 +50,8 @@ pub(crate) async fn run(dir: &Path, rows: i32, new_rows: i32) -> Result<()> {
 impl Demo {
     /// Clear earlier output, write the configuration, generate the scenario.
     fn prepare(dir: &Path, rows: i32, new_rows: i32) -> Result<Demo> {
-        tributary::tuning::Tuning::from_env()?.apply();
+        let tuning = tributary::tuning::Tuning::from_env()?;
+        tuning.apply();
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = std::fs::canonicalize(dir)?;
         for sub in ["raw", "curated"] {
@@ -62,7 +63,9 @@ impl Demo {
         }
         let config_path = dir.join("tributary.toml");
         std::fs::write(&config_path, demo::CONFIG)?;
-        let engine = Engine::new(Config::from_path(&config_path)?);
+        let engine = Engine::builder(Config::from_path(&config_path)?)
+            .tuning(tuning)
+            .build();
         out!("tributary demo in {}", dir.display());
         out!("  config: {}", config_path.display());
         Ok(Demo {

@@ -261,7 +261,7 @@ pub(crate) async fn record_unrecorded(
 /// How long a CDC file's record is kept: the tombstone retention plus a week (the tombstone
 /// horizon moves by maintenance, in steps of at most a day; the week is its slack).
 pub(crate) fn record_retention(cfg: &TableConfig) -> Duration {
-    cfg.tombstone_retention + Duration::from_secs(7 * 86_400)
+    cfg.limits.tombstone_retention + Duration::from_secs(7 * 86_400)
 }
 
 /// [`record_retention`] as a Delta interval.

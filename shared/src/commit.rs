@@ -66,7 +66,7 @@ impl Before {
         Ok(Before {
             version: table.version(),
             schema: delta::arrow_schema(table),
-            files: if cfg.manifests {
+            files: if cfg.writing.manifests {
                 manifest::live_files(table)?
             } else {
                 Vec::new()
@@ -165,7 +165,7 @@ pub(crate) async fn publish(
     out.watermark_ms = t.elapsed().as_millis() as u64;
     let t = std::time::Instant::now();
     let (mut behind, mut pending) = (manifest::Behind::No, None);
-    if cfg.manifests {
+    if cfg.writing.manifests {
         let since = m.before.as_ref().map(|b| manifest::Since {
             version: b.version,
             files: &b.files,

@@ -74,7 +74,9 @@ mod widen;
 
 pub use config::{Config, Managed, TableConfig};
 pub use deltalake;
-pub use engine::{Engine, FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath};
+pub use engine::{
+    Engine, EngineBuilder, FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath,
+};
 pub use error::{Error, Location, Result};
 pub use props::TableProps;
 pub use source::{apply_order, FileCounts, SeqKind};

@@ -423,7 +423,11 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
             cols.push(take(c, &indices, None).map_err(Error::arrow)?);
         }
     }
-    fields.push(Field::new(&table.sequence_column, DataType::Utf8, false));
+    fields.push(Field::new(
+        &table.writing.sequence_column,
+        DataType::Utf8,
+        false,
+    ));
     match changes {
         [one] if identity => cols.push(Arc::new(one.order.clone())),
         _ => cols.push(string_array(idx.iter().map(|&i| rows.order[i as usize]))),
@@ -628,7 +632,7 @@ pub(crate) fn apply_tombstones(
     let enc = KeyEncoder::new(&plan.batch.schema(), &table.primary_key)?;
     let keys = enc.encode(&plan.batch)?;
     let schema = plan.batch.schema();
-    let seq_idx = index_of(&schema, &table.sequence_column)?;
+    let seq_idx = index_of(&schema, &table.writing.sequence_column)?;
     let op_idx = index_of(&schema, OP_COLUMN)?;
     let seqs = plan.batch.column(seq_idx).as_string::<i32>().clone();
     let ops = plan.ops()?;
@@ -682,7 +686,7 @@ pub(crate) fn hold_back(
     }
     let enc = KeyEncoder::new(&plan.batch.schema(), &table.primary_key)?;
     let keys = enc.encode(&plan.batch)?;
-    let seq_idx = index_of(&plan.batch.schema(), &table.sequence_column)?;
+    let seq_idx = index_of(&plan.batch.schema(), &table.writing.sequence_column)?;
     let seqs = plan.batch.column(seq_idx).as_string::<i32>().clone();
     let ops = plan.ops()?;
     let keep: arrow::array::BooleanArray = keys

@@ -219,7 +219,7 @@ impl Rewrite {
             };
             // Keys, the order key and partition values are whole in every change.
             let whole = cfg.primary_key.contains(f.name())
-                || f.name() == &cfg.sequence_column
+                || f.name() == &cfg.writing.sequence_column
                 || partition_columns.contains(f.name());
             if whole && !matches!(k, Keep::Never) {
                 return Err(schema_error(format!(
@@ -234,11 +234,11 @@ impl Rewrite {
         let seq_column = schema
             .fields()
             .iter()
-            .position(|f| f.name() == &cfg.sequence_column)
+            .position(|f| f.name() == &cfg.writing.sequence_column)
             .ok_or_else(|| {
                 schema_error(format!(
                     "the table has no order-key column `{}`",
-                    cfg.sequence_column
+                    cfg.writing.sequence_column
                 ))
             })?;
         if schema.field(seq_column).data_type() != &DataType::Utf8 {
@@ -246,7 +246,7 @@ impl Rewrite {
                 table: label.to_string(),
                 feature: format!(
                     "the table's column `{}` is {}, and tributary keeps its order keys there as text",
-                    cfg.sequence_column,
+                    cfg.writing.sequence_column,
                     schema.field(seq_column).data_type()
                 ),
                 way_forward: "nothing was written; set `sequence_column` to a name the table does not use, then replay the file".into(),
@@ -279,7 +279,7 @@ impl Rewrite {
             range,
             reload,
             feed,
-            held_bytes: cfg.slice_bytes / 2,
+            held_bytes: cfg.limits.slice_bytes / 2,
             always: false,
             schema,
             checks,

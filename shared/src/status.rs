@@ -150,7 +150,9 @@ async fn rows_and_newest_change(
     table: &deltalake::DeltaTable,
 ) -> Result<(u64, Option<String>)> {
     match cfg.target {
-        Some(_) => count_and_max(table, &[&cfg.sequence_column], |c| Ok(c[0].clone())).await,
+        Some(_) => {
+            count_and_max(table, &[&cfg.writing.sequence_column], |c| Ok(c[0].clone())).await
+        }
         None => {
             let columns = [
                 crate::history::END_SEQ_COLUMN,
@@ -213,7 +215,7 @@ pub async fn table_status(
         .as_ref()
         .and_then(|k| k.first().copied());
     st.freshness = freshness(newest.as_deref(), kind, now);
-    if cfg.manifests {
+    if cfg.writing.manifests {
         st.manifests = Some(manifest_status(storage, &table).await?);
     }
     if let Some(catalog) = catalog {
@@ -282,7 +284,7 @@ async fn drift(
     if compared.is_empty() {
         return Ok(None);
     }
-    let own = |c: &str| crate::plan::is_internal(c) || c == cfg.sequence_column;
+    let own = |c: &str| crate::plan::is_internal(c) || c == cfg.writing.sequence_column;
     let columns: Vec<String> = delta::arrow_schema(table)
         .map(|s| s.fields().iter().map(|f| f.name().clone()).collect())
         .unwrap_or_default();
@@ -348,7 +350,10 @@ async fn tombstone_figures(
     }
     // The newest delete the table has applied (recorded by its last commit).
     let applied_by = last_commit.map(|t| t.timestamp_micros());
-    let columns = [crate::tombstones::DELETED_AT_COLUMN, &cfg.sequence_column];
+    let columns = [
+        crate::tombstones::DELETED_AT_COLUMN,
+        &cfg.writing.sequence_column,
+    ];
     count_and_max(&tombs, &columns, |c| {
         let at = cast(&c[0], &DataType::Int64).map_err(Error::arrow)?;
         let at = at.as_primitive::<Int64Type>();

@@ -22,6 +22,7 @@ use tokio::io::AsyncWriteExt;
 use url::Url;
 
 use crate::error::{Error, Result};
+use crate::tuning::Tuning;
 
 /// Objects larger than this are not held in memory: they are streamed to a temporary file
 /// and read from there in slices.
@@ -33,43 +34,9 @@ pub struct Storage {
     stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
     /// Objects larger than this are spilled to local disk (`None`: [`SPILL_BYTES`]).
     spill_bytes: Option<u64>,
-}
-
-/// The endpoint override from the environment, if any.
-pub(crate) fn endpoint_override() -> Option<String> {
-    std::env::var("AWS_ENDPOINT_URL_S3")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .ok()
-        .filter(|s| !s.is_empty())
-}
-
-/// The region when the environment sets none.
-const DEFAULT_REGION: &str = "us-east-1";
-
-fn region_unset() -> bool {
-    std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
-}
-
-/// Storage options for delta-rs tables, derived from the environment so that an emulator
-/// endpoint and plain-HTTP access work without further setup. The raw-file stores are built
-/// from the same options (one endpoint/region rule for both).
-pub(crate) fn delta_storage_options() -> HashMap<String, String> {
-    let mut opts = HashMap::new();
-    if let Some(ep) = endpoint_override() {
-        if ep.starts_with("http://") {
-            opts.insert("AWS_ALLOW_HTTP".to_string(), "true".to_string());
-        }
-        opts.insert("AWS_ENDPOINT_URL".to_string(), ep);
-        // Emulators serve path-style requests.
-        opts.insert(
-            "AWS_VIRTUAL_HOSTED_STYLE_REQUEST".to_string(),
-            "false".to_string(),
-        );
-    }
-    if region_unset() {
-        opts.insert("AWS_REGION".to_string(), DEFAULT_REGION.to_string());
-    }
-    opts
+    /// The object-store options (endpoint, region: [`crate::tuning::StoreSettings`]),
+    /// shared with the Delta tables' stores.
+    options: HashMap<String, String>,
 }
 
 /// Decode a URL path component once.
@@ -144,22 +111,24 @@ pub(crate) struct Listed {
 }
 
 impl Storage {
-    /// With `TRIBUTARY_SPILL_MB` (megabytes), objects larger than that are spilled to local
-    /// disk instead of [`SPILL_BYTES`]. A value the variable does not take is refused at
-    /// start-up ([`crate::Engine::from_config_location`]); a storage built without that check
-    /// logs it as an error and spills at the default.
+    /// The storage of the environment's tuning ([`Tuning::from_env_or_default`]).
     pub fn new() -> Self {
-        let spill_bytes = match crate::tuning::Tuning::from_env() {
-            Ok(t) => t.spill_bytes,
-            Err(e) => {
-                tracing::error!(error = %e, "spilling objects larger than the default");
-                None
-            }
-        };
+        Self::with_tuning(&Tuning::from_env_or_default())
+    }
+
+    /// The storage of `tuning`: objects larger than its `spill_bytes` are spilled to local
+    /// disk (default [`SPILL_BYTES`]); S3 is reached as its `store` says.
+    pub fn with_tuning(tuning: &Tuning) -> Self {
         Storage {
-            spill_bytes,
+            spill_bytes: tuning.spill_bytes,
+            options: tuning.store.options(),
             ..Self::default()
         }
+    }
+
+    /// The object-store options the tables are opened with (delta-rs's storage options).
+    pub(crate) fn options(&self) -> &HashMap<String, String> {
+        &self.options
     }
 
     /// The object store that serves `url`.
@@ -185,7 +154,7 @@ impl Storage {
             Arc::new(LocalFileSystem::new())
         } else {
             let mut b = AmazonS3Builder::from_env().with_bucket_name(url.host_str().unwrap_or(""));
-            for (k, v) in delta_storage_options() {
+            for (k, v) in &self.options {
                 if let Ok(k) = k.to_ascii_lowercase().parse() {
                     b = b.with_config(k, v);
                 }

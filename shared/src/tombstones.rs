@@ -107,7 +107,7 @@ impl<'a> Tombstones<'a> {
                 crate::widen::widen(cfg, label, table, schema, props, &[]).await
             }
         };
-        Ok(Retry::new(label, cfg.max_commit_attempts)
+        Ok(Retry::new(label, cfg.limits.max_commit_attempts)
             .run("widen tombstone keys", widen)
             .await?
             .0)
@@ -133,7 +133,7 @@ impl<'a> Tombstones<'a> {
         let batch = self.tombstone_rows(&deletes, applied)?;
         // A blind append: delta-rs rebases it over concurrent appends. Only a concurrent
         // metadata commit (two writers creating the table at once) conflicts: refresh, retry.
-        let (label, attempts) = (self.label.as_str(), self.cfg.max_commit_attempts);
+        let (label, attempts) = (self.label.as_str(), self.cfg.limits.max_commit_attempts);
         let (base, batch) = (&self.table, &batch);
         let append = |n: u32| {
             let mut table = base.clone();
@@ -271,7 +271,7 @@ impl<'a> Tombstones<'a> {
             None => None,
         };
         let mut cols: Vec<String> = cfg.primary_key.clone();
-        cols.push(cfg.sequence_column.clone());
+        cols.push(cfg.writing.sequence_column.clone());
         let has_applied = delta::arrow_schema(&self.table)
             .is_some_and(|s| s.field_with_name(APPLIED_COLUMN).is_ok());
         if has_applied {
@@ -346,7 +346,11 @@ fn schema(cfg: &TableConfig, plan_schema: &Schema) -> Result<Schema> {
             .map_err(|_| Error::internal(format!("key {k} missing from plan")))?;
         fields.push(Field::new(k, f.data_type().clone(), true));
     }
-    fields.push(Field::new(&cfg.sequence_column, DataType::Utf8, true));
+    fields.push(Field::new(
+        &cfg.writing.sequence_column,
+        DataType::Utf8,
+        true,
+    ));
     fields.push(Field::new(
         DELETED_AT_COLUMN,
         DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
@@ -440,7 +444,7 @@ mod tests {
     fn plan(cfg: &TableConfig, rows: &[(i64, &str, &str)]) -> MergePlan {
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, true),
-            Field::new(&cfg.sequence_column, DataType::Utf8, true),
+            Field::new(&cfg.writing.sequence_column, DataType::Utf8, true),
             Field::new(crate::plan::OP_COLUMN, DataType::Utf8, true),
         ]));
         let batch = RecordBatch::try_new(

@@ -1,16 +1,26 @@
 //! The library's tuning from the environment (`TRIBUTARY_LOG_CACHE_MB`,
-//! `TRIBUTARY_SPILL_MB`, `TRIBUTARY_LOG_VALUES`), read and checked in one place: a value that is not what the
-//! variable takes is refused with the variable, the value and what it takes — at start-up
-//! ([`Tuning::from_env`], from [`crate::Engine::from_config_location`]: the function's init
-//! or the CLI command fails with it) — never replaced by the default.
+//! `TRIBUTARY_SPILL_MB`, `TRIBUTARY_LOG_VALUES`, and the S3 endpoint and region an emulator
+//! or a region-less machine needs: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, `AWS_REGION`,
+//! `AWS_DEFAULT_REGION`), read and checked in one place — the only place in the library that
+//! reads the environment. A value that is not what the variable takes is refused with the
+//! variable, the value and what it takes — at start-up ([`Tuning::from_env`], from
+//! [`crate::Engine::from_config_location`]: the function's init or the CLI command fails with
+//! it) — never replaced by the default. From there the tuning is carried down as a value
+//! ([`crate::Engine::builder`], [`crate::storage::Storage::with_tuning`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 
 /// Default size of the Delta log cache, in MB (`TRIBUTARY_LOG_CACHE_MB`).
 pub const DEFAULT_LOG_CACHE_MB: u64 = 64;
 
+/// The region when the environment names none (as the AWS CLI's default).
+const DEFAULT_REGION: &str = "us-east-1";
+
 /// The environment's tuning of the library.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tuning {
     /// Bytes of Delta log files a process keeps (`TRIBUTARY_LOG_CACHE_MB`; 0: none).
     pub log_cache_bytes: u64,
@@ -20,12 +30,80 @@ pub struct Tuning {
     /// Row values in error messages (`TRIBUTARY_LOG_VALUES`, default true; false: `…`
     /// instead, [`crate::redact`]).
     pub log_values: bool,
+    /// Where S3 is reached: the tables' and the raw files' object stores.
+    pub store: StoreSettings,
+}
+
+impl Default for Tuning {
+    /// Every variable unset.
+    fn default() -> Self {
+        Tuning {
+            log_cache_bytes: DEFAULT_LOG_CACHE_MB * 1024 * 1024,
+            spill_bytes: None,
+            log_values: true,
+            store: StoreSettings::default(),
+        }
+    }
+}
+
+/// The S3 endpoint override and whether the environment names a region.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreSettings {
+    /// `AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL` (an emulator; `None`: AWS).
+    pub endpoint: Option<String>,
+    /// `AWS_REGION` or `AWS_DEFAULT_REGION` is set (the S3 client reads it itself);
+    /// otherwise [`DEFAULT_REGION`].
+    pub region_set: bool,
+}
+
+impl StoreSettings {
+    /// The object-store options (delta-rs's and the raw files' stores alike): an emulator
+    /// endpoint with plain HTTP and path-style requests, and a region when none is set.
+    pub fn options(&self) -> HashMap<String, String> {
+        let mut opts = HashMap::new();
+        if let Some(ep) = &self.endpoint {
+            if ep.starts_with("http://") {
+                opts.insert("AWS_ALLOW_HTTP".to_string(), "true".to_string());
+            }
+            opts.insert("AWS_ENDPOINT_URL".to_string(), ep.clone());
+            // Emulators serve path-style requests.
+            opts.insert(
+                "AWS_VIRTUAL_HOSTED_STYLE_REQUEST".to_string(),
+                "false".to_string(),
+            );
+        }
+        if !self.region_set {
+            opts.insert("AWS_REGION".to_string(), DEFAULT_REGION.to_string());
+        }
+        opts
+    }
+}
+
+/// The Delta log cache's size, set by [`Tuning::apply`] (process-wide, as the cache is).
+static LOG_CACHE_BYTES: AtomicU64 = AtomicU64::new(DEFAULT_LOG_CACHE_MB * 1024 * 1024);
+
+/// Bytes of Delta log files this process keeps ([`Tuning::log_cache_bytes`] as applied).
+pub(crate) fn log_cache_bytes() -> u64 {
+    LOG_CACHE_BYTES.load(Ordering::Relaxed)
 }
 
 impl Tuning {
     /// The tuning from this process's environment; `Err` names the variable that is wrong.
     pub fn from_env() -> Result<Self> {
         Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`Tuning::from_env`] for conveniences that cannot fail ([`crate::Engine::new`],
+    /// [`crate::storage::Storage::new`]): a variable the library does not take is logged as an
+    /// error and its default used. Start-up paths use [`Tuning::from_env`], which refuses it.
+    pub fn from_env_or_default() -> Self {
+        Self::from_env().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "using the default tuning");
+            Tuning {
+                store: Self::store_from(|k| std::env::var(k).ok()),
+                ..Tuning::default()
+            }
+        })
     }
 
     /// The tuning from `var` (a variable's value, `None` when unset).
@@ -58,12 +136,24 @@ impl Tuning {
             log_cache_bytes: log_cache_mb.saturating_mul(1024 * 1024),
             spill_bytes: spill_mb.map(|mb| (mb * 1024.0 * 1024.0) as u64),
             log_values,
+            store: Self::store_from(&var),
         })
     }
 
-    /// Apply the process-wide parts: whether messages quote row values ([`crate::redact`]).
+    /// The S3 endpoint and region variables.
+    fn store_from(var: impl Fn(&str) -> Option<String>) -> StoreSettings {
+        let set = |k: &str| var(k).filter(|v| !v.is_empty());
+        StoreSettings {
+            endpoint: set("AWS_ENDPOINT_URL_S3").or_else(|| set("AWS_ENDPOINT_URL")),
+            region_set: var("AWS_REGION").is_some() || var("AWS_DEFAULT_REGION").is_some(),
+        }
+    }
+
+    /// Apply the process-wide parts: whether messages quote row values ([`crate::redact`]),
+    /// and the size of the Delta log cache (one per bucket and process).
     pub fn apply(&self) {
         crate::redact::withhold_values(!self.log_values);
+        LOG_CACHE_BYTES.store(self.log_cache_bytes, Ordering::Relaxed);
     }
 }
 
@@ -129,11 +219,9 @@ mod tests {
 
     #[test]
     fn unset_or_empty_variables_mean_the_defaults() {
-        let want = Tuning {
-            log_cache_bytes: 64 * 1024 * 1024,
-            spill_bytes: None,
-            log_values: true,
-        };
+        let want = Tuning::default();
+        assert_eq!(want.log_cache_bytes, 64 * 1024 * 1024);
+        assert_eq!((want.spill_bytes, want.log_values), (None, true));
         assert_eq!(tuning(&[]).unwrap(), want);
         let empty = [("TRIBUTARY_LOG_CACHE_MB", " "), ("TRIBUTARY_SPILL_MB", "")];
         assert_eq!(tuning(&empty).unwrap(), want);
@@ -186,6 +274,31 @@ mod tests {
                 "{name}={value}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn an_emulator_endpoint_means_plain_http_path_style_and_a_default_region() {
+        let t = tuning(&[("AWS_ENDPOINT_URL", "http://127.0.0.1:4566")]).unwrap();
+        let o = t.store.options();
+        assert_eq!(o["AWS_ENDPOINT_URL"], "http://127.0.0.1:4566");
+        assert_eq!(o["AWS_ALLOW_HTTP"], "true");
+        assert_eq!(o["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"], "false");
+        assert_eq!(o["AWS_REGION"], "us-east-1");
+        let t = tuning(&[
+            ("AWS_ENDPOINT_URL", "http://a"),
+            ("AWS_ENDPOINT_URL_S3", "https://s3.example"),
+            ("AWS_REGION", "eu-west-1"),
+        ])
+        .unwrap();
+        let o = t.store.options();
+        assert_eq!(o["AWS_ENDPOINT_URL"], "https://s3.example", "S3's own wins");
+        assert!(!o.contains_key("AWS_ALLOW_HTTP") && !o.contains_key("AWS_REGION"));
+        assert!(tuning(&[])
+            .unwrap()
+            .store
+            .options()
+            .keys()
+            .eq(["AWS_REGION"]));
     }
 
     #[test]

@@ -542,7 +542,7 @@ pub(crate) async fn advance(
     table: DeltaTable,
     now: DateTime<Utc>,
 ) -> Result<(DeltaTable, Progress)> {
-    let (out, _) = Retry::new(&cfg.name, cfg.max_commit_attempts)
+    let (out, _) = Retry::new(&cfg.name, cfg.limits.max_commit_attempts)
         .run("watermark", |n| {
             let mut table = table.clone();
             async move {

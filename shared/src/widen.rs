@@ -182,7 +182,7 @@ async fn widen_table(
             let mut bytes = 0u64;
             for f in files {
                 let size = f.size().max(0) as u64;
-                if !slice.is_empty() && bytes + size > cfg.slice_bytes as u64 {
+                if !slice.is_empty() && bytes + size > cfg.limits.slice_bytes as u64 {
                     slices.push((partition.clone(), std::mem::take(&mut slice)));
                     bytes = 0;
                 }

@@ -1099,7 +1099,7 @@ fn default_tombstone_retention_outlasts_the_templates_queues() {
     ];
     assert_eq!(retention_of.len(), 4, "{retention_of:?}");
     let config = tributary::Config::from_toml(T_TABLE, "t", None).unwrap();
-    let retention = config.tables[0].tombstone_retention.as_secs();
+    let retention = config.tables[0].limits.tombstone_retention.as_secs();
     for path in paths {
         assert!(
             retention > wait(path),

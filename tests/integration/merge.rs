@@ -1319,8 +1319,9 @@ async fn parquet_compression_applies_to_every_file_written() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("use \"snappy\" (default), \"zstd\" or \"gzip\""),
-        "{e}"
+        e.contains("parquet_compression = \"lz4\"")
+            && e.contains("expected one of `snappy`, `zstd`, `gzip`"),
+        "the setting, its line and the values it takes: {e}"
     );
 }
 

@@ -47,16 +47,30 @@ pub struct GroupConfig {
     pub batch_interval: Duration,
 }
 
-/// The codec of the data files tributary writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The codec of the data files tributary writes (`parquet_compression`, default snappy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ParquetCompression {
     /// Fast, read everywhere (Redshift Spectrum documents snappy, gzip and bzip2).
+    #[default]
     Snappy,
     /// Level 1: on the benchmark table 2.5× smaller than snappy and no slower; read by Athena,
     /// Spark, Trino, DuckDB and delta-rs, not documented for Redshift Spectrum.
     Zstd,
     /// Smaller than snappy, read everywhere, much slower to write.
     Gzip,
+}
+
+/// How the order-key columns are encoded in the data files (`order_key_encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderKeyEncoding {
+    /// PLAIN, the default.
+    #[default]
+    Plain,
+    /// Parquet's DELTA_BYTE_ARRAY (prefix compression: consecutive keys share most of their
+    /// text).
+    Delta,
 }
 
 /// Input file format.
@@ -173,10 +187,25 @@ pub struct TableConfig {
     /// a `U` whose before-image key differs from its key moves the row to the new key.
     /// Columns with the prefix are not written to the table.
     pub before_image_prefix: Option<String>,
-    /// Column of the curated table that records the applied change's order key.
-    pub sequence_column: String,
     pub format: Format,
+    /// How much a merge may take on: retries, slices, how long deletes are remembered.
+    pub limits: Limits,
+    /// How the table's files and commits are written.
+    pub writing: Writing,
+    pub maintenance: MaintenanceConfig,
+    /// The history (SCD type 2) output, when configured.
+    pub history: Option<HistoryConfig>,
+    /// The Glue Data Catalog entries kept in step with the table, when configured.
+    pub catalog: Option<CatalogConfig>,
+}
+
+/// How much a merge may take on (`[table]` / `[defaults]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// How long a delete's tombstone stops late changes of its key
+    /// (`tombstone_retention_days`).
     pub tombstone_retention: Duration,
+    /// Commit attempts of a merge before it fails retryably (`max_commit_attempts`).
     pub max_commit_attempts: u32,
     /// Files of more rows are merged alone, in slices of about this many rows (one commit
     /// each, after the whole file was checked): memory depends on this, not on the file.
@@ -184,6 +213,13 @@ pub struct TableConfig {
     /// … or of about this many bytes of decoded (Arrow) data, whichever comes first: wide
     /// tables get shorter slices.
     pub slice_bytes: usize,
+}
+
+/// How a table's files and commits are written (`[table]` / `[defaults]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Writing {
+    /// Column of the curated table that records the applied change's order key.
+    pub sequence_column: String,
     /// Keep `_symlink_format_manifest` up to date after every merge (Athena / Spectrum).
     pub manifests: bool,
     /// Turn on Delta's change data feed (`delta.enableChangeDataFeed`): each merge's
@@ -192,14 +228,8 @@ pub struct TableConfig {
     /// The codec of the Parquet data files tributary writes (merges, appends, compaction, the
     /// history table; the small tombstone and change-log appends get it when compacted).
     pub compression: ParquetCompression,
-    /// Write the order-key columns with Parquet's DELTA_BYTE_ARRAY encoding (prefix
-    /// compression: consecutive keys share most of their text) instead of PLAIN.
-    pub delta_order_keys: bool,
-    pub maintenance: MaintenanceConfig,
-    /// The history (SCD type 2) output, when configured.
-    pub history: Option<HistoryConfig>,
-    /// The Glue Data Catalog entries kept in step with the table, when configured.
-    pub catalog: Option<CatalogConfig>,
+    /// How the order-key columns are encoded.
+    pub order_key_encoding: OrderKeyEncoding,
 }
 
 /// Glue Data Catalog entries kept in step with a table (and its history table).
@@ -593,7 +623,7 @@ primary_key = ["id"]
         );
         assert_eq!(t.op_column, "Op");
         assert_eq!(t.format, Format::Parquet);
-        assert_eq!(t.tombstone_retention, Duration::from_secs(7 * 86400));
+        assert_eq!(t.limits.tombstone_retention, Duration::from_secs(7 * 86400));
         assert!(!t.keeps_column("Op"));
         assert!(!t.keeps_column("update_ts_dms"));
         assert!(t.keeps_column("destination"));

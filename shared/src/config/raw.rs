@@ -11,8 +11,8 @@ use url::Url;
 
 use super::{
     CatalogConfig, ColumnSpec, CsvOptions, Format, GroupConfig, HistoryConfig, HistoryDeletes,
-    MaintenanceConfig, ParquetCompression, TableConfig, Track, CHANGES_DIR,
-    DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
+    Limits, MaintenanceConfig, OrderKeyEncoding, ParquetCompression, TableConfig, Track, Writing,
+    CHANGES_DIR, DEFAULT_SEQUENCE_COLUMN, TOMBSTONE_DIR,
 };
 use crate::model::RESERVED_PREFIX;
 
@@ -68,8 +68,8 @@ macro_rules! with_tuning_fields {
             sequence_column: Option<String>,
             manifests: Option<bool>,
             change_data_feed: Option<bool>,
-            parquet_compression: Option<String>,
-            order_key_encoding: Option<String>,
+            parquet_compression: Option<ParquetCompression>,
+            order_key_encoding: Option<OrderKeyEncoding>,
             merge_engine: Option<String>,
             target_file_size_mb: Option<f64>,
             vacuum_retention_hours: Option<f64>,
@@ -115,8 +115,8 @@ with_tuning_fields! {
         drop_columns: Vec<String>,
         #[serde(default)]
         rename_columns: std::collections::BTreeMap<String, String>,
-        #[serde(default = "default_format")]
-        format: String,
+        #[serde(default)]
+        format: RawFormat,
         csv: Option<RawCsv>,
         history: Option<RawHistory>,
         catalog: Option<RawCatalog>,
@@ -132,7 +132,7 @@ struct RawHistory {
     current_column: Option<String>,
     track_columns: Option<Vec<String>>,
     track_except: Option<Vec<String>>,
-    deletes: Option<String>,
+    deletes: Option<RawDeletes>,
     deleted_column: Option<String>,
     partition_by: Option<Vec<String>>,
 }
@@ -173,8 +173,26 @@ fn check_renames(t: &RawTable, op_column: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn default_format() -> String {
-    "parquet".into()
+/// `format`: the input files' format (the CSV options are in `[table.csv]`).
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RawFormat {
+    #[default]
+    #[serde(alias = "Parquet", alias = "PARQUET")]
+    Parquet,
+    #[serde(alias = "Csv", alias = "CSV")]
+    Csv,
+}
+
+/// `[table.history] deletes`: what a delete does to the history.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RawDeletes {
+    /// The key's current version is closed.
+    #[default]
+    Close,
+    /// A version flagged deleted is added (`deleted_column`).
+    Flag,
 }
 
 impl RawTable {
@@ -191,8 +209,8 @@ impl RawTable {
             sequence_column: self.sequence_column.clone(),
             manifests: self.manifests,
             change_data_feed: self.change_data_feed,
-            parquet_compression: self.parquet_compression.clone(),
-            order_key_encoding: self.order_key_encoding.clone(),
+            parquet_compression: self.parquet_compression,
+            order_key_encoding: self.order_key_encoding,
             merge_engine: self.merge_engine.clone(),
             target_file_size_mb: self.target_file_size_mb,
             vacuum_retention_hours: self.vacuum_retention_hours,
@@ -432,7 +450,9 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         None => None,
     };
     let manifests = pick(&tuning.manifests, &d.manifests).unwrap_or(true);
-    let (compression, delta_order_keys) = file_settings(&tuning, d)?;
+    let compression = pick(&tuning.parquet_compression, &d.parquet_compression).unwrap_or_default();
+    let order_key_encoding =
+        pick(&tuning.order_key_encoding, &d.order_key_encoding).unwrap_or_default();
     if pick(&tuning.merge_engine, &d.merge_engine).is_some() {
         return Err("`merge_engine` was removed: every merge takes tributary's own write path (delta-rs's MERGE is no longer in the build); delete the key".into());
     }
@@ -447,7 +467,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         manifests,
     )
     .map_err(|m| format!("[table.catalog]: {m}"))?;
-    let format = format(&t.format, t.csv)?;
+    let format = format(t.format, t.csv)?;
     check_csv_order_keys(&t.sequence_by, &format)?;
     let (tombstone_retention, max_commit_attempts, slice_rows, slice_bytes) = limits(&tuning, d)?;
     let maintenance = maintenance(&tuning, d)?;
@@ -464,16 +484,20 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         rename_columns: t.rename_columns,
         op_column,
         before_image_prefix,
-        sequence_column,
         format,
-        tombstone_retention,
-        max_commit_attempts,
-        slice_rows,
-        slice_bytes,
-        manifests,
-        change_data_feed,
-        compression,
-        delta_order_keys,
+        limits: Limits {
+            tombstone_retention,
+            max_commit_attempts,
+            slice_rows,
+            slice_bytes,
+        },
+        writing: Writing {
+            sequence_column,
+            manifests,
+            change_data_feed,
+            compression,
+            order_key_encoding,
+        },
         maintenance,
         history,
         catalog,
@@ -526,32 +550,6 @@ fn limits(tuning: &RawDefaults, d: &RawDefaults) -> Msg<(Duration, u32, usize, u
         slice_rows,
         (slice_mb * 1024.0 * 1024.0) as usize,
     ))
-}
-
-/// `parquet_compression` and `order_key_encoding` (delta: true).
-fn file_settings(t: &RawDefaults, d: &RawDefaults) -> Msg<(ParquetCompression, bool)> {
-    let compression = compression(pick(&t.parquet_compression, &d.parquet_compression))?;
-    let delta = match pick(&t.order_key_encoding, &d.order_key_encoding).as_deref() {
-        None | Some("plain") => false,
-        Some("delta") => true,
-        Some(other) => {
-            return Err(format!(
-                "`order_key_encoding` is \"{other}\"; use \"plain\" (default) or \"delta\""
-            ))
-        }
-    };
-    Ok((compression, delta))
-}
-
-fn compression(v: Option<String>) -> Msg<ParquetCompression> {
-    match v.as_deref().unwrap_or("snappy") {
-        "snappy" => Ok(ParquetCompression::Snappy),
-        "zstd" => Ok(ParquetCompression::Zstd),
-        "gzip" => Ok(ParquetCompression::Gzip),
-        other => Err(format!(
-            "`parquet_compression` is \"{other}\"; use \"snappy\" (default), \"zstd\" or \"gzip\""
-        )),
-    }
 }
 
 fn pick<T: Clone>(table: &Option<T>, default: &Option<T>) -> Option<T> {
@@ -672,14 +670,13 @@ fn history(
         }
         (None, None) => Track::All,
     };
-    let deletes = match (h.deletes.as_deref().unwrap_or("close"), &h.deleted_column) {
-        ("close", None) => HistoryDeletes::Close,
-        ("close", Some(_)) => return Err("`deleted_column` needs deletes = \"flag\"".into()),
-        ("flag", c) => HistoryDeletes::Flag(c.clone().unwrap_or_else(|| "__DELETED".into())),
-        (other, _) => {
-            return Err(format!(
-                "`deletes` is \"{other}\"; use \"close\" or \"flag\""
-            ))
+    let deletes = match (h.deletes.unwrap_or_default(), &h.deleted_column) {
+        (RawDeletes::Close, None) => HistoryDeletes::Close,
+        (RawDeletes::Close, Some(_)) => {
+            return Err("`deleted_column` needs deletes = \"flag\"".into())
+        }
+        (RawDeletes::Flag, c) => {
+            HistoryDeletes::Flag(c.clone().unwrap_or_else(|| "__DELETED".into()))
         }
     };
     let h = HistoryConfig {
@@ -764,12 +761,11 @@ fn catalog(
     Ok(Some(c))
 }
 
-fn format(name: &str, csv: Option<RawCsv>) -> Msg<Format> {
-    match name.to_ascii_lowercase().as_str() {
-        "parquet" if csv.is_some() => Err("a [table.csv] section is given but `format` is \"parquet\"; set format = \"csv\" or remove the section".into()),
-        "parquet" => Ok(Format::Parquet),
-        "csv" => Ok(Format::Csv(csv_options(csv)?)),
-        other => Err(format!("`format` is \"{other}\"; use \"parquet\" or \"csv\"")),
+fn format(format: RawFormat, csv: Option<RawCsv>) -> Msg<Format> {
+    match format {
+        RawFormat::Parquet if csv.is_some() => Err("a [table.csv] section is given but `format` is \"parquet\"; set format = \"csv\" or remove the section".into()),
+        RawFormat::Parquet => Ok(Format::Parquet),
+        RawFormat::Csv => Ok(Format::Csv(csv_options(csv)?)),
     }
 }
 

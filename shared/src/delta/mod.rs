@@ -99,7 +99,7 @@ fn root_store(
     builder: &DeltaTableBuilder,
 ) -> Result<Arc<LogCache>> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<LogCache>>>> = OnceLock::new();
-    let total = crate::tuning::Tuning::from_env()?.log_cache_bytes;
+    let total = crate::tuning::log_cache_bytes();
     let mut opts: Vec<_> = options.iter().collect();
     opts.sort();
     let key = format!(
@@ -479,7 +479,7 @@ pub(crate) fn writer_config_for(
 /// are DELTA_BYTE_ARRAY.
 pub fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
     use crate::config::ParquetCompression as C;
-    let compression = match table_cfg.compression {
+    let compression = match table_cfg.writing.compression {
         C::Snappy => Compression::SNAPPY,
         C::Zstd => Compression::ZSTD(Default::default()), // level 1, as measured
         C::Gzip => Compression::GZIP(Default::default()),
@@ -487,13 +487,16 @@ pub fn writer_properties(table_cfg: &TableConfig) -> WriterProperties {
     let mut b = WriterProperties::builder()
         .set_created_by(format!("tributary {}", env!("CARGO_PKG_VERSION")))
         .set_compression(compression)
-        .set_column_dictionary_enabled(ColumnPath::from(table_cfg.sequence_column.as_str()), false);
+        .set_column_dictionary_enabled(
+            ColumnPath::from(table_cfg.writing.sequence_column.as_str()),
+            false,
+        );
     if let [key] = table_cfg.primary_key.as_slice() {
         b = b.set_column_dictionary_enabled(ColumnPath::from(key.as_str()), false);
     }
-    if table_cfg.delta_order_keys {
+    if table_cfg.writing.order_key_encoding == crate::config::OrderKeyEncoding::Delta {
         let history = [crate::model::LAST_SEQ_COLUMN, crate::model::END_SEQ_COLUMN];
-        for c in std::iter::once(table_cfg.sequence_column.as_str()).chain(history) {
+        for c in std::iter::once(table_cfg.writing.sequence_column.as_str()).chain(history) {
             b = b
                 .set_column_dictionary_enabled(ColumnPath::from(c), false)
                 .set_column_encoding(

@@ -22,6 +22,7 @@ use crate::sink::delta::DeltaSink;
 use crate::sink::{Sink, View, Whole};
 use crate::source::{self, ChangeSet, FileClass};
 use crate::storage::{self, Storage};
+use crate::tuning::Tuning;
 
 pub use crate::report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath};
 pub(crate) use crate::sink::delta::TableView;
@@ -49,15 +50,55 @@ pub(crate) struct ReadFiles {
     pub(crate) failed: Vec<(Url, Error)>,
 }
 
-impl Engine {
-    pub fn new(config: Config) -> Self {
-        let storage = Arc::new(Storage::new());
-        Self {
-            config: Arc::new(config),
-            sink: DeltaSink::new(storage.clone()),
+/// How an [`Engine`] is built: its configuration, the tuning carried down to its storage and
+/// tables, its catalog client ([`Engine::builder`]).
+#[derive(Debug)]
+pub struct EngineBuilder {
+    config: Config,
+    tuning: Option<Tuning>,
+    catalog: Option<Catalog>,
+}
+
+impl EngineBuilder {
+    /// The tuning its storage and tables use (default: the environment's,
+    /// [`Tuning::from_env_or_default`]).
+    pub fn tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = Some(tuning);
+        self
+    }
+
+    /// The Glue client entries are kept with (default: configured from the environment on
+    /// first use, [`Catalog::from_env`]).
+    pub fn catalog(mut self, catalog: Catalog) -> Self {
+        self.catalog = Some(catalog);
+        self
+    }
+
+    pub fn build(self) -> Engine {
+        let tuning = self.tuning.unwrap_or_else(Tuning::from_env_or_default);
+        let storage = Arc::new(Storage::with_tuning(&tuning));
+        Engine {
+            config: Arc::new(self.config),
+            sink: DeltaSink::new(storage.clone(), self.catalog.unwrap_or_default()),
             storage,
             local_s3_root: None,
             unowned: None,
+        }
+    }
+}
+
+impl Engine {
+    /// The engine of `config` with the environment's tuning ([`Engine::builder`] to give it).
+    pub fn new(config: Config) -> Self {
+        Self::builder(config).build()
+    }
+
+    /// A builder of the engine of `config`.
+    pub fn builder(config: Config) -> EngineBuilder {
+        EngineBuilder {
+            config,
+            tuning: None,
+            catalog: None,
         }
     }
 
@@ -133,11 +174,12 @@ impl Engine {
     /// Load the configuration from a local path or `s3://` URI and build the engine, after
     /// checking the environment's tuning ([`crate::tuning::Tuning`]).
     pub async fn from_config_location(location: &str) -> Result<Self> {
-        crate::tuning::Tuning::from_env()?.apply();
+        let tuning = Tuning::from_env()?;
+        tuning.apply();
         let config = if location.starts_with("s3://") || location.starts_with("file://") {
             let url = Url::parse(location)
                 .map_err(|e| Error::config(location, format!("not a valid URI: {e}")))?;
-            let storage = Storage::new();
+            let storage = Storage::with_tuning(&tuning);
             let bytes = storage.get(&url).await.map_err(|e| {
                 Error::config(location, format!("cannot read the configuration: {e}"))
             })?;
@@ -147,7 +189,7 @@ impl Engine {
         } else {
             Config::from_path(std::path::Path::new(location))?
         };
-        Ok(Self::new(config))
+        Ok(Self::builder(config).tuning(tuning).build())
     }
 
     pub fn config(&self) -> &Config {
@@ -317,7 +359,7 @@ impl Engine {
             let (n, b) = set.as_ref().map_or((0, 0), |cs| {
                 (cs.data.num_rows(), cs.data.get_array_memory_size())
             });
-            let full = rows + n > table.slice_rows || bytes + b > table.slice_bytes;
+            let full = rows + n > table.limits.slice_rows || bytes + b > table.limits.slice_bytes;
             if !group.is_empty() && (end || large.is_some() || (set.is_some() && full)) {
                 let sets = std::mem::take(&mut group);
                 (rows, bytes) = (0, 0);
@@ -434,7 +476,7 @@ impl Engine {
                 tracing::info!(table = %table.name, file = %storage::display(file), why, "not appendable as a whole")
             }
         }
-        tracing::info!(table = %table.name, file = %storage::display(file), slice_rows = table.slice_rows, "more rows than a slice: checking the whole file, then merging it slice by slice");
+        tracing::info!(table = %table.name, file = %storage::display(file), slice_rows = table.limits.slice_rows, "more rows than a slice: checking the whole file, then merging it slice by slice");
         let mut view = sink.view(table).await?;
         let counts = match self.check_large(sink, table, &view, file, raw).await? {
             Checked::Counts(c) => c,
@@ -529,7 +571,7 @@ impl Engine {
         sliced: bool,
     ) -> Result<(source::Read, source::RawFile)> {
         let (rows, bytes) = match sliced {
-            true => (table.slice_rows, table.slice_bytes),
+            true => (table.limits.slice_rows, table.limits.slice_bytes),
             false => (usize::MAX, usize::MAX),
         };
         let raw = self

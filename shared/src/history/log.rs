@@ -145,7 +145,7 @@ pub(super) async fn append(
         )
         .await
     };
-    Ok(Retry::new(&label, cfg.max_commit_attempts)
+    Ok(Retry::new(&label, cfg.limits.max_commit_attempts)
         .run("record history changes", append)
         .await?
         .0)

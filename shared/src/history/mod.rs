@@ -127,7 +127,7 @@ pub(crate) async fn apply(
         log_table: delta::open(&h.changes, options).await?,
         unlogged,
     };
-    let ((mut r, w), n) = Retry::new(&label, cfg.max_commit_attempts)
+    let ((mut r, w), n) = Retry::new(&label, cfg.limits.max_commit_attempts)
         .drive("history merge", &mut attempts)
         .await?;
     r.commit_attempts = n;
@@ -190,7 +190,7 @@ fn own_columns(cfg: &TableConfig, h: &HistoryConfig, kind: Option<SeqKind>) -> V
         f.push(Field::new(c, DataType::Boolean, true));
     }
     for n in [
-        cfg.sequence_column.as_str(),
+        cfg.writing.sequence_column.as_str(),
         LAST_SEQ_COLUMN,
         END_SEQ_COLUMN,
     ] {
@@ -724,7 +724,7 @@ impl<'a> Work<'a> {
                 }
             };
             let (seq, last, end_seq) = (
-                text(&self.cfg.sequence_column)?,
+                text(&self.cfg.writing.sequence_column)?,
                 text(LAST_SEQ_COLUMN)?,
                 text(END_SEQ_COLUMN)?,
             );
@@ -1122,7 +1122,7 @@ async fn merge_versions(
 ) -> Result<DeltaTable> {
     let mut vcfg = cfg.clone();
     vcfg.name = cfg.label(crate::config::Managed::History);
-    vcfg.primary_key.push(cfg.sequence_column.clone());
+    vcfg.primary_key.push(cfg.writing.sequence_column.clone());
     let ops = crate::plan::MergePlan {
         batch: source.clone(),
         upserts: 0,

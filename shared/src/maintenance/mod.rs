@@ -131,7 +131,7 @@ pub async fn maintain(
                 url: target,
                 label: &table_cfg.name,
                 cfg: table_cfg,
-                manifests: table_cfg.manifests,
+                manifests: table_cfg.writing.manifests,
             };
             let Some(mut report) = main.run(storage, options).await? else {
                 return Ok(not_created(table_cfg, "the Delta table"));
@@ -186,7 +186,7 @@ async fn history_upkeep(
         url: &h.target,
         label: &label,
         cfg: table_cfg,
-        manifests: table_cfg.manifests,
+        manifests: table_cfg.writing.manifests,
     };
     let report = history.run(storage, options).await?;
     let log_label = table_cfg.label(crate::config::Managed::ChangeLog);
@@ -299,7 +299,7 @@ async fn ensure_table_properties(
             }
         }
     };
-    *table = Retry::new(label, cfg.max_commit_attempts)
+    *table = Retry::new(label, cfg.limits.max_commit_attempts)
         .run("table properties", set)
         .await?
         .0;
@@ -433,7 +433,7 @@ async fn compact_table(
             Ok((removed, compacted, table))
         }
     };
-    let attempts = COMPACTION_ATTEMPTS.min(table_cfg.max_commit_attempts);
+    let attempts = COMPACTION_ATTEMPTS.min(table_cfg.limits.max_commit_attempts);
     let ((removed, compacted, t), _) = Retry::new(label, attempts)
         .run("compaction", compaction)
         .await?;
@@ -573,7 +573,7 @@ async fn expire_tombstones(
         return Ok(0);
     };
     let label = table_cfg.label(crate::config::Managed::Tombstones);
-    let cutoff = expiry_cutoff(Utc::now(), table_cfg.tombstone_retention);
+    let cutoff = expiry_cutoff(Utc::now(), table_cfg.limits.tombstone_retention);
     let mut t = delta::open(tombstones, options).await?;
     if !delta::exists(&t) {
         return Ok(0);
@@ -624,7 +624,7 @@ async fn move_horizon(
         }
         Ok(())
     };
-    Retry::new(&table_cfg.name, table_cfg.max_commit_attempts)
+    Retry::new(&table_cfg.name, table_cfg.limits.max_commit_attempts)
         .run("tombstone horizon", set)
         .await?;
     Ok(())
@@ -1077,7 +1077,7 @@ mod tests {
             prop(&t, retention),
             Some(format!(
                 "interval {} seconds",
-                cfg.tombstone_retention.as_secs() + 7 * 86_400
+                cfg.limits.tombstone_retention.as_secs() + 7 * 86_400
             )),
             "the tombstone retention and a week"
         );

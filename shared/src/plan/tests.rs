@@ -85,7 +85,7 @@ fn the_latest_change_per_key_wins_across_files() {
     assert_eq!(p.ops().unwrap(), vec![PlanOp::Upsert, PlanOp::Delete]);
     assert_eq!((p.upserts, p.deletes), (1, 1));
     assert_eq!(
-        column_text(&p, &cfg().sequence_column),
+        column_text(&p, &cfg().writing.sequence_column),
         vec![Some("1 c".into()), Some("1 b".into())]
     );
 }

@@ -119,7 +119,7 @@ impl Sink for MemorySink {
         let keys = KeyEncoder::new(&plan.batch.schema(), &cfg.primary_key)?.encode(&plan.batch)?;
         let ops = plan.ops()?;
         let seq = plan
-            .column(&cfg.sequence_column)?
+            .column(&cfg.writing.sequence_column)?
             .as_string::<i32>()
             .clone();
         let mut tables = self.lock()?;

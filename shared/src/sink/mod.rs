@@ -206,7 +206,7 @@ pub(crate) fn slices_of<T>(
         table,
         view.schema.as_deref(),
         &view.props,
-        table.slice_rows,
-        table.slice_bytes,
+        table.limits.slice_rows,
+        table.limits.slice_bytes,
     )
 }

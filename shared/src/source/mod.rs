@@ -668,7 +668,7 @@ fn check_column_names(file: &str, schema: &SchemaRef, cfg: &TableConfig) -> Resu
         }
         // Ignoring case too: the Delta table could not hold both.
         let lower = n.to_lowercase();
-        if lower == cfg.sequence_column.to_lowercase() {
+        if lower == cfg.writing.sequence_column.to_lowercase() {
             return Err(Error::bad_input(
                 file,
                 Location::Column(n.clone()),

@@ -143,7 +143,7 @@ impl DeltaSink {
             report: &mut report,
             first_read: None,
         };
-        let (mut merged, attempts) = Retry::new(&table.name, table.max_commit_attempts)
+        let (mut merged, attempts) = Retry::new(&table.name, table.limits.max_commit_attempts)
             .drive("merge", &mut merging)
             .await?;
         #[cfg(test)]
@@ -404,7 +404,7 @@ impl DeltaSink {
             deletes,
             files,
         };
-        let ((t, m), _) = Retry::new(&table.name, table.max_commit_attempts)
+        let ((t, m), _) = Retry::new(&table.name, table.limits.max_commit_attempts)
             .drive("re-apply deletes", &mut fixing)
             .await?;
         report.deleted += m.deleted;
@@ -430,7 +430,7 @@ impl DeltaSink {
         };
         let mut props = TableProps::for_new_table(&kinds);
         props.extend(crate::applied::new_table_properties(table));
-        if table.change_data_feed {
+        if table.writing.change_data_feed {
             props.extend(TableProps::for_change_data_feed());
         }
         delta::open_or_create(
@@ -580,12 +580,15 @@ pub(crate) async fn adopt(table: &TableConfig, target: DeltaTable) -> Result<Del
     let Some(schema) = delta::arrow_schema(&target) else {
         return Ok(target);
     };
-    if schema.field_with_name(&table.sequence_column).is_ok() {
+    if schema
+        .field_with_name(&table.writing.sequence_column)
+        .is_ok()
+    {
         return Ok(target);
     }
-    tracing::info!(table = %table.name, column = %table.sequence_column, "adopting a table tributary did not create: adding its order-key column");
+    tracing::info!(table = %table.name, column = %table.writing.sequence_column, "adopting a table tributary did not create: adding its order-key column");
     let column = deltalake::kernel::StructField::new(
-        table.sequence_column.clone(),
+        table.writing.sequence_column.clone(),
         deltalake::kernel::DataType::STRING,
         true,
     );
@@ -604,7 +607,7 @@ pub(super) async fn enable_change_data_feed(
     table: &TableConfig,
     target: DeltaTable,
 ) -> Result<DeltaTable> {
-    if !table.change_data_feed || delta::props(&target).change_data_feed {
+    if !table.writing.change_data_feed || delta::props(&target).change_data_feed {
         return Ok(target);
     }
     tracing::info!(table = %table.name, "turning on the change data feed (delta.enableChangeDataFeed)");

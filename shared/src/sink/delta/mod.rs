@@ -53,11 +53,11 @@ pub(crate) struct DeltaSink {
 }
 
 impl DeltaSink {
-    pub(crate) fn new(storage: Arc<Storage>) -> Self {
+    pub(crate) fn new(storage: Arc<Storage>, catalog: Catalog) -> Self {
         DeltaSink {
+            options: Arc::new(storage.options().clone()),
             storage,
-            options: Arc::new(crate::storage::delta_storage_options()),
-            catalog: Arc::new(Catalog::from_env()),
+            catalog: Arc::new(catalog),
             #[cfg(test)]
             hooks: Default::default(),
         }

@@ -96,7 +96,7 @@ impl DeltaSink {
         if view
             .schema
             .as_ref()
-            .is_some_and(|s| s.field_with_name(&table.sequence_column).is_err())
+            .is_some_and(|s| s.field_with_name(&table.writing.sequence_column).is_err())
         {
             return Ok(Whole::Fallback(
                 "a table tributary did not create: adopted by the first slice's merge",
@@ -331,7 +331,7 @@ impl DeltaSink {
             txns,
             carried: None,
         };
-        let retry = crate::retry::Retry::new(&table.name, table.max_commit_attempts);
+        let retry = crate::retry::Retry::new(&table.name, table.limits.max_commit_attempts);
         match retry.drive("whole-file append", &mut appending).await {
             Ok((Some(t), attempts)) => Ok(Some((t, attempts, appending.carried))),
             Ok((None, _)) | Err(crate::error::Error::Contention { .. }) => Ok(None),
@@ -366,7 +366,7 @@ impl DeltaSink {
                 files: &files,
                 report: &mut *report,
             };
-            target = crate::retry::Retry::new(&table.name, table.max_commit_attempts)
+            target = crate::retry::Retry::new(&table.name, table.limits.max_commit_attempts)
                 .drive("tombstone re-check", &mut recheck)
                 .await?
                 .0;
