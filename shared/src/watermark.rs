@@ -268,73 +268,29 @@ struct Found {
     problem: Option<String>,
 }
 
+/// The listing from the stored watermark: the source's data files after it, and what the
+/// listing took.
+struct Listing {
+    found: Vec<Found>,
+    /// Keys listed, and the S3 LIST requests that took.
+    listed: usize,
+    requests: usize,
+}
+
 /// What listing from the stored watermark finds: the source's data files after it.
 async fn list_after(
     storage: &Storage,
     cfg: &TableConfig,
     from: Option<Stored>,
     now: DateTime<Utc>,
-    p: &mut Progress,
-) -> Result<Vec<Found>> {
-    let source = &cfg.source;
-    let mut pages: Vec<Vec<Listed>> = Vec::new();
-    match from {
-        None
-        | Some(Stored {
-            layout: Layout::Unknown,
-            ..
-        }) => pages.push(storage.list_meta(source).await?),
-        Some(Stored {
-            at,
-            layout: Layout::Flat,
-        }) => {
-            // Names sort by time: start a second before the watermark's file.
-            let start = storage::join(
-                source,
-                &(at - Duration::seconds(1))
-                    .format("%Y%m%d-%H%M%S")
-                    .to_string(),
-            );
-            pages.push(storage.list_meta_after(source, Some(&start)).await?);
-        }
-        Some(Stored {
-            at,
-            layout: Layout::Dated(s, d),
-        }) => {
-            // An hour's slack: DMS puts a file in its changes' commit date folder, which
-            // may be the one before the file's name time.
-            let from = at - Duration::hours(1);
-            match s {
-                Sequence::Yyyymmdd | Sequence::Yyyymmddhh | Sequence::Yyyymm => {
-                    // The folders sort by time: list from the watermark's folder on (the
-                    // listing also reaches full-load files, which sort after digits).
-                    let start = storage::join(source, &folder(s, d, from));
-                    pages.push(storage.list_meta_after(source, Some(&start)).await?);
-                }
-                Sequence::Mmyyyydd | Sequence::Ddmmyyyy => {
-                    // They do not: one listing per day folder since, and the table folder
-                    // itself for full-load files.
-                    pages.push(storage.list_shallow(source).await?);
-                    let mut day = from.date_naive();
-                    let last = (now + Duration::days(1)).date_naive();
-                    while day <= last {
-                        let t = day.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc();
-                        let prefix = storage::join(source, &format!("{}/", folder(s, d, t)));
-                        pages.push(storage.list_meta(&prefix).await?);
-                        match day.succ_opt() {
-                            Some(next) => day = next,
-                            None => break,
-                        }
-                    }
-                }
-            }
-        }
-    }
-    p.list_requests = pages.iter().map(|l| l.len().div_ceil(PAGE).max(1)).sum();
-    let base = storage::display(source);
+) -> Result<Listing> {
+    let pages = list_pages(storage, &cfg.source, from, now).await?;
+    let requests = pages.iter().map(|l| l.len().div_ceil(PAGE).max(1)).sum();
+    let base = storage::display(&cfg.source);
+    let mut listed = 0;
     let mut out = Vec::new();
     for l in pages.into_iter().flatten() {
-        p.listed += 1;
+        listed += 1;
         let problem = match classify(&l.url, &cfg.format) {
             Ok(FileClass::NotData(_)) => continue,
             Ok(FileClass::Data) => None,
@@ -359,7 +315,68 @@ async fn list_after(
     }
     out.sort_by(|a, b| (a.written, &a.rel).cmp(&(b.written, &b.rel)));
     out.dedup_by(|a, b| a.rel == b.rel);
-    Ok(out)
+    Ok(Listing {
+        found: out,
+        listed,
+        requests,
+    })
+}
+
+/// The listings (pages of objects) that reach every file after the stored watermark.
+async fn list_pages(
+    storage: &Storage,
+    source: &Url,
+    from: Option<Stored>,
+    now: DateTime<Utc>,
+) -> Result<Vec<Vec<Listed>>> {
+    let (at, s, d) = match from {
+        None
+        | Some(Stored {
+            layout: Layout::Unknown,
+            ..
+        }) => return Ok(vec![storage.list_meta(source).await?]),
+        Some(Stored {
+            at,
+            layout: Layout::Flat,
+        }) => {
+            // Names sort by time: start a second before the watermark's file.
+            let start = storage::join(
+                source,
+                &(at - Duration::seconds(1))
+                    .format("%Y%m%d-%H%M%S")
+                    .to_string(),
+            );
+            return Ok(vec![storage.list_meta_after(source, Some(&start)).await?]);
+        }
+        Some(Stored {
+            at,
+            layout: Layout::Dated(s, d),
+        }) => (at, s, d),
+    };
+    // An hour's slack: DMS puts a file in its changes' commit date folder, which may be the
+    // one before the file's name time.
+    let from = at - Duration::hours(1);
+    if let Sequence::Yyyymmdd | Sequence::Yyyymmddhh | Sequence::Yyyymm = s {
+        // The folders sort by time: list from the watermark's folder on (the listing also
+        // reaches full-load files, which sort after digits).
+        let start = storage::join(source, &folder(s, d, from));
+        return Ok(vec![storage.list_meta_after(source, Some(&start)).await?]);
+    }
+    // They do not: one listing per day folder since, and the table folder itself for
+    // full-load files.
+    let mut pages = vec![storage.list_shallow(source).await?];
+    let mut day = from.date_naive();
+    let last = (now + Duration::days(1)).date_naive();
+    while day <= last {
+        let t = day.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc();
+        let prefix = storage::join(source, &format!("{}/", folder(s, d, t)));
+        pages.push(storage.list_meta(&prefix).await?);
+        match day.succ_opt() {
+            Some(next) => day = next,
+            None => break,
+        }
+    }
+    Ok(pages)
 }
 
 /// The table's watermark at `now` as its records and the source's files show it: the
@@ -400,11 +417,9 @@ pub(crate) async fn carried(
 }
 
 /// [`progress`] as it will be once a commit recording `also` (the records of the files it
-/// applies) lands: the watermark a merge commits with its own changes (#43 item 8).
-#[allow(
-    clippy::too_many_lines,
-    reason = "a long operation #45 item 3 splits into plan, execute and metrics"
-)]
+/// applies) lands: the watermark a merge commits with its own changes (#43 item 8). Planned
+/// ([`Walk::plan`]: the stored watermark, the files after it), walked ([`Walk::full_loads`],
+/// [`Walk::cdc`]), and its progress put together from what the walk found.
 pub(crate) async fn progress_with(
     storage: &Storage,
     cfg: &TableConfig,
@@ -412,111 +427,29 @@ pub(crate) async fn progress_with(
     now: DateTime<Utc>,
     also: &[Transaction],
 ) -> Result<(Progress, Option<Stored>)> {
-    let recorded = |id: String| async move {
-        match also.iter().find(|t| t.app_id == id) {
-            Some(t) => Ok(Some(t.version)),
-            None if delta::exists(table) => delta::txn_version(table, &id).await,
-            None => Ok(None),
-        }
+    let walk = Walk::plan(storage, cfg, table, now, also).await?;
+    let mut p = Progress {
+        watermark: walk.stored.map(|s| s.at),
+        listed: walk.listing.listed,
+        list_requests: walk.listing.requests,
+        ..Progress::default()
     };
-    let mut p = Progress::default();
-    let stored = stored(table).await?;
-    p.watermark = stored.map(|s| s.at);
-    let found = list_after(storage, cfg, stored, now, &mut p).await?;
-    let props = delta::props(table);
-    // A file without a record, written before the records' horizon of a table that has
-    // recorded its files since before it, may be one whose record expired: it counts as
-    // applied (a merge would refuse it as too late). Any other file without a record is
-    // not applied.
-    let retention = Duration::from_std(crate::applied::record_retention(cfg)).unwrap_or_default();
-    let horizon = now - retention;
-    let unrecorded_before = match props.file_records_since {
-        Some(since) if since < horizon => horizon,
-        _ => DateTime::<Utc>::MIN_UTC,
-    };
-    let exists = delta::exists(table);
-    // Full loads first: one not applied holds everything.
-    for f in found.iter().filter(|f| f.kind == FileKind::FullLoad) {
-        if stored.is_some_and(|s| f.last_modified <= s.at) {
-            continue;
-        }
-        let applied = if f.problem.is_some() {
-            false
-        } else {
-            p.lookups += 1;
-            recorded(crate::applied::load_app_id(cfg, &f.url)).await?
-                == Some(f.last_modified.timestamp_millis())
-        };
-        if !applied {
-            p.held_by = Some(Held {
-                file: storage::display(&f.url),
-                written: f.written,
-                reason: f.problem.clone().unwrap_or_else(|| {
-                    if stored.is_some() {
-                        "a full-load file not applied: a table reload (`tributary reload`)".into()
-                    } else {
-                        "a full-load file not applied yet".into()
-                    }
-                }),
-            });
-            p.caught_up = false;
-            return Ok((p, stored));
-        }
+    let (held, lookups) = walk.full_loads().await?;
+    p.lookups = lookups;
+    if let Some(held) = held {
+        p.held_by = Some(held);
+        p.caught_up = false;
+        return Ok((p, walk.stored));
     }
-    let mut watermark = stored.map(|s| s.at);
-    let mut layout = stored.map(|s| s.layout);
-    let mut prefix: Vec<&Found> = Vec::new();
-    for f in found.iter().filter(|f| f.kind == FileKind::Cdc) {
-        if watermark.is_some_and(|w| f.written <= w) {
-            continue;
-        }
-        if p.held_by.is_some() {
-            // Behind the gap: count what waits (a few lookups at most).
-            if p.files_waiting < 3 {
-                p.lookups += 1;
-                if recorded(crate::applied::app_id(cfg, &f.url))
-                    .await?
-                    .is_some()
-                {
-                    p.files_waiting += 1;
-                }
-            }
-            continue;
-        }
-        let applied = match &f.problem {
-            Some(_) => false,
-            None if exists && f.written < unrecorded_before => true,
-            None => {
-                p.lookups += 1;
-                recorded(crate::applied::app_id(cfg, &f.url))
-                    .await?
-                    .is_some()
-            }
-        };
-        if applied {
-            prefix.push(f);
-        } else {
-            p.held_by = Some(Held {
-                file: storage::display(&f.url),
-                written: f.written,
-                reason: f.problem.clone().unwrap_or_else(|| {
-                    "not applied: in flight, failed, or in the dead-letter queue".into()
-                }),
-            });
-        }
-    }
-    // Files of the same time as the first one not applied are not covered by a watermark
-    // at that time: the watermark stops before them.
-    if let Some(h) = &p.held_by {
-        while prefix.last().is_some_and(|f| f.written >= h.written) {
-            prefix.pop();
-        }
-    }
-    if let Some(f) = prefix.last() {
+    let cdc = walk.cdc().await?;
+    p.lookups += cdc.lookups;
+    p.files_waiting = cdc.waiting;
+    let (mut watermark, mut layout) = (walk.stored.map(|s| s.at), walk.stored.map(|s| s.layout));
+    if let Some(f) = cdc.prefix.last() {
         watermark = Some(f.written);
         p.file = Some(storage::display(&f.url));
     }
-    for f in &prefix {
+    for f in &cdc.prefix {
         let detected = Layout::detect(&f.rel);
         if detected != Layout::Unknown {
             layout = Some(detected);
@@ -524,14 +457,177 @@ pub(crate) async fn progress_with(
             layout = Some(Layout::Unknown);
         }
     }
+    p.held_by = cdc.held;
     p.caught_up = p.held_by.is_none();
-    p.advanced = watermark != stored.map(|s| s.at);
+    p.advanced = watermark != walk.stored.map(|s| s.at);
     p.watermark = watermark;
     let next = watermark.map(|at| Stored {
         at,
         layout: layout.unwrap_or(Layout::Unknown),
     });
     Ok((p, next))
+}
+
+/// A watermark computation's plan: the stored watermark, the source's files after it, and
+/// which files without a record count as applied.
+struct Walk<'a> {
+    cfg: &'a TableConfig,
+    table: &'a DeltaTable,
+    /// Records a commit about to land adds.
+    also: &'a [Transaction],
+    stored: Option<Stored>,
+    listing: Listing,
+    /// A file without a record, written before the records' horizon of a table that has
+    /// recorded its files since before it, may be one whose record expired: it counts as
+    /// applied (a merge would refuse it as too late). Any other file without a record is
+    /// not applied.
+    unrecorded_before: DateTime<Utc>,
+    exists: bool,
+}
+
+/// The CDC files after the watermark as a walk finds them.
+struct CdcWalk<'a> {
+    /// Applied, without a gap, in order.
+    prefix: Vec<&'a Found>,
+    /// The first one not applied.
+    held: Option<Held>,
+    /// Files behind it found applied (the first few looked up only).
+    waiting: usize,
+    lookups: usize,
+}
+
+impl<'a> Walk<'a> {
+    async fn plan(
+        storage: &Storage,
+        cfg: &'a TableConfig,
+        table: &'a DeltaTable,
+        now: DateTime<Utc>,
+        also: &'a [Transaction],
+    ) -> Result<Walk<'a>> {
+        let stored = stored(table).await?;
+        let listing = list_after(storage, cfg, stored, now).await?;
+        let retention =
+            Duration::from_std(crate::applied::record_retention(cfg)).unwrap_or_default();
+        let horizon = now - retention;
+        let unrecorded_before = match delta::props(table).file_records_since {
+            Some(since) if since < horizon => horizon,
+            _ => DateTime::<Utc>::MIN_UTC,
+        };
+        Ok(Walk {
+            cfg,
+            table,
+            also,
+            stored,
+            listing,
+            unrecorded_before,
+            exists: delta::exists(table),
+        })
+    }
+
+    /// The version recorded for `id`: by the commit about to land, else by the table.
+    async fn recorded(&self, id: String) -> Result<Option<i64>> {
+        match self.also.iter().find(|t| t.app_id == id) {
+            Some(t) => Ok(Some(t.version)),
+            None if self.exists => delta::txn_version(self.table, &id).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Full loads first: the first one not applied holds everything. With the lookups made.
+    async fn full_loads(&self) -> Result<(Option<Held>, usize)> {
+        let mut lookups = 0;
+        let loads = self.listing.found.iter();
+        for f in loads.filter(|f| f.kind == FileKind::FullLoad) {
+            if self.stored.is_some_and(|s| f.last_modified <= s.at) {
+                continue;
+            }
+            let applied = if f.problem.is_some() {
+                false
+            } else {
+                lookups += 1;
+                self.recorded(crate::applied::load_app_id(self.cfg, &f.url))
+                    .await?
+                    == Some(f.last_modified.timestamp_millis())
+            };
+            if !applied {
+                let reason = f.problem.clone().unwrap_or_else(|| {
+                    if self.stored.is_some() {
+                        "a full-load file not applied: a table reload (`tributary reload`)".into()
+                    } else {
+                        "a full-load file not applied yet".into()
+                    }
+                });
+                let held = Held {
+                    file: storage::display(&f.url),
+                    written: f.written,
+                    reason,
+                };
+                return Ok((Some(held), lookups));
+            }
+        }
+        Ok((None, lookups))
+    }
+
+    /// The CDC files after the watermark: the applied prefix up to the first one not
+    /// applied, and what waits behind it.
+    async fn cdc(&self) -> Result<CdcWalk<'_>> {
+        let mut w = CdcWalk {
+            prefix: Vec::new(),
+            held: None,
+            waiting: 0,
+            lookups: 0,
+        };
+        let watermark = self.stored.map(|s| s.at);
+        for f in self
+            .listing
+            .found
+            .iter()
+            .filter(|f| f.kind == FileKind::Cdc)
+        {
+            if watermark.is_some_and(|at| f.written <= at) {
+                continue;
+            }
+            if w.held.is_some() {
+                // Behind the gap: count what waits (a few lookups at most).
+                if w.waiting < 3 {
+                    w.lookups += 1;
+                    let id = crate::applied::app_id(self.cfg, &f.url);
+                    if self.recorded(id).await?.is_some() {
+                        w.waiting += 1;
+                    }
+                }
+                continue;
+            }
+            let applied = match &f.problem {
+                Some(_) => false,
+                None if self.exists && f.written < self.unrecorded_before => true,
+                None => {
+                    w.lookups += 1;
+                    let id = crate::applied::app_id(self.cfg, &f.url);
+                    self.recorded(id).await?.is_some()
+                }
+            };
+            if applied {
+                w.prefix.push(f);
+            } else {
+                w.held = Some(Held {
+                    file: storage::display(&f.url),
+                    written: f.written,
+                    reason: f.problem.clone().unwrap_or_else(|| {
+                        "not applied: in flight, failed, or in the dead-letter queue".into()
+                    }),
+                });
+            }
+        }
+        // Files of the same time as the first one not applied are not covered by a
+        // watermark at that time: the watermark stops before them.
+        if let Some(h) = &w.held {
+            while w.prefix.last().is_some_and(|f| f.written >= h.written) {
+                w.prefix.pop();
+            }
+        }
+        Ok(w)
+    }
 }
 
 /// [`progress`], and when the watermark moved, a commit of it (retried on the newer table

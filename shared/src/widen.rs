@@ -95,10 +95,6 @@ pub(crate) fn widen<'a>(
     Box::pin(widen_table(cfg, label, table, wanted, properties, files))
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "a long operation #45 item 3 splits into plan, execute and metrics"
-)]
 async fn widen_table(
     cfg: &TableConfig,
     label: &str,
@@ -107,56 +103,143 @@ async fn widen_table(
     properties: parquet::file::properties::WriterProperties,
     files: &[String],
 ) -> Result<(DeltaTable, Widened)> {
-    let Some(current) = crate::delta::arrow_schema(&table) else {
+    let Some(plan) = WidenPlan::of(label, &table, wanted)? else {
         return Ok((table, Widened::default()));
     };
-    let columns = needed(&current, wanted);
-    if columns.is_empty() {
-        return Ok((table, Widened::default()));
-    }
-    let delta_err = |e| Error::delta(label, e);
-    let snapshot = table.snapshot().map_err(delta_err)?;
-    let partition_columns = snapshot.metadata().partition_columns().to_vec();
-    // A partition column's values are text in the log and folder names in the manifests and
-    // the Glue partitions: only an integer keeps its text (`5` is `5` in `bigint`; `1.5` in
-    // decimal(10,2) would become `1.50`, a second partition for the same value).
-    if let Some(w) = columns.iter().find(|w| {
-        partition_columns.contains(&w.column) && !(is_integer(&w.from) && is_integer(&w.to))
-    }) {
-        return Err(Error::Schema {
-            table: label.to_string(),
-            message: format!(
-                "partition column `{}` changed type from {} to {}: its values would be written differently in partition folders (the manifests, the Glue partitions) than the rows already in the table; only a larger integer is applied to a partition column. {}",
-                w.column,
-                w.from,
-                w.to,
-                "Reload the table (docs/operations.md, \"Table reloads\") or write to a new table"
-            ),
-        });
-    }
-    let new_arrow = widened_arrow(&current, &columns);
-    let new_kernel = widened_kernel(label, snapshot.schema().as_ref(), &columns)?;
-    let metadata = snapshot
-        .metadata()
-        .clone()
-        .with_schema(&new_kernel)
-        .map_err(|e| Error::Schema {
-            table: label.to_string(),
-            message: format!("the widened schema: {e}"),
-        })?;
-    let mut actions = vec![Action::Metadata(metadata)];
-    let rewrite = columns
-        .iter()
-        .any(|w| !partition_columns.contains(&w.column));
-    let mut files_rewritten = 0;
+    let mut actions = vec![Action::Metadata(plan.metadata.clone())];
     let store = table.log_store().object_store(None);
-    let table_files = crate::datafile::TableFiles::of(&table);
-    let state = Path::from(STAGED);
-    let state_label = format!("{}{STAGED}", table.table_url());
-    if rewrite {
+    let staging = Staging {
+        path: Path::from(STAGED),
+        label: format!("{}{STAGED}", table.table_url()),
+    };
+    let mut files_rewritten = 0;
+    if plan.rewrite {
+        let rewritten = plan
+            .rewrite(cfg, label, &table, &store, &staging, properties)
+            .await?;
+        files_rewritten = rewritten.removes.len();
+        actions.extend(rewritten.removes.into_iter().map(Action::Remove));
+        actions.extend(rewritten.adds.into_iter().map(Action::Add));
+    }
+    let operation = DeltaOperation::Write {
+        mode: SaveMode::Overwrite,
+        partition_by: (!plan.partition_columns.is_empty()).then(|| plan.partition_columns.clone()),
+        // The whole table: every concurrent add or remove conflicts (its files would keep
+        // the old type).
+        predicate: Some("true".to_string()),
+    };
+    let changes = describe(&plan.columns);
+    let table =
+        crate::delta::commit_actions(label, table, actions, operation, Read::Table, files, &[])
+            .await?;
+    tracing::info!(table = %label, columns = %changes, files_rewritten, version = ?table.version(), "widened column types");
+    if plan.rewrite {
+        // Committed: the record has done its work (left behind, the next widening of other
+        // columns ignores it; of the same ones cannot come, the table has the types now).
+        if let Err(e) = store.delete(&staging.path).await {
+            if !matches!(e, object_store::Error::NotFound { .. }) {
+                tracing::warn!(table = %label, state = %staging.label, error = %e, "widening committed; its staging record not deleted");
+            }
+        }
+    }
+    let widened = Widened {
+        columns: plan.columns,
+        files_rewritten,
+    };
+    Ok((table, widened))
+}
+
+/// A widening's plan: the columns, the table's new schema (Arrow, and its `metaData`), and
+/// whether data files are rewritten (not when only partition columns widen).
+struct WidenPlan {
+    columns: Vec<Widening>,
+    partition_columns: Vec<String>,
+    new_arrow: SchemaRef,
+    metadata: deltalake::kernel::Metadata,
+    rewrite: bool,
+}
+
+/// Where a table's staged rewrite is recorded, and that object's name in messages.
+struct Staging {
+    path: Path,
+    label: String,
+}
+
+/// A rewrite's actions: every live file removed, and the files that replace them.
+struct Rewritten {
+    removes: Vec<deltalake::kernel::Remove>,
+    adds: Vec<Add>,
+}
+
+impl WidenPlan {
+    /// The widening `wanted` needs on `table` (`None`: none), refused when a partition
+    /// column's values would be written differently.
+    fn of(label: &str, table: &DeltaTable, wanted: &Schema) -> Result<Option<WidenPlan>> {
+        let Some(current) = crate::delta::arrow_schema(table) else {
+            return Ok(None);
+        };
+        let columns = needed(&current, wanted);
+        if columns.is_empty() {
+            return Ok(None);
+        }
+        let snapshot = table.snapshot().map_err(|e| Error::delta(label, e))?;
+        let partition_columns = snapshot.metadata().partition_columns().to_vec();
+        // A partition column's values are text in the log and folder names in the manifests
+        // and the Glue partitions: only an integer keeps its text (`5` is `5` in `bigint`;
+        // `1.5` in decimal(10,2) would become `1.50`, a second partition for the same value).
+        if let Some(w) = columns.iter().find(|w| {
+            partition_columns.contains(&w.column) && !(is_integer(&w.from) && is_integer(&w.to))
+        }) {
+            return Err(Error::Schema {
+                table: label.to_string(),
+                message: format!(
+                    "partition column `{}` changed type from {} to {}: its values would be written differently in partition folders (the manifests, the Glue partitions) than the rows already in the table; only a larger integer is applied to a partition column. {}",
+                    w.column,
+                    w.from,
+                    w.to,
+                    "Reload the table (docs/operations.md, \"Table reloads\") or write to a new table"
+                ),
+            });
+        }
+        let new_arrow = widened_arrow(&current, &columns);
+        let new_kernel = widened_kernel(label, snapshot.schema().as_ref(), &columns)?;
+        let metadata = snapshot
+            .metadata()
+            .clone()
+            .with_schema(&new_kernel)
+            .map_err(|e| Error::Schema {
+                table: label.to_string(),
+                message: format!("the widened schema: {e}"),
+            })?;
+        let rewrite = columns
+            .iter()
+            .any(|w| !partition_columns.contains(&w.column));
+        Ok(Some(WidenPlan {
+            columns,
+            partition_columns,
+            new_arrow,
+            metadata,
+            rewrite,
+        }))
+    }
+
+    /// Every live data file rewritten in the new types, slice by slice, each slice staged
+    /// (see the module documentation); [`Error::Widening`] when the invocation's time runs
+    /// out before the last.
+    async fn rewrite(
+        &self,
+        cfg: &TableConfig,
+        label: &str,
+        table: &DeltaTable,
+        store: &std::sync::Arc<dyn ObjectStore>,
+        staging: &Staging,
+        properties: parquet::file::properties::WriterProperties,
+    ) -> Result<Rewritten> {
+        let snapshot = table.snapshot().map_err(|e| Error::delta(label, e))?;
         let live: Vec<_> = snapshot.log_data().iter().collect();
         let live_paths: HashSet<String> = live.iter().map(|f| f.path().into_owned()).collect();
-        let mut staged = Staged::load(&store, &state, &state_label, &columns, cfg).await?;
+        let mut staged =
+            Staged::load(store, &staging.path, &staging.label, &self.columns, cfg).await?;
         // A slice stands while every file it rewrote is still live (a commit since may have
         // removed one: that slice's files are left to VACUUM, its live ones rewritten again).
         staged
@@ -167,61 +250,28 @@ async fn widen_table(
             .iter()
             .flat_map(|s| s.removed.iter().cloned())
             .collect();
-        let total = live.len();
-        let mut by_partition: BTreeMap<Partition, Vec<_>> = Default::default();
-        for f in live.iter().filter(|f| !done.contains(f.path().as_ref())) {
-            by_partition
-                .entry(Partition::of(f, &partition_columns))
-                .or_default()
-                .push(f);
-        }
-        // Slices: a partition's files, up to `slice_bytes` of them (at least one file).
-        let mut slices = Vec::new();
-        for (partition, files) in by_partition {
-            let mut slice: Vec<_> = Vec::new();
-            let mut bytes = 0u64;
-            for f in files {
-                let size = f.size().max(0) as u64;
-                if !slice.is_empty() && bytes + size > cfg.limits.slice_bytes as u64 {
-                    slices.push((partition.clone(), std::mem::take(&mut slice)));
-                    bytes = 0;
-                }
-                bytes += size;
-                slice.push(f);
-            }
-            if !slice.is_empty() {
-                slices.push((partition, slice));
-            }
-        }
+        let todo: Vec<_> = live
+            .iter()
+            .filter(|f| !done.contains(f.path().as_ref()))
+            .collect();
+        let slices = slices_of(todo, &self.partition_columns, cfg.limits.slice_bytes as u64);
+        let table_files = crate::datafile::TableFiles::of(table);
         let mut longest = Duration::ZERO;
         let remaining = slices.len();
         for (i, (partition, files)) in slices.into_iter().enumerate() {
             let t = Instant::now();
             let config = crate::delta::writer_config_for(
                 snapshot,
-                new_arrow.clone(),
+                self.new_arrow.clone(),
                 Some(properties.clone()),
                 None,
             );
-            let mut writer = DeltaWriter::new(store.clone(), config);
-            let mut removed = Vec::with_capacity(files.len());
-            for f in files {
-                let mut batches = table_files
-                    .stream(f, &new_arrow, &partition)
-                    .await
-                    .map_err(|e| e.into_error(label))?;
-                while let Some(b) = batches.next().await {
-                    let b = b.map_err(|e| e.into_error(label))?;
-                    writer.write(&b).await.map_err(delta_err)?;
-                }
-                removed.push(f.path().into_owned());
-            }
-            let mut added = writer.close().await.map_err(delta_err)?;
-            for add in &mut added {
-                add.data_change = false;
-            }
-            staged.slices.push(Slice { removed, added });
-            staged.save(&store, &state, &state_label).await?;
+            let writer = DeltaWriter::new(store.clone(), config);
+            let slice = self
+                .rewrite_slice(label, &table_files, writer, &partition, files)
+                .await?;
+            staged.slices.push(slice);
+            staged.save(store, &staging.path, &staging.label).await?;
             longest = longest.max(t.elapsed());
             let rewritten: usize = staged.slices.iter().map(|s| s.removed.len()).sum();
             if i + 1 < remaining
@@ -229,52 +279,88 @@ async fn widen_table(
                 // for it and the commit and merge after the last.
                 && crate::budget::left().is_some_and(|left| left < 2 * longest)
             {
-                tracing::warn!(table = %label, staged = rewritten, total, state = %state_label, "widening staged, not finished: the invocation's time is nearly up; the next attempt goes on");
+                let total = live.len();
+                tracing::warn!(table = %label, staged = rewritten, total, state = %staging.label, "widening staged, not finished: the invocation's time is nearly up; the next attempt goes on");
                 return Err(Error::Widening {
                     table: label.to_string(),
-                    columns: describe(&columns),
+                    columns: describe(&self.columns),
                     staged: rewritten,
                     total,
-                    state: state_label,
+                    state: staging.label.clone(),
                 });
             }
         }
-        for f in &live {
-            actions.push(Action::Remove(f.remove_action(false)));
-        }
-        for s in std::mem::take(&mut staged.slices) {
-            actions.extend(s.added.into_iter().map(Action::Add));
-        }
-        files_rewritten = total;
+        Ok(Rewritten {
+            removes: live.iter().map(|f| f.remove_action(false)).collect(),
+            adds: std::mem::take(&mut staged.slices)
+                .into_iter()
+                .flat_map(|s| s.added)
+                .collect(),
+        })
     }
-    let operation = DeltaOperation::Write {
-        mode: SaveMode::Overwrite,
-        partition_by: (!partition_columns.is_empty()).then_some(partition_columns),
-        // The whole table: every concurrent add or remove conflicts (its files would keep
-        // the old type).
-        predicate: Some("true".to_string()),
-    };
-    let changes = describe(&columns);
-    let table =
-        crate::delta::commit_actions(label, table, actions, operation, Read::Table, files, &[])
-            .await?;
-    tracing::info!(table = %label, columns = %changes, files_rewritten, version = ?table.version(), "widened column types");
-    if rewrite {
-        // Committed: the record has done its work (left behind, the next widening of other
-        // columns ignores it; of the same ones cannot come, the table has the types now).
-        if let Err(e) = store.delete(&state).await {
-            if !matches!(e, object_store::Error::NotFound { .. }) {
-                tracing::warn!(table = %label, state = %state_label, error = %e, "widening committed; its staging record not deleted");
+
+    /// One slice's files read (deletion vectors applied) and written in the new types.
+    async fn rewrite_slice(
+        &self,
+        label: &str,
+        table_files: &crate::datafile::TableFiles,
+        mut writer: DeltaWriter,
+        partition: &Partition,
+        files: Vec<&deltalake::kernel::LogicalFileView>,
+    ) -> Result<Slice> {
+        let delta_err = |e| Error::delta(label, e);
+        let mut removed = Vec::with_capacity(files.len());
+        for f in files {
+            let mut batches = table_files
+                .stream(f, &self.new_arrow, partition)
+                .await
+                .map_err(|e| e.into_error(label))?;
+            while let Some(b) = batches.next().await {
+                let b = b.map_err(|e| e.into_error(label))?;
+                writer.write(&b).await.map_err(delta_err)?;
             }
+            removed.push(f.path().into_owned());
+        }
+        let mut added = writer.close().await.map_err(delta_err)?;
+        for add in &mut added {
+            add.data_change = false;
+        }
+        Ok(Slice { removed, added })
+    }
+}
+
+/// Slices of a rewrite: a partition's files, up to `slice_bytes` of them (at least one
+/// file).
+fn slices_of<'f>(
+    files: Vec<&'f deltalake::kernel::LogicalFileView>,
+    partition_columns: &[String],
+    slice_bytes: u64,
+) -> Vec<(Partition, Vec<&'f deltalake::kernel::LogicalFileView>)> {
+    let mut by_partition: BTreeMap<Partition, Vec<_>> = Default::default();
+    for f in files {
+        by_partition
+            .entry(Partition::of(f, partition_columns))
+            .or_default()
+            .push(f);
+    }
+    let mut slices = Vec::new();
+    for (partition, files) in by_partition {
+        let mut slice: Vec<_> = Vec::new();
+        let mut bytes = 0u64;
+        for f in files {
+            let size = f.size().max(0) as u64;
+            if !slice.is_empty() && bytes + size > slice_bytes {
+                slices.push((partition.clone(), std::mem::take(&mut slice)));
+                bytes = 0;
+            }
+            bytes += size;
+            slice.push(f);
+        }
+        if !slice.is_empty() {
+            slices.push((partition, slice));
         }
     }
-    Ok((
-        table,
-        Widened {
-            columns,
-            files_rewritten,
-        },
-    ))
+    slices
 }
 
 /// `a: Int32 -> Int64, b: …` (errors and logs).

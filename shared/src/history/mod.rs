@@ -224,21 +224,73 @@ struct Attempt<'a> {
     columns: &'a [Field],
 }
 
+/// The history table an attempt writes, opened (or created) and checked.
+struct Opened {
+    table: DeltaTable,
+    /// The catalog entries of a table this attempt created.
+    created: Option<crate::catalog::CatalogReport>,
+    before: Before,
+    /// The batch's sequence kind, as the intervals take it.
+    batch_kind: Option<SeqKind>,
+}
+
+/// The history table made ready for the batch's versions.
+struct Ready {
+    table: DeltaTable,
+    /// The intervals' kind (`None`: not known yet).
+    kind: Option<SeqKind>,
+    /// The table's sequence kinds are not recorded yet (settled at the commit).
+    unsettled: bool,
+    /// The table has its interval columns.
+    has_intervals: bool,
+    widened: crate::widen::Widened,
+}
+
 impl Attempt<'_> {
     /// Read the keys' versions (and, for late keys, their logged changes), log the batch's
-    /// changes not logged yet (`unlogged`, once), fold, MERGE.
-    #[allow(
-        clippy::too_many_lines,
-        reason = "a long operation #45 item 3 splits into plan, execute and metrics"
-    )]
+    /// changes not logged yet (`unlogged`, once), fold, MERGE — in stages: the table opened
+    /// ([`Attempt::open`]), made ready ([`Attempt::ready`]), the versions folded
+    /// ([`Attempt::fold`]), the watermark a table that keeps the state carries
+    /// ([`Attempt::carried`]), the commit ([`Attempt::commit`]).
     async fn run(
         &self,
         log_table: &mut DeltaTable,
         unlogged: &mut Option<RecordBatch>,
         retried: bool,
     ) -> Result<(HistoryReport, Committed)> {
+        let label = self.cfg.label(crate::config::Managed::History);
+        let opened = self.open(retried).await?;
+        let ready = self.ready(&label, opened.table, opened.batch_kind).await?;
+        let (out, late) = self.fold(&label, &ready, log_table, unlogged).await?;
+        let mut report = HistoryReport {
+            version: ready.table.version(),
+            versions_written: out.written,
+            versions_removed: out.removed,
+            late_keys: late,
+            widened: ready
+                .widened
+                .columns
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            ..Default::default()
+        };
+        crate::commit::absorb(&mut report.catalog, opened.created);
+        let (txns, carried) = self.carried(&ready.table).await;
+        let table = self.commit(ready, &out.batch, &txns).await?;
+        report.version = table.version();
+        let committed = Committed {
+            watermark: carried,
+            ..Committed::since(opened.before, table)
+        };
+        Ok((report, committed))
+    }
+
+    /// The history table opened, or created with the batch's columns and the properties a
+    /// new table records; on a retry of a table that records the files, the batch's files
+    /// screened again (another writer may have applied one since).
+    async fn open(&self, retried: bool) -> Result<Opened> {
         let (cfg, h) = (self.cfg, self.h);
-        let label = cfg.label(crate::config::Managed::History);
         let batch_kind = if cfg.sequence_by.is_empty() {
             // No sequence values: the intervals stay empty, in the type they always had.
             Some(SeqKind::Timestamp)
@@ -276,10 +328,10 @@ impl Attempt<'_> {
             props,
         )
         .await?;
-        let mut created_report = None;
-        if created {
-            created_report = self.catalog.created(cfg, true, &table).await;
-        }
+        let created = match created {
+            true => self.catalog.created(cfg, true, &table).await,
+            false => None,
+        };
         if retried && record.is_some() {
             // The table that records the files: another version of one may have been
             // applied since it was screened (a concurrent writer; see `applied`).
@@ -288,6 +340,24 @@ impl Attempt<'_> {
             }
         }
         let before = Before::of(cfg, &table)?;
+        Ok(Opened {
+            table,
+            created,
+            before,
+            batch_kind,
+        })
+    }
+
+    /// The table made ready: the intervals' kind settled, the batch's kinds checked against
+    /// the table's, a column the batch widens widened (its own commit; a conflict retries the
+    /// attempt).
+    async fn ready(
+        &self,
+        label: &str,
+        table: DeltaTable,
+        batch_kind: Option<SeqKind>,
+    ) -> Result<Ready> {
+        let (cfg, h) = (self.cfg, self.h);
         let kind = history_kind(cfg, h, &table, batch_kind)?;
         // Starts left null (a full load without sequence values, before the kind was known
         // or before this rule) get the kind's floor once, when the kinds are recorded.
@@ -303,21 +373,40 @@ impl Attempt<'_> {
             self.changes.sets,
             delta::props(&table).sequence_kinds.as_deref(),
         )?;
-        // A column the batch widens: the history takes the wider type first (its own commit;
-        // a conflict retries the attempt).
         let (table, widened) = crate::widen::widen(
             cfg,
-            &label,
+            label,
             table,
             &Schema::new(self.columns.to_vec()),
             delta::writer_properties(cfg),
             self.changes.files,
         )
         .await?;
-        let data = history_data_columns(cfg, h, &table, self.columns)?;
+        Ok(Ready {
+            table,
+            kind,
+            unsettled,
+            has_intervals,
+            widened,
+        })
+    }
+
+    /// The keys' versions folded with the batch's changes (and, for late keys, their logged
+    /// changes); the batch's changes not logged yet appended to the change log first (a
+    /// committed version's changes are always in the log). With the number of late keys.
+    async fn fold(
+        &self,
+        label: &str,
+        ready: &Ready,
+        log_table: &mut DeltaTable,
+        unlogged: &mut Option<RecordBatch>,
+    ) -> Result<(FoldOutput, usize)> {
+        let (cfg, h) = (self.cfg, self.h);
+        let data = history_data_columns(cfg, h, &ready.table, self.columns)?;
         let keys = key_batch(cfg, self.changes.sets, &data)?;
-        let existing = crate::scan::rows_with_keys(&table, &label, &cfg.primary_key, &keys).await?;
-        let mut work = Work::new(cfg, h, kind, &data)?;
+        let existing =
+            crate::scan::rows_with_keys(&ready.table, label, &cfg.primary_key, &keys).await?;
+        let mut work = Work::new(cfg, h, ready.kind, &data)?;
         work.add_versions(&existing)?;
         work.add_changes(self.changes.sets)?;
         let late = work.late_keys();
@@ -325,11 +414,9 @@ impl Attempt<'_> {
         if !late.is_empty() {
             let late_keys = work.keys_batch(&late)?;
             let logged =
-                crate::scan::rows_with_keys(log_table, &label, &cfg.primary_key, &late_keys)
-                    .await?;
+                crate::scan::rows_with_keys(log_table, label, &cfg.primary_key, &late_keys).await?;
             logged_seqs = work.add_log(&logged, &late)?;
         }
-        // Before the MERGE: a committed version's changes are always in the log.
         if let Some(rows) = unlogged.as_ref() {
             let fresh = work.not_logged(rows, &logged_seqs)?;
             if fresh.num_rows() > 0 {
@@ -337,50 +424,62 @@ impl Attempt<'_> {
             }
             *unlogged = None;
         }
-        let out = work.fold()?;
-        let mut report = HistoryReport {
-            version: table.version(),
-            versions_written: out.written,
-            versions_removed: out.removed,
-            late_keys: late.len(),
-            widened: widened.columns.iter().map(ToString::to_string).collect(),
-            ..Default::default()
+        Ok((work.fold()?, late.len()))
+    }
+
+    /// The transactions the commit records (the files a table that keeps the state
+    /// applies) and, for such a table, the watermark the commit moves (one commit per merge,
+    /// as the current table's).
+    async fn carried(
+        &self,
+        table: &DeltaTable,
+    ) -> (
+        Vec<deltalake::kernel::Transaction>,
+        Option<(crate::watermark::Progress, crate::watermark::Stored)>,
+    ) {
+        let Some(record) = self.changes.record.as_ref() else {
+            return (Vec::new(), None);
         };
-        crate::commit::absorb(&mut report.catalog, created_report);
-        let mut txns: Vec<deltalake::kernel::Transaction> =
-            record.map(|r| r.txns.clone()).unwrap_or_default();
-        // A history that keeps the table's state: the watermark this commit moves goes
-        // into it (one commit per merge, as the current table's).
-        let mut carried = None;
-        if record.is_some() {
-            let now = chrono::Utc::now();
-            let progress = crate::watermark::progress_with(self.storage, cfg, &table, now, &txns);
-            match Box::pin(progress).await {
-                Ok((p, Some(next))) if p.advanced => {
-                    txns.push(next.txn());
-                    carried = Some((p, next));
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(table = %cfg.name, error = %e, "watermark not computed before the commit; computing it after");
-                }
+        let mut txns = record.txns.clone();
+        let now = chrono::Utc::now();
+        let progress = crate::watermark::progress_with(self.storage, self.cfg, table, now, &txns);
+        match Box::pin(progress).await {
+            Ok((p, Some(next))) if p.advanced => {
+                txns.push(next.txn());
+                (txns, Some((p, next)))
+            }
+            Ok(_) => (txns, None),
+            Err(e) => {
+                tracing::warn!(table = %self.cfg.name, error = %e, "watermark not computed before the commit; computing it after");
+                (txns, None)
             }
         }
-        let txns = txns.as_slice();
-        if out.batch.num_rows() == 0 {
-            let read_version = table.version();
+    }
+
+    /// The versions' MERGE (none when nothing changed), the files' records, and the
+    /// sequence kinds recorded (settled, when the MERGE added the interval columns).
+    async fn commit(
+        &self,
+        ready: Ready,
+        versions: &RecordBatch,
+        txns: &[deltalake::kernel::Transaction],
+    ) -> Result<DeltaTable> {
+        let (cfg, h, kinds) = (self.cfg, self.h, self.changes.kinds);
+        let Ready {
+            table,
+            kind,
+            unsettled,
+            has_intervals,
+            ..
+        } = ready;
+        let read_version = table.version();
+        if versions.num_rows() == 0 {
             let mut table = crate::applied::record_unrecorded(table, txns, read_version).await?;
             if !unsettled {
-                table = crate::delta::record_kinds(table, self.changes.kinds).await?;
+                table = crate::delta::record_kinds(table, kinds).await?;
             }
-            report.version = table.version();
-            let committed = Committed {
-                watermark: carried,
-                ..Committed::since(before, table)
-            };
-            return Ok((report, committed));
+            return Ok(table);
         }
-        let read_version = table.version();
         #[cfg(test)]
         crate::testing::global()
             .reach(
@@ -389,20 +488,15 @@ impl Attempt<'_> {
                 vec![],
             )
             .await;
-        let table = merge_versions(cfg, table, &out.batch, self.changes.files, txns).await?;
+        let table = merge_versions(cfg, table, versions, self.changes.files, txns).await?;
         let mut table = crate::applied::record_unrecorded(table, txns, read_version).await?;
         if unsettled && !has_intervals {
             // The MERGE added the interval columns: the versions written before have none.
-            table = settle_kinds(cfg, h, table, kind, self.changes.kinds).await?;
+            table = settle_kinds(cfg, h, table, kind, kinds).await?;
         } else if !unsettled {
-            table = crate::delta::record_kinds(table, self.changes.kinds).await?;
+            table = crate::delta::record_kinds(table, kinds).await?;
         }
-        report.version = table.version();
-        let committed = Committed {
-            watermark: carried,
-            ..Committed::since(before, table)
-        };
-        Ok((report, committed))
+        Ok(table)
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 use deltalake::kernel::Transaction;
 use deltalake::DeltaTable;
 
-use super::recheck::recheck_tombstones;
+use super::recheck::{recheck_tombstones, Rechecked};
 use super::{Batch, DeltaSink, TableReport, WritePath};
 use crate::config::TableConfig;
 use crate::delta::{self, MergeExtras};
@@ -35,24 +35,83 @@ struct Merging<'a, 'b> {
     /// The table the files were screened on, for the first attempt.
     loaded: Option<DeltaTable>,
     tombstones: &'a mut Tombstones<'b>,
-    report: &'a mut TableReport,
+    /// What earlier attempts did that stays when they lose the race.
+    kept: Kept,
     first_read: Option<Before>,
 }
 
 impl crate::retry::Attempts for Merging<'_, '_> {
-    type Out = Committed;
+    type Out = (Committed, AttemptMetrics);
 
-    async fn attempt(&mut self, _: u32) -> Result<Committed> {
+    async fn attempt(&mut self, _: u32) -> Result<Self::Out> {
         self.engine
             .try_merge(
                 self.table,
                 self.attempt,
                 self.loaded.take(),
                 self.tombstones,
-                self.report,
+                &mut self.kept,
                 &mut self.first_read,
             )
             .await
+    }
+}
+
+/// What a batch's commit attempts did that outlasts an attempt that loses the race: the
+/// commits of their own an attempt makes before its MERGE (a created table's catalog sync,
+/// widenings), and the time spent computing the watermark, summed over the attempts.
+#[derive(Debug, Default)]
+struct Kept {
+    catalog: Option<crate::catalog::CatalogReport>,
+    widened: Vec<crate::widen::Widened>,
+    watermark_ms: u64,
+}
+
+impl Kept {
+    fn fold_into(self, report: &mut TableReport) {
+        absorb(report, self.catalog);
+        for w in &self.widened {
+            report.widen(w);
+        }
+        report.phases_ms.watermark += self.watermark_ms;
+    }
+}
+
+/// What the attempt that committed did: its phases and its commits' counts.
+#[derive(Debug, Default)]
+struct AttemptMetrics {
+    load_ms: u64,
+    tombstones_read_ms: u64,
+    merge_ms: u64,
+    recheck_ms: u64,
+    path: Option<WritePath>,
+    applied: Applied,
+    /// Rows the tombstones held back before the commit.
+    blocked: usize,
+    /// The post-commit re-check's deletes.
+    rechecked: Rechecked,
+    skipped_stale: usize,
+    version: Option<u64>,
+}
+
+impl AttemptMetrics {
+    fn fold_into(self, report: &mut TableReport) {
+        let p = &mut report.phases_ms;
+        p.load_table = self.load_ms;
+        p.tombstones_read = self.tombstones_read_ms;
+        p.merge = self.merge_ms;
+        p.recheck = self.recheck_ms;
+        report.write_path = self.path;
+        let (c, r) = (self.applied, self.rechecked);
+        report.inserted = c.inserted;
+        report.updated = c.updated;
+        report.deleted = c.deleted + r.deleted;
+        report.files_added = c.files_added + r.files_added;
+        report.files_removed = c.files_removed + r.files_removed;
+        report.files_folded = c.files_folded;
+        report.blocked_by_tombstone = self.blocked + r.blocked;
+        report.skipped_stale = self.skipped_stale;
+        report.version = self.version;
     }
 }
 
@@ -140,12 +199,15 @@ impl DeltaSink {
             attempt: &attempt,
             loaded,
             tombstones: &mut tombstones,
-            report: &mut report,
+            kept: Kept::default(),
             first_read: None,
         };
-        let (mut merged, attempts) = Retry::new(&table.name, table.limits.max_commit_attempts)
+        let driven = Retry::new(&table.name, table.limits.max_commit_attempts)
             .drive("merge", &mut merging)
-            .await?;
+            .await;
+        std::mem::take(&mut merging.kept).fold_into(&mut report);
+        let ((mut merged, metrics), attempts) = driven?;
+        metrics.fold_into(&mut report);
         #[cfg(test)]
         self.hooks
             .reach(crate::testing::Point::BetweenCommits, "", vec![])
@@ -154,15 +216,22 @@ impl DeltaSink {
             let t = Instant::now();
             tombstones.confirm(&base_plan, &files).await?;
             report.phases_ms.tombstones_recorded += ms_since(t);
-            merged = self
-                .reapply_deletes(table, &base_plan, merged, &files, &mut report)
+            let again;
+            (merged, again) = self
+                .reapply_deletes(table, &base_plan, merged, &files, report.version)
                 .await?;
+            if let Some((version, m)) = again {
+                report.deleted += m.deleted;
+                report.files_added += m.files_added;
+                report.files_removed += m.files_removed;
+                report.version = version;
+            }
         }
         report.commit_attempts = attempts;
-        self.after_merge(table, merged, &mut report).await;
+        published(&mut report, self.after_merge(table, merged).await);
         if let Some(h) = &table.history {
-            self.merge_history(table, h, batch, &files, None, &mut report)
-                .await?;
+            let (r, ms) = self.merge_history(table, h, batch, &files, None).await?;
+            adopt_history(&mut report, r, ms);
         }
         report.duration_ms = ms_since(start);
         report.log();
@@ -188,8 +257,10 @@ impl DeltaSink {
         let record = crate::history::Record {
             txns: file_records(table, batch),
         };
-        self.merge_history(table, h, batch, files, Some(record), &mut report)
+        let (r, ms) = self
+            .merge_history(table, h, batch, files, Some(record))
             .await?;
+        adopt_history(&mut report, r, ms);
         report.version = report.history.as_ref().and_then(|r| r.version);
         if let Some(h) = report.history.as_mut() {
             report.watermark = h.watermark.take();
@@ -201,35 +272,24 @@ impl DeltaSink {
         Ok(report)
     }
 
-    /// After a merge: the post-commit observers ([`crate::commit::publish`]), into the
-    /// report. Neither fails the merge: it is committed.
+    /// After a merge: the post-commit observers ([`crate::commit::publish`]). Neither fails
+    /// the merge: it is committed.
     pub(super) async fn after_merge(
         &self,
         table: &TableConfig,
         m: Committed,
-        report: &mut TableReport,
-    ) {
-        let p = crate::commit::publish(
+    ) -> crate::commit::Published {
+        crate::commit::publish(
             &self.storage,
             &self.catalog,
             table,
             crate::commit::Output::Current,
             &m,
         )
-        .await;
-        report.manifests_written = p.manifests_written;
-        report.manifests_deleted = p.manifests_deleted;
-        report.manifests_caught_up = p.caught_up;
-        report.manifest_error = p.manifest_error;
-        report.phases_ms.manifests = p.manifests_ms;
-        report.phases_ms.catalog = p.catalog_ms;
-        report.phases_ms.watermark = p.watermark_ms;
-        report.watermark = p.watermark;
-        report.watermark_error = p.watermark_error;
-        crate::commit::absorb(&mut report.catalog, p.catalog);
+        .await
     }
 
-    /// The batch's versions into the history table.
+    /// The batch's versions into the history table: what it did and how long it took.
     async fn merge_history(
         &self,
         table: &TableConfig,
@@ -237,8 +297,7 @@ impl DeltaSink {
         batch: &Batch<'_>,
         files: &[String],
         record: Option<crate::history::Record>,
-        report: &mut TableReport,
-    ) -> Result<()> {
+    ) -> Result<(crate::history::HistoryReport, u64)> {
         let t = Instant::now();
         let changes = crate::history::Changes {
             sets: batch.changes,
@@ -246,7 +305,7 @@ impl DeltaSink {
             files,
             record,
         };
-        let mut r = crate::history::apply(
+        let r = crate::history::apply(
             table,
             h,
             &self.storage,
@@ -255,65 +314,32 @@ impl DeltaSink {
             &changes,
         )
         .await?;
-        absorb(report, r.catalog.take());
-        report.history = Some(r);
-        report.phases_ms.history = ms_since(t);
-        Ok(())
+        Ok((r, ms_since(t)))
     }
 
-    /// One attempt: load (or create) the table, apply tombstones, MERGE, re-check. Returns
-    /// the table after it, and before it when a commit happened.
+    /// One attempt, in stages: the table made ready ([`DeltaSink::ready`]), the plan on the
+    /// tombstones as they are now ([`planned`]), the table widened and the plan aligned to it
+    /// ([`aligned`]), the commit ([`write`]), the post-commit tombstone re-check, the files'
+    /// records. Returns the table after it (and before it when a commit happened), and what
+    /// the attempt did.
     async fn try_merge(
         &self,
         table: &TableConfig,
         a: &Attempt<'_>,
         loaded: Option<DeltaTable>,
         tombstones: &mut Tombstones<'_>,
-        report: &mut TableReport,
+        kept: &mut Kept,
         first_read: &mut Option<Before>,
-    ) -> Result<Committed> {
-        let batch = a.batch;
+    ) -> Result<(Committed, AttemptMetrics)> {
+        let mut m = AttemptMetrics::default();
         let t = Instant::now();
-        // The caller's table is the one the files were screened on.
-        let retried = loaded.is_none();
-        let target = match loaded {
-            Some(t) => t,
-            None => {
-                let (t, created) = self.load_or_create(table, batch, a.base_plan).await?;
-                if created {
-                    let r = self.catalog.created(table, false, &t).await;
-                    absorb(report, r);
-                }
-                t
-            }
-        };
-        // Before this attempt's own commits (the sequence kinds, the change data feed):
-        // metadata commits whose versions the manifests' marker must not take for a gap.
-        if first_read.is_none() {
-            *first_read = Some(Before::of(table, &target)?);
-        }
-        let target = Box::pin(prepared(table, target, batch, retried)).await?;
-        report.phases_ms.load_table = ms_since(t);
+        let target = self.ready(table, a, loaded, kept, first_read).await?;
+        m.load_ms = ms_since(t);
         let t = Instant::now();
-        let mut plan = a.base_plan.clone();
-        let tombs = tombstones.read(&plan).await?;
-        let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?
-            + plan::hold_back(&mut plan, table, tombstones.pending())?;
-        report.phases_ms.tombstones_read = ms_since(t);
-        // A column whose type the batch widens: the table takes the wider type first, once
-        // every check passed (its own commit; a conflict retries the attempt).
-        let (target, widened) = crate::widen::widen(
-            table,
-            &table.name,
-            target,
-            &plan.table_schema(),
-            delta::writer_properties(table),
-            a.files,
-        )
-        .await?;
-        report.widen(&widened);
-        delta::align_to_table(table, &mut plan, &target)?;
-        let target = delta::add_new_columns(table, target, &plan.table_schema()).await?;
+        let (mut plan, blocked) = planned(table, a.base_plan, tombstones).await?;
+        m.tombstones_read_ms = ms_since(t);
+        m.blocked = blocked;
+        let target = aligned(table, target, &mut plan, a.files, kept).await?;
         #[cfg(test)]
         self.hooks
             .reach(crate::testing::Point::BeforeMerge, "", vec![])
@@ -325,29 +351,59 @@ impl DeltaSink {
         let mut extras = a.extras.clone();
         let carried =
             crate::watermark::carried(&self.storage, table, &target, &mut extras.txns).await;
-        report.phases_ms.watermark += ms_since(t);
+        kept.watermark_ms += ms_since(t);
         let t = Instant::now();
-        let (target, path, counts) = write(table, target, &plan, a.files, &extras).await?;
-        record(report, path, &counts);
-        report.phases_ms.merge = ms_since(t);
-        report.blocked_by_tombstone = blocked;
+        let (target, path, applied) = write(table, target, &plan, a.files, &extras).await?;
+        m.merge_ms = ms_since(t);
         let t = Instant::now();
-        let target =
-            recheck_tombstones(table, target, &mut plan, tombstones, a.files, report).await?;
-        report.phases_ms.recheck = ms_since(t);
+        let (target, rechecked) =
+            recheck_tombstones(table, target, &mut plan, tombstones, a.files).await?;
+        m.recheck_ms = ms_since(t);
         let target = crate::applied::record_unrecorded(target, &extras.txns, read_version).await?;
-        let applied = report.inserted + report.updated + report.deleted;
-        report.skipped_stale = plan.batch.num_rows().saturating_sub(applied);
-        report.version = target.version();
+        let done = applied.inserted + applied.updated + applied.deleted + rechecked.deleted;
+        m.skipped_stale = plan.batch.num_rows().saturating_sub(done);
+        m.version = target.version();
+        (m.path, m.applied, m.rechecked) = (Some(path), applied, rechecked);
         let before = first_read
             .clone()
             .ok_or_else(|| crate::error::Error::internal("no first read"))?;
         // Any commit since the first read (this attempt's or an earlier one's).
-        Ok(Committed {
+        let committed = Committed {
             read: read_version,
             watermark: carried,
             ..Committed::since(before, target)
-        })
+        };
+        Ok((committed, m))
+    }
+
+    /// An attempt's first stage: the table it writes — the one the files were screened on
+    /// (the first attempt), else loaded again or created — made ready ([`prepared`]).
+    async fn ready(
+        &self,
+        table: &TableConfig,
+        a: &Attempt<'_>,
+        loaded: Option<DeltaTable>,
+        kept: &mut Kept,
+        first_read: &mut Option<Before>,
+    ) -> Result<DeltaTable> {
+        let retried = loaded.is_none();
+        let target = match loaded {
+            Some(t) => t,
+            None => {
+                let (t, created) = self.load_or_create(table, a.batch, a.base_plan).await?;
+                if created {
+                    let r = self.catalog.created(table, false, &t).await;
+                    crate::commit::absorb(&mut kept.catalog, r);
+                }
+                t
+            }
+        };
+        // Before this attempt's own commits (the sequence kinds, the change data feed):
+        // metadata commits whose versions the manifests' marker must not take for a gap.
+        if first_read.is_none() {
+            *first_read = Some(Before::of(table, &target)?);
+        }
+        Box::pin(prepared(table, target, a.batch, retried)).await
     }
 
     /// After the batch's tombstones are confirmed: a concurrent writer that read the
@@ -363,9 +419,8 @@ impl DeltaSink {
         base_plan: &MergePlan,
         merged: Committed,
         files: &[String],
-        report: &mut TableReport,
-    ) -> Result<Committed> {
-        let ours = report.version;
+        ours: Option<u64>,
+    ) -> Result<(Committed, Option<(Option<u64>, Applied)>)> {
         let Committed {
             before,
             mut after,
@@ -386,12 +441,13 @@ impl DeltaSink {
             _ => true,
         };
         if after.version() == ours && only_ours {
-            return Ok(Committed {
+            let unmoved = Committed {
                 before,
                 after,
                 read,
                 watermark,
-            });
+            };
+            return Ok((unmoved, None));
         }
         let deletes = crate::tombstones::deletes_only(base_plan)?;
         let before = match before {
@@ -407,15 +463,13 @@ impl DeltaSink {
         let ((t, m), _) = Retry::new(&table.name, table.limits.max_commit_attempts)
             .drive("re-apply deletes", &mut fixing)
             .await?;
-        report.deleted += m.deleted;
-        report.files_added += m.files_added;
-        report.files_removed += m.files_removed;
-        report.version = t.version();
-        Ok(Committed {
+        let version = t.version();
+        let committed = Committed {
             read,
             watermark,
             ..Committed::since(before, t)
-        })
+        };
+        Ok((committed, Some((version, m))))
     }
 
     pub(super) async fn load_or_create(
@@ -539,15 +593,65 @@ pub(super) async fn write(
     })
 }
 
-/// The commit's counts in the report.
-fn record(report: &mut TableReport, how: WritePath, c: &Applied) {
-    report.write_path = Some(how);
-    report.inserted = c.inserted;
-    report.updated = c.updated;
-    report.deleted = c.deleted;
-    report.files_added = c.files_added;
-    report.files_removed = c.files_removed;
-    report.files_folded = c.files_folded;
+/// An attempt's second stage: the batch's plan on the tombstones as they are now (changes a
+/// newer delete supersedes dropped, changes a pending delete holds back set aside), and how
+/// many rows they held back.
+async fn planned(
+    table: &TableConfig,
+    base: &MergePlan,
+    tombstones: &mut Tombstones<'_>,
+) -> Result<(MergePlan, usize)> {
+    let mut plan = base.clone();
+    let tombs = tombstones.read(&plan).await?;
+    let blocked = plan::apply_tombstones(&mut plan, table, &tombs)?
+        + plan::hold_back(&mut plan, table, tombstones.pending())?;
+    Ok((plan, blocked))
+}
+
+/// An attempt's third stage: a column whose type the batch widens takes the wider type
+/// first, once every check passed (a commit of its own, kept in `kept`: a conflict retries
+/// the attempt, not the widening); the plan follows the table's columns and types, and the
+/// table takes the batch's new columns.
+async fn aligned(
+    table: &TableConfig,
+    target: DeltaTable,
+    plan: &mut MergePlan,
+    files: &[String],
+    kept: &mut Kept,
+) -> Result<DeltaTable> {
+    let (target, widened) = crate::widen::widen(
+        table,
+        &table.name,
+        target,
+        &plan.table_schema(),
+        delta::writer_properties(table),
+        files,
+    )
+    .await?;
+    kept.widened.push(widened);
+    delta::align_to_table(table, plan, &target)?;
+    delta::add_new_columns(table, target, &plan.table_schema()).await
+}
+
+/// The post-commit observers' outcome in the batch's report.
+pub(super) fn published(report: &mut TableReport, p: crate::commit::Published) {
+    report.manifests_written = p.manifests_written;
+    report.manifests_deleted = p.manifests_deleted;
+    report.manifests_caught_up = p.caught_up;
+    report.manifest_error = p.manifest_error;
+    report.phases_ms.manifests = p.manifests_ms;
+    report.phases_ms.catalog = p.catalog_ms;
+    report.phases_ms.watermark = p.watermark_ms;
+    report.watermark = p.watermark;
+    report.watermark_error = p.watermark_error;
+    absorb(report, p.catalog);
+}
+
+/// The history table's report in the batch's.
+fn adopt_history(report: &mut TableReport, mut r: crate::history::HistoryReport, ms: u64) {
+    absorb(report, r.catalog.take());
+    report.history = Some(r);
+    report.phases_ms.history = ms;
 }
 
 /// The Delta application transactions that record the batch's files as applied: full

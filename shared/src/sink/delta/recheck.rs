@@ -9,12 +9,30 @@
 
 use deltalake::DeltaTable;
 
-use super::TableReport;
 use crate::config::TableConfig;
 use crate::delta::{self, MergeExtras};
 use crate::error::{Error, Result};
 use crate::plan::{self, MergePlan};
 use crate::tombstones::{self, Tombstones};
+
+/// What a re-check deleted (rows a newer tombstone superseded) and the files it changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Rechecked {
+    pub(super) deleted: usize,
+    /// Rows of the plan the tombstones turned into deletes.
+    pub(super) blocked: usize,
+    pub(super) files_added: usize,
+    pub(super) files_removed: usize,
+}
+
+impl std::ops::AddAssign for Rechecked {
+    fn add_assign(&mut self, o: Self) {
+        self.deleted += o.deleted;
+        self.blocked += o.blocked;
+        self.files_added += o.files_added;
+        self.files_removed += o.files_removed;
+    }
+}
 
 /// Rounds of re-checking before giving up (each round means yet another concurrent delete).
 const MAX_ROUNDS: u32 = 5;
@@ -25,28 +43,30 @@ pub(super) async fn recheck_tombstones(
     plan: &mut MergePlan,
     tombs: &mut Tombstones<'_>,
     files: &[String],
-    report: &mut TableReport,
-) -> Result<DeltaTable> {
+) -> Result<(DeltaTable, Rechecked)> {
+    let mut done = Rechecked::default();
     if plan.upserts == 0 {
-        return Ok(target);
+        return Ok((target, done));
     }
     for _ in 0..MAX_ROUNDS {
         // Unchanged tombstone table since the last read: nothing new to apply.
         let Some(read) = tombs.read_if_changed(plan).await? else {
-            return Ok(target);
+            return Ok((target, done));
         };
         let Some(mut fix) = tombstones::superseded_upserts(table, plan, &read)? else {
-            return Ok(target);
+            return Ok((target, done));
         };
         plan::apply_tombstones(plan, table, &read)?;
         delta::align_to_table(table, &mut fix, &target)?;
         let (t, _, m) =
             super::batch::write(table, target, &fix, files, &MergeExtras::default()).await?;
         target = t;
-        report.deleted += m.deleted;
-        report.blocked_by_tombstone += fix.deletes;
-        report.files_added += m.files_added;
-        report.files_removed += m.files_removed;
+        done += Rechecked {
+            deleted: m.deleted,
+            blocked: fix.deletes,
+            files_added: m.files_added,
+            files_removed: m.files_removed,
+        };
     }
     Err(Error::Contention {
         table: table.name.clone(),

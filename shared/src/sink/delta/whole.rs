@@ -13,6 +13,7 @@ use deltalake::kernel::Action;
 use deltalake::DeltaTable;
 use url::Url;
 
+use super::recheck::Rechecked;
 use super::{DeltaSink, TableReport, TableView, Whole};
 use crate::config::TableConfig;
 use crate::delta;
@@ -270,24 +271,30 @@ impl DeltaSink {
                 after.clone(),
                 (file, raw),
                 (&mut tombstones, first_read),
-                &mut report,
             )
             .await;
         let (after, failed) = match recheck {
-            Ok(t) => (t, None),
+            Ok((t, r)) => {
+                report.deleted += r.deleted;
+                report.blocked_by_tombstone += r.blocked;
+                report.files_added += r.files_added;
+                report.files_removed += r.files_removed;
+                (t, None)
+            }
             Err(e) => (after, Some(e)),
         };
         report.version = after.version();
         tracing::info!(table = %table.name, file = %name, slices = w.slices, rows = w.rows, files_added = written, write_wait_ms = w.write_wait_ms, total_ms = start.elapsed().as_millis() as u64, "appended the whole file in one commit");
-        self.after_merge(
-            table,
-            crate::commit::Committed {
-                watermark: carried,
-                ..crate::commit::Committed::since(before, after)
-            },
-            &mut report,
-        )
-        .await;
+        let published = self
+            .after_merge(
+                table,
+                crate::commit::Committed {
+                    watermark: carried,
+                    ..crate::commit::Committed::since(before, after)
+                },
+            )
+            .await;
+        super::batch::published(&mut report, published);
         if let Some(e) = failed {
             // Committed, but a delete recorded meanwhile may not be applied: the file fails
             // (retried: its rows are there, and the tombstone turns them into the delete).
@@ -349,10 +356,10 @@ impl DeltaSink {
         mut target: DeltaTable,
         (file, raw): (&Url, &source::RawFile),
         (tombstones, first_read): (&mut Tombstones<'_>, Option<u64>),
-        report: &mut TableReport,
-    ) -> Result<DeltaTable> {
+    ) -> Result<(DeltaTable, Rechecked)> {
+        let mut done = Rechecked::default();
         if !tombstones.moved_since(first_read).await? {
-            return Ok(target);
+            return Ok((target, done));
         }
         let view = TableView::open(table, &self.options).await?;
         let files = [storage::display(file)];
@@ -364,14 +371,15 @@ impl DeltaSink {
                 plan: plan::plan(table, std::slice::from_ref(&cs))?,
                 tombstones: &mut *tombstones,
                 files: &files,
-                report: &mut *report,
             };
-            target = crate::retry::Retry::new(&table.name, table.limits.max_commit_attempts)
-                .drive("tombstone re-check", &mut recheck)
-                .await?
-                .0;
+            let r;
+            ((target, r), _) =
+                crate::retry::Retry::new(&table.name, table.limits.max_commit_attempts)
+                    .drive("tombstone re-check", &mut recheck)
+                    .await?;
+            done += r;
         }
-        Ok(target)
+        Ok((target, done))
     }
 }
 
@@ -383,13 +391,12 @@ struct Rechecking<'a, 'b> {
     plan: MergePlan,
     tombstones: &'a mut Tombstones<'b>,
     files: &'a [String],
-    report: &'a mut TableReport,
 }
 
 impl crate::retry::Attempts for Rechecking<'_, '_> {
-    type Out = DeltaTable;
+    type Out = (DeltaTable, Rechecked);
 
-    async fn attempt(&mut self, n: u32) -> Result<DeltaTable> {
+    async fn attempt(&mut self, n: u32) -> Result<Self::Out> {
         if n > 1 {
             self.target
                 .update_incremental(None)
@@ -404,7 +411,6 @@ impl crate::retry::Attempts for Rechecking<'_, '_> {
             &mut p,
             self.tombstones,
             self.files,
-            self.report,
         )
         .await
     }
