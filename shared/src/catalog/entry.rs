@@ -56,6 +56,10 @@ pub(crate) struct Existing {
     pub(crate) serde_parameters: HashMap<String, String>,
     pub(crate) parameters: HashMap<String, String>,
     pub(crate) table_type: Option<String>,
+    #[cfg_attr(
+        not(feature = "glue"),
+        allow(dead_code, reason = "read by the SDK's update call")
+    )]
     pub(crate) version_id: Option<String>,
 }
 

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use aws_sdk_glue::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_glue::types::{
@@ -12,7 +13,13 @@ use aws_sdk_glue::types::{
 };
 use aws_sdk_glue::Client;
 
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+use tokio::sync::OnceCell;
+
 use super::entry::{Desired, Existing, GluePartition};
+use super::Failure;
 use crate::error::{Error, Result};
 
 /// Largest batches Glue accepts.
@@ -28,22 +35,54 @@ pub(crate) struct Glue {
     calls: AtomicU64,
 }
 
-/// How a call failed, for the callers that handle some failures.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    NotFound,
-    AlreadyExists,
-    /// Somebody else updated the entry since it was read (optimistic concurrency).
-    Concurrent,
-    Other(Box<Error>),
+/// The Glue client of a process: built on first use from the environment (as the AWS CLI
+/// is) or from a given AWS configuration.
+#[derive(Debug, Default)]
+pub(crate) struct Connection {
+    preset: Option<SdkConfig>,
+    client: OnceCell<Client>,
 }
 
-impl Failure {
-    pub(crate) fn into_error(self, entry: &str, what: &str) -> Error {
-        match self {
-            Failure::Other(e) => *e,
-            f => Error::catalog(entry, format!("{what}: {f:?}"), true),
+impl Connection {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn with(config: SdkConfig) -> Self {
+        Connection {
+            preset: Some(config),
+            client: OnceCell::new(),
         }
+    }
+
+    pub(crate) async fn glue(&self) -> Glue {
+        let client = self
+            .client
+            .get_or_init(|| async {
+                let config = match &self.preset {
+                    Some(c) => c.clone(),
+                    None => {
+                        // As for S3 (`tuning`): us-east-1 when nothing names a region.
+                        let region =
+                            aws_config::meta::region::RegionProviderChain::default_provider()
+                                .or_else("us-east-1");
+                        aws_config::defaults(BehaviorVersion::latest())
+                            .region(region)
+                            .retry_config(RetryConfig::standard().with_max_attempts(3))
+                            .timeout_config(
+                                TimeoutConfig::builder()
+                                    .connect_timeout(Duration::from_secs(3))
+                                    .operation_timeout(Duration::from_secs(20))
+                                    .build(),
+                            )
+                            .load()
+                            .await
+                    }
+                };
+                Client::new(&config)
+            })
+            .await;
+        Glue::new(client.clone())
     }
 }
 
@@ -84,7 +123,7 @@ fn build<T>(entry: &str, r: Result<T, aws_sdk_glue::error::BuildError>) -> Resul
 }
 
 impl Glue {
-    pub(crate) fn new(client: Client) -> Self {
+    fn new(client: Client) -> Self {
         Glue {
             client,
             calls: AtomicU64::new(0),

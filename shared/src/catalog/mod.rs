@@ -19,26 +19,47 @@
 //! unless the table's `adopt = true`.
 
 mod entry;
+// The Glue API on the AWS SDK, or — built without the `glue` feature — the same calls
+// refusing by name (and `[table.catalog]` refused at start-up, `config`).
+#[cfg_attr(not(feature = "glue"), path = "glue_off.rs")]
 mod glue;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
-use aws_config::{BehaviorVersion, SdkConfig};
 use deltalake::DeltaTable;
 use serde::Serialize;
-use tokio::sync::OnceCell;
 
 use crate::config::{CatalogConfig, EntryKind, TableConfig};
 use crate::delta;
 use crate::error::{Error, Result};
 use crate::manifest::{Behind, LiveFile};
 use entry::{Desired, GluePartition, Verdict};
-use glue::{Failure, Glue};
+use glue::{Connection, Glue};
+
+/// How a Glue call failed, for the callers that handle some failures.
+#[derive(Debug)]
+#[cfg_attr(
+    not(feature = "glue"),
+    allow(dead_code, reason = "only the SDK's answers are told apart")
+)]
+pub(crate) enum Failure {
+    NotFound,
+    AlreadyExists,
+    /// Somebody else updated the entry since it was read (optimistic concurrency).
+    Concurrent,
+    Other(Box<Error>),
+}
+
+impl Failure {
+    pub(crate) fn into_error(self, entry: &str, what: &str) -> Error {
+        match self {
+            Failure::Other(e) => *e,
+            f => Error::catalog(entry, format!("{what}: {f:?}"), true),
+        }
+    }
+}
 
 /// Attempts of an entry's read-compare-write when another writer changes it in between.
 const ENTRY_ATTEMPTS: usize = 3;
@@ -100,8 +121,7 @@ impl CatalogReport {
 /// settings never loads it.
 #[derive(Debug)]
 pub struct Catalog {
-    preset: Option<SdkConfig>,
-    client: OnceCell<aws_sdk_glue::Client>,
+    connection: Connection,
     /// Entries (`database.name`) whose last sync failed: the next merge syncs them fully.
     dirty: Mutex<BTreeSet<String>>,
 }
@@ -116,48 +136,22 @@ impl Catalog {
     /// A client configured from the environment (as the AWS CLI is), on first use.
     pub fn from_env() -> Self {
         Catalog {
-            preset: None,
-            client: OnceCell::new(),
+            connection: Connection::new(),
             dirty: Mutex::new(BTreeSet::new()),
         }
     }
 
     /// A client with this AWS configuration (tests, embedding).
-    pub fn from_sdk_config(config: SdkConfig) -> Self {
+    #[cfg(feature = "glue")]
+    pub fn from_sdk_config(config: aws_config::SdkConfig) -> Self {
         Catalog {
-            preset: Some(config),
+            connection: Connection::with(config),
             ..Self::from_env()
         }
     }
 
     async fn glue(&self) -> Glue {
-        let client = self
-            .client
-            .get_or_init(|| async {
-                let config = match &self.preset {
-                    Some(c) => c.clone(),
-                    None => {
-                        // As for S3 (storage.rs): us-east-1 when nothing names a region.
-                        let region =
-                            aws_config::meta::region::RegionProviderChain::default_provider()
-                                .or_else("us-east-1");
-                        aws_config::defaults(BehaviorVersion::latest())
-                            .region(region)
-                            .retry_config(RetryConfig::standard().with_max_attempts(3))
-                            .timeout_config(
-                                TimeoutConfig::builder()
-                                    .connect_timeout(Duration::from_secs(3))
-                                    .operation_timeout(Duration::from_secs(20))
-                                    .build(),
-                            )
-                            .load()
-                            .await
-                    }
-                };
-                aws_sdk_glue::Client::new(&config)
-            })
-            .await;
-        Glue::new(client.clone())
+        self.connection.glue().await
     }
 
     fn is_dirty(&self, key: &str) -> bool {

@@ -719,6 +719,9 @@ fn catalog(
     if t.is_none() && d.is_none() {
         return Ok(None);
     }
+    if !cfg!(feature = "glue") {
+        return Err("this tributary was built without the `glue` feature, which keeps Glue Data Catalog entries: build it with the default features, or remove the catalog settings".into());
+    }
     let (t, d) = (
         t.cloned().unwrap_or_default(),
         d.cloned().unwrap_or_default(),
