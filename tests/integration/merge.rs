@@ -695,7 +695,9 @@ async fn sqs_batch_reports_only_the_bad_message_as_failed() {
         serde_json::json!({"batchItemFailures":[{"itemIdentifier":"bad"}]})
     );
     assert!(
-        handled.failed_messages[0].1.contains("20240101 2.parquet"),
+        handled.failed_messages[0]
+            .reason
+            .contains("20240101 2.parquet"),
         "{:?}",
         handled.failed_messages
     );

@@ -1,6 +1,6 @@
-//! The merge handler: an invocation's payload parsed (`crate::events`), every announced file
-//! merged, the messages that failed worked out — FIFO messages with files that cannot be
-//! merged moved to the dead-letter queue when `crate::queues` says so — and the response.
+//! The merge handler: an invocation's messages (`crate::events`) merged, the messages that
+//! failed worked out — messages with files that cannot be merged moved aside when the
+//! transport (`crate::transport`) does that — and the response.
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,22 +10,44 @@ use url::Url;
 
 use tributary::{Engine, FileStatus, ProcessReport};
 
-use crate::events::{parse, Invocation, Trigger};
+use crate::events::{EventError, Invocation, Message, Object, Trigger};
+use crate::transport::{Direct, Transport};
 use crate::FunctionError;
+
+/// A message reported failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Its SQS message id (`None`: the one message of a direct invocation).
+    pub id: Option<String>,
+    /// Why: its failed files' errors, joined with `; `, or why it is not understood.
+    pub reason: String,
+    /// Whether trying again may succeed (a retryable error, or a dead-lettering that
+    /// failed): those are retried after a short, growing delay
+    /// ([`crate::transport::Transport::settle`]).
+    pub retryable: bool,
+}
+
+/// A message whose failed files were moved to the dead-letter queue (its other files
+/// merged): not reported failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLettered {
+    pub id: String,
+    /// Its failed files' errors, joined with `; `.
+    pub reason: String,
+}
 
 /// What the merge handler did with one invocation.
 #[derive(Debug)]
 pub struct Handled {
     pub trigger: Trigger,
     pub report: ProcessReport,
-    /// Message ids to report as failed (SQS), with reasons and whether trying again may
-    /// succeed (a retryable error, or a dead-lettering that failed): those are retried after
-    /// a short, growing delay ([`crate::queues::Queues::back_off`]).
-    pub failed_messages: Vec<(Option<String>, String, bool)>,
+    /// The messages to report as failed (SQS), with reasons and whether trying again may
+    /// succeed.
+    pub failed_messages: Vec<Failure>,
     /// FIFO messages with files that cannot be merged (not retryable): those files were
     /// moved to the dead-letter queue (the message's other files merged) so that they do not
-    /// hold up their table: (message id, reason).
-    pub dead_lettered: Vec<(String, String)>,
+    /// hold up their table.
+    pub dead_lettered: Vec<DeadLettered>,
     /// Failed messages whose every failed file only waits for a widening that went as far as
     /// the invocation's time allowed (`tributary::Error::Widening`, staged): received again
     /// at once, not backed off, so that the next attempt goes on with the rewrite.
@@ -39,8 +61,8 @@ impl Handled {
     pub fn to_back_off(&self) -> Vec<String> {
         self.failed_messages
             .iter()
-            .filter(|(_, _, retryable)| *retryable)
-            .filter_map(|(id, ..)| id.clone())
+            .filter(|f| f.retryable)
+            .filter_map(|f| f.id.clone())
             .filter(|id| !self.go_on.contains(id))
             .collect()
     }
@@ -52,11 +74,7 @@ impl Handled {
         match self.trigger {
             Trigger::Sqs => {
                 let mut r = SqsBatchResponse::default();
-                for id in self
-                    .failed_messages
-                    .iter()
-                    .filter_map(|(id, ..)| id.as_ref())
-                {
+                for id in self.failed_messages.iter().filter_map(|f| f.id.as_ref()) {
                     r.add_failure(id.clone());
                 }
                 Ok(serde_json::to_value(r)?)
@@ -67,7 +85,7 @@ impl Handled {
                 reasons: self
                     .failed_messages
                     .iter()
-                    .map(|(_, r, _)| r.as_str())
+                    .map(|f| f.reason.as_str())
                     .collect::<Vec<_>>()
                     .join("; "),
             }),
@@ -75,52 +93,43 @@ impl Handled {
     }
 }
 
-/// Parse the event, merge every announced file, and work out which messages failed.
+/// Parse the event, merge every announced file, and work out which messages failed —
+/// moving nothing aside ([`Direct`]): the entry for callers that hold the JSON (tests).
 pub async fn handle(engine: &Engine, event: &Value) -> Result<Handled, FunctionError> {
-    handle_with(engine, None, event).await
+    let inv = Invocation::parse(event)?;
+    Ok(merge(engine, &Direct, &inv).await)
 }
 
-/// [`handle`], moving FIFO messages that cannot be merged to the dead-letter queue when
-/// `queues` says so (see [`crate::queues`]).
-pub async fn handle_with(
-    engine: &Engine,
-    queues: Option<&crate::queues::Queues>,
-    event: &Value,
-) -> Result<Handled, FunctionError> {
-    let inv = parse(event).map_err(FunctionError::Event)?;
-    let all = announced(&inv);
+/// Merge every file the invocation's messages announce, and work out which messages
+/// failed, moving those with files that cannot be merged aside when `transport` does that.
+pub async fn merge(engine: &Engine, transport: &impl Transport, inv: &Invocation) -> Handled {
+    let all: Vec<Url> = inv
+        .messages
+        .iter()
+        .flat_map(Message::urls)
+        .cloned()
+        .collect();
     let report = engine.process(&all).await;
     let failures = Failures::of(engine, &all, &report);
-    let dead_letter_to = queues.filter(|q| q.dead_letters(event));
+    let dead_letter_to = Some(transport).filter(|t| t.dead_letters(inv));
     let mut fates = Fates::default();
     for m in &inv.messages {
         match &m.objects {
-            Err(reason) => fates.not_understood(&m.id, reason),
+            Err(e) => fates.not_understood(m.id.as_ref(), e),
             Ok(objs) => {
                 if let Some(failed) = failures.of_message(engine, objs) {
-                    fates.failed(&m.id, failed, event, dead_letter_to).await;
+                    fates.failed(m, failed, dead_letter_to).await;
                 }
             }
         }
     }
-    Ok(Handled {
+    Handled {
         trigger: inv.trigger,
         report,
         failed_messages: fates.failed,
         dead_lettered: fates.dead_lettered,
         go_on: fates.go_on,
-    })
-}
-
-/// The files the invocation's messages announce, in message order.
-fn announced(inv: &Invocation) -> Vec<Url> {
-    let mut all = Vec::new();
-    for m in &inv.messages {
-        if let Ok(objs) = &m.objects {
-            all.extend(objs.iter().cloned());
-        }
     }
-    all
 }
 
 /// The files of a merge that failed, by the URL their event announced them under.
@@ -174,10 +183,10 @@ impl<'r> Failures<'r> {
     }
 
     /// The failed files among a message's `objs`; `None` when all of them merged.
-    fn of_message(&self, engine: &Engine, objs: &[Url]) -> Option<MessageFailure> {
+    fn of_message(&self, engine: &Engine, objs: &[Object]) -> Option<MessageFailure> {
         let (files, errs): (Vec<Url>, Vec<&(String, bool)>) = objs
             .iter()
-            .filter_map(|o| self.errors.get(o).map(|e| (o.clone(), e)))
+            .filter_map(|o| self.errors.get(&o.url).map(|e| (o.url.clone(), e)))
             .unzip();
         if errs.is_empty() {
             return None;
@@ -203,30 +212,33 @@ impl<'r> Failures<'r> {
 /// What becomes of the invocation's messages, as [`Handled`] reports it.
 #[derive(Default)]
 struct Fates {
-    failed: Vec<(Option<String>, String, bool)>,
-    dead_lettered: Vec<(String, String)>,
+    failed: Vec<Failure>,
+    dead_lettered: Vec<DeadLettered>,
     go_on: Vec<String>,
 }
 
 impl Fates {
     /// A message whose body cannot be understood: failed, not retryable.
-    fn not_understood(&mut self, id: &Option<String>, reason: &str) {
-        tracing::error!(message_id = ?id, error = %reason, "cannot understand message");
+    fn not_understood(&mut self, id: Option<&String>, error: &EventError) {
+        tracing::error!(message_id = ?id, error = %error, "cannot understand message");
         // Not retryable: the same body fails again (SQS redelivers it after the
         // queue's timeout, then dead-letters it).
-        self.failed.push((id.clone(), reason.to_string(), false));
+        self.failed.push(Failure {
+            id: id.cloned(),
+            reason: error.to_string(),
+            retryable: false,
+        });
     }
 
     /// A message with files that failed: moved to the dead-letter queue when
     /// `dead_letter_to` takes it and trying again cannot help, reported failed otherwise.
     async fn failed(
         &mut self,
-        id: &Option<String>,
+        m: &Message,
         failure: MessageFailure,
-        event: &Value,
-        dead_letter_to: Option<&crate::queues::Queues>,
+        dead_letter_to: Option<&impl Transport>,
     ) {
-        if let (Some(id), true) = (id, failure.staged) {
+        if let (Some(id), true) = (&m.id, failure.staged) {
             self.go_on.push(id.clone());
         }
         let MessageFailure {
@@ -235,21 +247,32 @@ impl Fates {
             retryable,
             ..
         } = failure;
-        if let (false, Some(q), Some(id)) = (retryable, dead_letter_to, id) {
-            match q.dead_letter(event, id, &files, &reason).await {
+        if let (false, Some(t), Some(id)) = (retryable, dead_letter_to, &m.id) {
+            match t.dead_letter(m, &files, &reason).await {
                 Ok(()) => {
                     tracing::error!(message_id = %id, error = %reason, "moved to the dead-letter queue (cannot be merged; its table goes on)");
-                    self.dead_lettered.push((id.clone(), reason));
+                    self.dead_lettered.push(DeadLettered {
+                        id: id.clone(),
+                        reason,
+                    });
                 }
                 Err(e) => {
                     tracing::error!(message_id = %id, error = %e, "could not move the message to the dead-letter queue; reporting it failed");
                     // The move, not the file, failed: tried again soon.
-                    self.failed.push((Some(id.clone()), reason, true));
+                    self.failed.push(Failure {
+                        id: Some(id.clone()),
+                        reason,
+                        retryable: true,
+                    });
                 }
             }
             return;
         }
-        self.failed.push((id.clone(), reason, retryable));
+        self.failed.push(Failure {
+            id: m.id.clone(),
+            reason,
+            retryable,
+        });
     }
 }
 
@@ -284,7 +307,7 @@ mod tests {
         let failed: Vec<(Option<&str>, bool)> = handled
             .failed_messages
             .iter()
-            .map(|(id, _, r)| (id.as_deref(), *r))
+            .map(|f| (f.id.as_deref(), f.retryable))
             .collect();
         assert_eq!(
             failed,
@@ -294,14 +317,167 @@ mod tests {
         let dead = Handled {
             trigger: Trigger::Sqs,
             report: handled.report,
-            failed_messages: vec![(Some("a".into()), "x".into(), false)],
-            dead_lettered: vec![("b".into(), "y".into())],
+            failed_messages: vec![Failure {
+                id: Some("a".into()),
+                reason: "x".into(),
+                retryable: false,
+            }],
+            dead_lettered: vec![DeadLettered {
+                id: "b".into(),
+                reason: "y".into(),
+            }],
             go_on: vec![],
         };
         assert!(
             dead.to_back_off().is_empty(),
             "not retryable, or dead-lettered"
         );
+    }
+
+    /// Table `t` fed from `s3://raw/dms/s/t/`; files no table owns fail, retryably.
+    fn engine_failing_unowned() -> Engine {
+        Engine::new(
+            tributary::Config::from_toml(
+                "[[table]]\nname = \"t\"\nsource = \"s3://raw/dms/s/t/\"\ntarget = \"s3://c/t\"\nprimary_key = [\"id\"]\n",
+                "t",
+                None,
+            )
+            .unwrap(),
+        )
+        .failing_unowned("the newer configuration does not load")
+    }
+
+    fn sqs_of(id: &str, key: &str) -> Value {
+        let body = json!({"Records":[{"eventName":"ObjectCreated:Put",
+            "s3":{"bucket":{"name":"raw"},"object":{"key":key}}}]});
+        json!({"messageId": id, "eventSource": "aws:sqs",
+            "eventSourceARN": "arn:aws:sqs:us-east-1:1:t.fifo", "body": body.to_string()})
+    }
+
+    /// A body that is not JSON fails its message alone, named, not retryable (not backed
+    /// off); the batch's other messages merge.
+    #[tokio::test]
+    async fn an_unparseable_body_is_a_named_failure_that_is_not_retried_soon() {
+        let ev = json!({"Records":[
+            {"messageId":"ok","eventSource":"aws:sqs","body": "{\"Event\":\"s3:TestEvent\"}"},
+            {"messageId":"garbled","eventSource":"aws:sqs","body": "{\"Records\": ["},
+        ]});
+        let handled = handle(&engine_failing_unowned(), &ev).await.unwrap();
+        assert_eq!(
+            handled.failed_messages.len(),
+            1,
+            "{:?}",
+            handled.failed_messages
+        );
+        let garbled = &handled.failed_messages[0];
+        assert_eq!(garbled.id.as_deref(), Some("garbled"));
+        assert!(!garbled.retryable);
+        assert!(
+            garbled.reason.starts_with("SQS message body is not JSON: "),
+            "{}",
+            garbled.reason
+        );
+        assert!(!handled.to_back_off().contains(&"garbled".to_string()));
+        assert_eq!(
+            handled.response().unwrap(),
+            json!({"batchItemFailures":[{"itemIdentifier":"garbled"}]})
+        );
+    }
+
+    /// What a transport was asked to move aside: (message id, files, reason).
+    type Moved = (Option<String>, Vec<String>, String);
+
+    /// A transport that records what it is asked to move aside, and can fail to.
+    #[derive(Default)]
+    struct Recorder {
+        moved: std::sync::Mutex<Vec<Moved>>,
+        refuse: bool,
+    }
+
+    impl Transport for Recorder {
+        async fn forward(
+            &self,
+            _: &Engine,
+            _: &Invocation,
+        ) -> Option<Result<Value, FunctionError>> {
+            None
+        }
+
+        fn dead_letters(&self, _: &Invocation) -> bool {
+            true
+        }
+
+        async fn dead_letter(
+            &self,
+            m: &Message,
+            files: &[Url],
+            reason: &str,
+        ) -> Result<(), crate::transport::TransportError> {
+            let files = files.iter().map(tributary::storage::display).collect();
+            if let Ok(mut moved) = self.moved.lock() {
+                moved.push((m.id.clone(), files, reason.to_string()));
+            }
+            match self.refuse {
+                true => Err(crate::transport::TransportError::Sqs("SQS is down".into())),
+                false => Ok(()),
+            }
+        }
+
+        async fn settle(&self, _: &Invocation, _: &[String], _: &[String]) {}
+    }
+
+    /// Through the seam: a message with a file that cannot be merged is moved aside (not
+    /// reported failed); a retryable failure and a message not understood are not; a move
+    /// that fails reports the message failed, retryable.
+    #[tokio::test]
+    async fn files_that_cannot_be_merged_are_moved_aside_through_the_transport() {
+        let engine = engine_failing_unowned();
+        let ev = json!({"Records":[
+            sqs_of("bad", "dms/s/t/notes.txt"),
+            sqs_of("unowned", "dms/other/x.parquet"),
+            {"messageId":"garbled","eventSource":"aws:sqs","body": "not json"},
+        ]});
+        let inv = Invocation::parse(&ev).unwrap();
+        let moving = Recorder::default();
+        let handled = merge(&engine, &moving, &inv).await;
+        let moved = moving.moved.lock().unwrap().clone();
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert_eq!(moved[0].0.as_deref(), Some("bad"));
+        assert_eq!(moved[0].1, vec!["s3://raw/dms/s/t/notes.txt".to_string()]);
+        assert_eq!(
+            handled.dead_lettered,
+            vec![DeadLettered {
+                id: "bad".into(),
+                reason: moved[0].2.clone()
+            }]
+        );
+        let failed: Vec<(Option<&str>, bool)> = handled
+            .failed_messages
+            .iter()
+            .map(|f| (f.id.as_deref(), f.retryable))
+            .collect();
+        assert_eq!(
+            failed,
+            vec![(Some("unowned"), true), (Some("garbled"), false)]
+        );
+
+        let refusing = Recorder {
+            refuse: true,
+            ..Default::default()
+        };
+        let handled = merge(&engine, &refusing, &inv).await;
+        assert!(handled.dead_lettered.is_empty());
+        let bad = &handled.failed_messages[0];
+        assert_eq!((bad.id.as_deref(), bad.retryable), (Some("bad"), true));
+        assert_eq!(
+            handled.to_back_off(),
+            vec!["bad".to_string(), "unowned".to_string()]
+        );
+        // Directly: nothing is moved aside.
+        let handled = merge(&engine, &Direct, &inv).await;
+        assert!(handled.dead_lettered.is_empty());
+        assert_eq!(handled.failed_messages.len(), 3);
+        assert!(!handled.failed_messages[0].retryable);
     }
 
     /// A widening staged as far as the invocation's time allowed (`tributary::budget`): its
@@ -367,7 +543,11 @@ mod tests {
             "{:?}",
             handled.failed_messages
         );
-        let (id, reason, retryable) = &handled.failed_messages[0];
+        let Failure {
+            id,
+            reason,
+            retryable,
+        } = &handled.failed_messages[0];
         assert_eq!(id.as_deref(), Some("wide"));
         assert!(
             *retryable && reason.contains("1 of 2 data files"),

@@ -1,19 +1,34 @@
 //! The Lambda adapter the two function crates share (`functions/merge`,
 //! `functions/maintenance`), kept out of the core library `tributary` so that it builds and
-//! tests without any Lambda crate: event payloads ([`events`]), the merge handler
-//! ([`handler`]: merge, dead-letter, respond), the configuration in force
-//! ([`live`]), FIFO forwarding and dead-lettering ([`queues`]), CloudWatch metrics
-//! ([`metrics`]), what both binaries do at cold start ([`run`]), and the typed errors a
-//! handler returns ([`FunctionError`], mapped to the runtime's diagnostic).
+//! tests without any Lambda crate: the merge function's event payloads ([`events`]) and the
+//! maintenance function's request ([`maintenance`]), each parsed into a type at the edge
+//! ([`Payload`]); the merge handler ([`handler`]: merge, dead-letter, respond), how
+//! messages came and how their fates are settled ([`transport`]: directly, or through SQS
+//! with FIFO forwarding, back-off and dead-lettering in [`queues`]), the configuration in
+//! force ([`live`]), CloudWatch metrics ([`metrics`]), what both binaries do at cold start
+//! ([`run`]), and the typed errors a handler returns ([`FunctionError`], mapped to the
+//! runtime's diagnostic).
 
 pub mod events;
 pub mod handler;
 pub mod live;
+pub mod maintenance;
 pub mod metrics;
 pub mod queues;
+pub mod transport;
 
 use tributary::{Engine, Error, Result};
 use url::Url;
+
+use events::{Announces, EventError};
+
+/// A function's payload, parsed from the invocation's JSON before its handler runs: the
+/// merge function's [`events::Invocation`], the maintenance function's
+/// [`maintenance::MaintenanceRequest`]. A payload that does not parse fails the invocation
+/// with the [`EventError`] (`tributary.event`).
+pub trait Payload: Announces + Sized + Send + 'static {
+    fn parse(payload: serde_json::Value) -> std::result::Result<Self, EventError>;
+}
 
 /// JSON logs on stdout (CloudWatch), filtered by `RUST_LOG` or [`tributary::LOG_FILTER`].
 pub fn init_tracing() {
@@ -76,10 +91,11 @@ async fn engine_at(location: &str) -> Result<Engine> {
 
 /// A function's life: JSON logs, the engine built at cold start (a bad configuration fails
 /// the init with the reason) and again when the configuration changes ([`live`]), then
-/// `handler` for every invocation's payload.
-pub async fn run<F, Fut>(handler: F) -> std::result::Result<(), lambda_runtime::Error>
+/// `handler` for every invocation's payload, parsed into `P`.
+pub async fn run<P, F, Fut>(handler: F) -> std::result::Result<(), lambda_runtime::Error>
 where
-    F: Fn(std::sync::Arc<Engine>, serde_json::Value) -> Fut,
+    P: Payload,
+    F: Fn(std::sync::Arc<Engine>, P) -> Fut,
     Fut: std::future::Future<Output = std::result::Result<serde_json::Value, FunctionError>>,
 {
     init_tracing();
@@ -97,12 +113,13 @@ where
             let live = live.clone();
             let handler = handler.clone();
             async move {
-                let engine = live.engine_for(&ev.payload).await?;
+                let payload = P::parse(ev.payload)?;
+                let engine = live.engine_for(&payload).await?;
                 match work_deadline(ev.context.deadline, now_ms()) {
                     Some(deadline) => {
-                        tributary::budget::within(deadline, handler(engine, ev.payload)).await
+                        tributary::budget::within(deadline, handler(engine, payload)).await
                     }
-                    None => handler(engine, ev.payload).await,
+                    None => handler(engine, payload).await,
                 }
             }
         },
@@ -145,8 +162,8 @@ pub fn maintenance_response(
 #[derive(Debug, thiserror::Error)]
 pub enum FunctionError {
     /// The payload is none of the events the function accepts.
-    #[error("unrecognised event: {0}")]
-    Event(String),
+    #[error(transparent)]
+    Event(#[from] EventError),
     /// Files of a direct (not SQS) invocation could not be merged.
     #[error("{count} file(s) not merged: {reasons}")]
     Files { count: usize, reasons: String },
@@ -229,5 +246,55 @@ mod tests {
             d.error_message,
             "maintenance failed for 1 table(s): a: boom"
         );
+    }
+
+    /// Every sample in `events/` (what `cargo lambda invoke --data-file` sends) parses as
+    /// the payload of the function it is for, every message of it understood.
+    #[test]
+    fn every_sample_event_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../events");
+        let mut parsed = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let payload: serde_json::Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"));
+            if name.contains("maintenance") {
+                maintenance::MaintenanceRequest::parse(&payload)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+            } else {
+                let inv =
+                    events::Invocation::parse(&payload).unwrap_or_else(|e| panic!("{name}: {e}"));
+                for m in &inv.messages {
+                    assert!(m.objects.is_ok(), "{name}: {:?}", m.objects);
+                }
+            }
+            parsed.push(name);
+        }
+        parsed.sort();
+        assert!(parsed.len() >= 9, "the samples were not found: {parsed:?}");
+    }
+
+    #[test]
+    fn the_maintenance_samples_ask_what_the_state_machine_asks() {
+        use maintenance::MaintenanceRequest as R;
+        let sample = |name: &str| {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../events")
+                .join(name);
+            let text = std::fs::read_to_string(path).unwrap();
+            R::parse(&serde_json::from_str(&text).unwrap()).unwrap()
+        };
+        assert_eq!(sample("maintenance-list.json"), R::List);
+        assert_eq!(sample("maintenance-cuts.json"), R::Cuts { tables: vec![] });
+        assert_eq!(
+            sample("maintenance-table.json"),
+            R::Maintain {
+                tables: vec!["travel_details".into()],
+                force: false
+            }
+        );
+        assert_eq!(sample("scheduled-maintenance.json"), R::every_table());
     }
 }

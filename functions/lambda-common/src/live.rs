@@ -19,6 +19,8 @@ use url::Url;
 use tributary::storage::Storage;
 use tributary::{Engine, Error, Result};
 
+use crate::events::Announces;
+
 /// The engine of the configuration in force.
 #[derive(Debug)]
 pub struct LiveEngine {
@@ -153,7 +155,7 @@ impl LiveEngine {
     /// there is one, the engine returned fails those files (retryably: `unowned`) instead of
     /// ignoring them — only their messages are retried, then dead-lettered; the other
     /// files of the invocation are merged.
-    pub async fn engine_for(&self, payload: &serde_json::Value) -> Result<Arc<Engine>> {
+    pub async fn engine_for(&self, payload: &impl Announces) -> Result<Arc<Engine>> {
         let engine = self.engine().await;
         if unowned(&engine, payload).is_none() {
             return Ok(engine);
@@ -243,12 +245,10 @@ impl LiveEngine {
 }
 
 /// The first file the payload announces that no table of `engine`'s configuration owns.
-fn unowned(engine: &Engine, payload: &serde_json::Value) -> Option<String> {
-    let inv = crate::events::parse(payload).ok()?;
-    inv.messages
+fn unowned(engine: &Engine, payload: &impl Announces) -> Option<String> {
+    payload
+        .objects()
         .iter()
-        .filter_map(|m| m.objects.as_ref().ok())
-        .flatten()
         .find(|f| engine.config().table_for(&engine.resolve(f)).is_none())
         .map(tributary::storage::display)
 }

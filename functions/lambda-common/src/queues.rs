@@ -38,7 +38,8 @@ use url::Url;
 
 use tributary::Engine;
 
-use crate::events;
+use crate::events::{self, Delivery, Invocation, Message};
+use crate::transport::{Transport, TransportError};
 use crate::FunctionError;
 
 /// Message group of notifications no configured table claims (the merge ignores them).
@@ -64,16 +65,6 @@ pub struct Queues {
     /// visibility timeout).
     pub retry_base: u32,
     client: OnceCell<aws_sdk_sqs::Client>,
-}
-
-/// One SQS record of an event.
-struct Record<'a> {
-    id: &'a str,
-    body: &'a str,
-    source: &'a str,
-    receipt: &'a str,
-    /// `attributes.ApproximateReceiveCount` (1 when absent).
-    receive_count: u32,
 }
 
 /// `TRIBUTARY_RETRY_BASE_SECONDS`: whole seconds from 0 (off) to [`RETRY_CAP_SECONDS`];
@@ -130,32 +121,13 @@ struct VisibilityBatch {
     entries: Vec<(String, String, String, i32)>,
 }
 
-fn records(event: &Value) -> Vec<Record<'_>> {
-    event
-        .get("Records")
-        .and_then(Value::as_array)
-        .map(|rs| {
-            rs.iter()
-                .filter(|r| r.get("eventSource").and_then(Value::as_str) == Some("aws:sqs"))
-                .map(|r| Record {
-                    id: r.get("messageId").and_then(Value::as_str).unwrap_or(""),
-                    body: r.get("body").and_then(Value::as_str).unwrap_or(""),
-                    source: r
-                        .get("eventSourceARN")
-                        .and_then(Value::as_str)
-                        .unwrap_or(""),
-                    receipt: r.get("receiptHandle").and_then(Value::as_str).unwrap_or(""),
-                    receive_count: r
-                        .pointer("/attributes/ApproximateReceiveCount")
-                        .and_then(|v| match v {
-                            Value::String(s) => s.parse().ok(),
-                            v => v.as_u64().and_then(|n| u32::try_from(n).ok()),
-                        })
-                        .unwrap_or(1),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+/// The SQS messages of an invocation, with their ids (empty when absent) and deliveries.
+fn deliveries(inv: &Invocation) -> impl Iterator<Item = (&str, &Delivery, &Message)> {
+    inv.messages.iter().filter_map(|m| {
+        m.delivery
+            .as_ref()
+            .map(|d| (m.id.as_deref().unwrap_or(""), d, m))
+    })
 }
 
 fn is_fifo(arn: &str) -> bool {
@@ -205,12 +177,12 @@ impl Queues {
         Some(format!("https://sqs.{region}.{domain}{tail}"))
     }
 
-    /// The visibility changes that back off the messages `ids` of `event`: per source
+    /// The visibility changes that back off the messages `ids` of `inv`: per source
     /// queue, calls of at most ten entries, each message's delay from its receive count
     /// ([`retry_delay`], with `jitter`). Nothing when the backoff is off.
     fn plan_back_off(
         &self,
-        event: &Value,
+        inv: &Invocation,
         ids: &[String],
         mut jitter: impl FnMut() -> f64,
     ) -> Vec<VisibilityBatch> {
@@ -218,14 +190,14 @@ impl Queues {
             return vec![];
         }
         let base = self.retry_base;
-        self.plan_visibility(event, ids, |n| retry_delay(base, n, jitter()))
+        self.plan_visibility(inv, ids, |n| retry_delay(base, n, jitter()))
     }
 
-    /// The visibility changes that make the messages `ids` of `event` visible again after
+    /// The visibility changes that make the messages `ids` of `inv` visible again after
     /// `delay(receive count)` seconds: per source queue, calls of at most ten entries.
     fn plan_visibility(
         &self,
-        event: &Value,
+        inv: &Invocation,
         ids: &[String],
         mut delay: impl FnMut(u32) -> i32,
     ) -> Vec<VisibilityBatch> {
@@ -235,14 +207,17 @@ impl Queues {
         let wanted: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
         let mut per_queue: BTreeMap<&str, Vec<(String, String, i32)>> = BTreeMap::new();
         let mut seen = BTreeSet::new();
-        for r in records(event) {
-            if !wanted.contains(r.id) || r.receipt.is_empty() || !seen.insert(r.id) {
+        for (id, d, _) in deliveries(inv) {
+            let Some(receipt) = d.receipt.as_deref().filter(|r| !r.is_empty()) else {
+                continue;
+            };
+            if !wanted.contains(id) || !seen.insert(id) {
                 continue;
             }
-            per_queue.entry(r.source).or_default().push((
-                r.id.to_string(),
-                r.receipt.to_string(),
-                delay(r.receive_count),
+            per_queue.entry(&d.queue_arn).or_default().push((
+                id.to_string(),
+                receipt.to_string(),
+                delay(d.receive_count),
             ));
         }
         let mut out = Vec::new();
@@ -271,21 +246,21 @@ impl Queues {
         out
     }
 
-    /// Make the messages `ids` of `event` (failed, retryable, reported in the partial
+    /// Make the messages `ids` of `inv` (failed, retryable, reported in the partial
     /// batch response) visible again after a short, growing delay instead of the queue's
     /// visibility timeout. A change that fails is logged (WARN): that message then waits
     /// the full timeout, as without the backoff.
-    pub async fn back_off(&self, event: &Value, ids: &[String]) {
-        self.change_visibility(self.plan_back_off(event, ids, random_jitter))
+    pub async fn back_off(&self, inv: &Invocation, ids: &[String]) {
+        self.change_visibility(self.plan_back_off(inv, ids, random_jitter))
             .await;
     }
 
-    /// Make the messages `ids` of `event` (failed: a widening staged as far as the
+    /// Make the messages `ids` of `inv` (failed: a widening staged as far as the
     /// invocation's time allowed) visible again at once ([`GO_ON_SECONDS`]), so that the
     /// next attempt goes on with it — whatever the backoff setting: it is progress, not a
     /// failure to wait out.
-    pub async fn go_on(&self, event: &Value, ids: &[String]) {
-        self.change_visibility(self.plan_visibility(event, ids, |_| GO_ON_SECONDS))
+    pub async fn go_on(&self, inv: &Invocation, ids: &[String]) {
+        self.change_visibility(self.plan_visibility(inv, ids, |_| GO_ON_SECONDS))
             .await;
     }
 
@@ -349,33 +324,31 @@ impl Queues {
             .await
     }
 
-    /// Whether this event is to be forwarded rather than merged: SQS messages of the
+    /// Whether this invocation is to be forwarded rather than merged: SQS messages of the
     /// routed (standard) queue, with forwarding on.
-    pub fn forwards(&self, event: &Value) -> bool {
+    pub fn forwards(&self, inv: &Invocation) -> bool {
         if self.route_to.is_none() {
             return false;
         }
-        let rs = records(event);
-        !rs.is_empty()
-            && rs.iter().all(|r| match &self.route_from {
-                Some(from) => r.source == from,
-                None => !is_fifo(r.source),
+        let mut sources = deliveries(inv)
+            .map(|(_, d, _)| d.queue_arn.as_str())
+            .peekable();
+        sources.peek().is_some()
+            && sources.all(|source| match &self.route_from {
+                Some(from) => source == from,
+                None => !is_fifo(source),
             })
     }
 
-    /// Whether failed messages of this event are moved to the dead-letter queue rather than
-    /// reported failed (FIFO messages, with a dead-letter queue configured).
-    pub fn dead_letters(&self, event: &Value) -> bool {
-        self.dead_letter_to.is_some() && records(event).iter().any(|r| is_fifo(r.source))
-    }
-
-    /// Forward every message to the FIFO queue, grouped by table. Returns the partial batch
-    /// response (messages that could not be forwarded are retried).
-    pub async fn forward(&self, engine: &Engine, event: &Value) -> Result<Value, FunctionError> {
-        let Some(to) = &self.route_to else {
-            return Err(FunctionError::Event("forwarding is not configured".into()));
-        };
-        let plan = plan_forward(engine, event);
+    /// Forward every message to the FIFO queue `to`, grouped by table. Returns the partial
+    /// batch response (messages that could not be forwarded are retried).
+    async fn forward_to(
+        &self,
+        to: &str,
+        engine: &Engine,
+        inv: &Invocation,
+    ) -> Result<Value, FunctionError> {
+        let plan = plan_forward(engine, inv);
         let mut failed: Vec<String> = plan.unreadable.clone();
         let sqs = self.sqs().await;
         for batch in send_batches(&plan.sends) {
@@ -438,7 +411,7 @@ impl Queues {
             .filter(|id| !plan.unreadable.contains(id))
             .cloned()
             .collect();
-        self.back_off(event, &unsent).await;
+        self.back_off(inv, &unsent).await;
         let mut r = SqsBatchResponse::default();
         for id in failed {
             r.add_failure(id);
@@ -450,40 +423,79 @@ impl Queues {
     /// message announcing just those `files` (its other files were merged), with the error
     /// and the source queue as attributes. `Err` when that fails (the message is then
     /// reported failed, as without a dead-letter queue).
-    pub async fn dead_letter(
+    async fn dead_letter_files(
         &self,
-        event: &Value,
-        id: &str,
+        m: &Message,
         files: &[Url],
         reason: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), TransportError> {
         let Some(to) = &self.dead_letter_to else {
-            return Err("no dead-letter queue configured".into());
+            return Err(TransportError::NoDeadLetterQueue);
         };
-        let Some(r) = records(event).into_iter().find(|r| r.id == id) else {
-            return Err(format!("message {id} is not in the event"));
+        let (Some(id), Some(d)) = (&m.id, &m.delivery) else {
+            return Err(TransportError::Undeliverable);
         };
         // SQS attribute values are limited; the logs carry the whole error.
         let reason: String = reason.chars().take(4000).collect();
-        let attr = |v: &str| {
+        let attr = |name: &'static str, v: &str| {
             MessageAttributeValue::builder()
                 .data_type("String")
                 .string_value(v)
                 .build()
-                .map_err(|e| e.to_string())
+                .map_err(|e| TransportError::Attribute {
+                    name,
+                    error: e.to_string(),
+                })
         };
         self.sqs()
             .await
             .send_message()
             .queue_url(to)
             .message_body(events::s3_notification(files.iter().map(|f| (f, None))).to_string())
-            .message_attributes("tributary_message_id", attr(id)?)
-            .message_attributes("tributary_error", attr(&reason)?)
-            .message_attributes("tributary_source_queue", attr(r.source)?)
+            .message_attributes("tributary_message_id", attr("tributary_message_id", id)?)
+            .message_attributes("tributary_error", attr("tributary_error", &reason)?)
+            .message_attributes(
+                "tributary_source_queue",
+                attr("tributary_source_queue", &d.queue_arn)?,
+            )
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
+            .map_err(|e| {
+                TransportError::Sqs(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
+            })
+    }
+}
+
+/// SQS: forwarding to the FIFO queue, dead-lettering FIFO messages, backing off failed
+/// messages (the module's documentation).
+impl Transport for Queues {
+    async fn forward(
+        &self,
+        engine: &Engine,
+        inv: &Invocation,
+    ) -> Option<Result<Value, FunctionError>> {
+        let to = self.route_to.as_deref().filter(|_| self.forwards(inv))?;
+        Some(self.forward_to(to, engine, inv).await)
+    }
+
+    /// FIFO messages, with a dead-letter queue configured.
+    fn dead_letters(&self, inv: &Invocation) -> bool {
+        self.dead_letter_to.is_some() && deliveries(inv).any(|(_, d, _)| is_fifo(&d.queue_arn))
+    }
+
+    async fn dead_letter(
+        &self,
+        message: &Message,
+        files: &[Url],
+        reason: &str,
+    ) -> Result<(), TransportError> {
+        self.dead_letter_files(message, files, reason).await
+    }
+
+    async fn settle(&self, inv: &Invocation, back_off: &[String], go_on: &[String]) {
+        self.back_off(inv, back_off).await;
+        self.go_on(inv, go_on).await;
     }
 }
 
@@ -540,21 +552,21 @@ struct Announced {
 /// redelivery of the same messages routed the same way within SQS's five-minute window
 /// sends nothing new, while a new notification for a file (a corrected upload) is always
 /// sent.
-fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
+fn plan_forward(engine: &Engine, inv: &Invocation) -> ForwardPlan {
     let mut plan = ForwardPlan::default();
     // Per group, its files in the order announced (and where each file is in its list).
     let mut groups: BTreeMap<String, Vec<Announced>> = BTreeMap::new();
     let mut at: HashMap<(String, Url), usize> = Default::default();
-    for r in records(event) {
-        let objects = match events::announced(r.body) {
+    for (id, _, m) in deliveries(inv) {
+        let objects = match &m.objects {
             Ok(o) => o,
             Err(reason) => {
-                tracing::error!(message_id = r.id, error = %reason, "cannot understand message");
-                plan.unreadable.push(r.id.to_string());
+                tracing::error!(message_id = id, error = %reason, "cannot understand message");
+                plan.unreadable.push(id.to_string());
                 continue;
             }
         };
-        for (o, size) in objects {
+        for events::Object { url: o, size } in objects.iter().cloned() {
             let group = engine
                 .config()
                 .table_for(&engine.resolve(&o))
@@ -563,14 +575,14 @@ fn plan_forward(engine: &Engine, event: &Value) -> ForwardPlan {
             let files = groups.entry(group.clone()).or_default();
             match at.entry((group, o.clone())) {
                 Entry::Occupied(i) => {
-                    files[*i.get()].sources.insert(r.id.to_string());
+                    files[*i.get()].sources.insert(id.to_string());
                 }
                 Entry::Vacant(v) => {
                     v.insert(files.len());
                     files.push(Announced {
                         file: o,
                         size,
-                        sources: BTreeSet::from([r.id.to_string()]),
+                        sources: BTreeSet::from([id.to_string()]),
                     });
                 }
             }
@@ -661,6 +673,10 @@ mod tests {
                    "s3":{"bucket":{"name":"raw"},"object":object}}]}).to_string()})
     }
 
+    fn inv(event: &Value) -> Invocation {
+        events::parse(event).unwrap()
+    }
+
     /// Tables `orders` and `items`, fed from `s3://raw/dms/s/<table>/`.
     fn engine() -> Engine {
         let text: String = ["orders", "items"]
@@ -703,7 +719,7 @@ mod tests {
             sqs("e", std_arn, "dms/s/orders/20240101-2.parquet"),
             sqs("f", std_arn, "dms/s/orders/20240101-1.parquet"),
         ]});
-        let plan = plan_forward(&engine(), &event);
+        let plan = plan_forward(&engine(), &inv(&event));
         assert_eq!(
             sends(&plan),
             vec![
@@ -732,7 +748,7 @@ mod tests {
         assert_eq!(plan.per_group["orders"], (1, 2));
         let dedups: BTreeSet<&str> = plan.sends.iter().map(|s| s.dedup.as_str()).collect();
         assert_eq!(dedups.len(), 3);
-        let again = plan_forward(&engine(), &event);
+        let again = plan_forward(&engine(), &inv(&event));
         assert_eq!(
             again.sends.iter().map(|s| &s.dedup).collect::<Vec<_>>(),
             plan.sends.iter().map(|s| &s.dedup).collect::<Vec<_>>(),
@@ -740,7 +756,7 @@ mod tests {
         );
         let renotified = json!({"Records": [sqs("g", std_arn, "dms/s/items/20240101-1.parquet")]});
         assert_ne!(
-            plan_forward(&engine(), &renotified).sends[0].dedup,
+            plan_forward(&engine(), &inv(&renotified)).sends[0].dedup,
             plan.sends[1].dedup,
             "a new notification of the same file is a new message"
         );
@@ -749,26 +765,26 @@ mod tests {
             route_to: Some("https://sqs/merge.fifo".into()),
             ..Default::default()
         };
-        assert!(on.forwards(&event));
+        assert!(on.forwards(&inv(&event)));
         let from_fifo = json!({"Records": [sqs("a", fifo_arn, "dms/s/orders/x.parquet")]});
         assert!(
-            !on.forwards(&from_fifo),
+            !on.forwards(&inv(&from_fifo)),
             "the FIFO queue's messages are merged"
         );
         assert!(
-            !Queues::default().forwards(&event),
+            !Queues::default().forwards(&inv(&event)),
             "forwarding off: merged"
         );
         let only = Queues {
             route_from: Some("arn:aws:sqs:us-east-1:1:other".into()),
             ..on
         };
-        assert!(!only.forwards(&event), "not the routed queue");
+        assert!(!only.forwards(&inv(&event)), "not the routed queue");
         let dl = Queues {
             dead_letter_to: Some("https://sqs/dlq".into()),
             ..Default::default()
         };
-        assert!(dl.dead_letters(&from_fifo) && !dl.dead_letters(&event));
+        assert!(dl.dead_letters(&inv(&from_fifo)) && !dl.dead_letters(&inv(&event)));
     }
 
     #[test]
@@ -821,6 +837,10 @@ mod tests {
     }
 
     #[test]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one scenario: two queues, twelve messages"
+    )]
     fn failed_messages_are_backed_off_per_source_queue_in_calls_of_at_most_ten() {
         let std_arn = "arn:aws:sqs:eu-west-1:123456789012:merge";
         let fifo_arn = "arn:aws:sqs:eu-west-1:123456789012:tables.fifo";
@@ -840,7 +860,7 @@ mod tests {
         };
         let mut ids: Vec<String> = (0..23).map(|i| format!("s{i:02}")).collect();
         ids.extend(["f0", "f2", "nocount", "noreceipt", "unknown", "s00"].map(String::from));
-        let batches = q.plan_back_off(&event, &ids, || 0.0);
+        let batches = q.plan_back_off(&inv(&event), &ids, || 0.0);
         let shape: Vec<(&str, usize)> = batches
             .iter()
             .map(|b| (b.queue_url.as_str(), b.entries.len()))
@@ -886,9 +906,12 @@ mod tests {
             retry_base: 0,
             ..Default::default()
         };
-        assert!(off.plan_back_off(&event, &ids, || 0.0).is_empty(), "0: off");
+        assert!(
+            off.plan_back_off(&inv(&event), &ids, || 0.0).is_empty(),
+            "0: off"
+        );
         // A staged widening goes on at once, whatever the backoff setting.
-        let go_on = off.plan_visibility(&event, &ids, |_| GO_ON_SECONDS);
+        let go_on = off.plan_visibility(&inv(&event), &ids, |_| GO_ON_SECONDS);
         assert!(!go_on.is_empty());
         assert!(go_on
             .iter()
@@ -917,7 +940,7 @@ mod tests {
                 sqs(&format!("m{i}"), std_arn, &key)
             })
             .collect();
-        let plan = plan_forward(&engine(), &json!({ "Records": records }));
+        let plan = plan_forward(&engine(), &inv(&json!({ "Records": records })));
         let per = |g: &str| {
             plan.sends
                 .iter()
@@ -950,7 +973,7 @@ mod tests {
                 }
             })
             .collect();
-        let big = plan_forward(&engine(), &json!({ "Records": records }));
+        let big = plan_forward(&engine(), &inv(&json!({ "Records": records })));
         let sizes: Vec<Vec<Option<u64>>> = big
             .sends
             .iter()
@@ -958,7 +981,7 @@ mod tests {
                 events::announced(&s.body)
                     .unwrap()
                     .into_iter()
-                    .map(|(_, n)| n)
+                    .map(|o| o.size)
                     .collect()
             })
             .collect();

@@ -4,13 +4,15 @@
 //! Event: any scheduled event. `{"table": "name"}`, `{"tables": ["a", "b"]}` (also inside
 //! `detail`, as EventBridge rules with input transformers deliver it) limit the run;
 //! `"force": true` allows a VACUUM retention below the configured minimum;
-//! `{"reload": "name"}` applies that table's DMS reload instead.
+//! `{"reload": "name"}` applies that table's DMS reload instead (parsed at the edge:
+//! `tributary_lambda::maintenance::MaintenanceRequest`).
 //! Environment: as the merge function.
 
 use std::sync::Arc;
 
 use serde_json::Value;
 use tributary::{maintenance, Engine};
+use tributary_lambda::maintenance::MaintenanceRequest;
 use tributary_lambda::{self as lambda, metrics, FunctionError};
 
 #[tokio::main(flavor = "multi_thread")]
@@ -18,9 +20,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     lambda::run(handle).await
 }
 
-async fn handle(engine: Arc<Engine>, event: Value) -> Result<Value, FunctionError> {
-    let request = maintenance::Request::from_event(&event);
-    let summary = maintenance::handle(&engine, &request).await?;
+async fn handle(engine: Arc<Engine>, request: MaintenanceRequest) -> Result<Value, FunctionError> {
+    let summary = maintenance::handle(&engine, &request.into()).await?;
     for line in metrics::maintenance_emf(&summary, lambda::now_ms()) {
         println!("{line}");
     }

@@ -12,11 +12,17 @@
 //! `TRIBUTARY_TABLES_LOCATION`, `TRIBUTARY_SPILL_MB`, `TRIBUTARY_RETRY_BASE_SECONDS`
 //! (docs/configuration.md, "Environment").
 
+// The merge's future (the engine's whole pipeline under the handler, instantiated per
+// transport) is deeper than rustc's default layout query depth.
+#![recursion_limit = "256"]
+
 use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 use tributary::Engine;
+use tributary_lambda::events::{Invocation, Trigger};
 use tributary_lambda::queues::Queues;
+use tributary_lambda::transport::{Direct, Transport};
 use tributary_lambda::{self as lambda, handler, metrics, FunctionError};
 
 /// The queues, read from the environment once per cold start.
@@ -27,25 +33,39 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     // An environment that is not valid fails the init, with the reason.
     let queues = Queues::from_env()?;
     let queues: &'static Queues = QUEUES.get_or_init(|| queues);
-    lambda::run(move |engine, event| handle(queues, engine, event)).await
+    lambda::run(move |engine, inv: Invocation| handle(queues, engine, inv)).await
 }
 
+/// SQS batches through the queues (forwarding, dead-lettering, back-off); S3 and
+/// EventBridge invocations directly.
 async fn handle(
     queues: &'static Queues,
     engine: Arc<Engine>,
-    event: Value,
+    inv: Invocation,
 ) -> Result<Value, FunctionError> {
-    if queues.forwards(&event) {
-        return queues.forward(&engine, &event).await;
+    match inv.trigger {
+        Trigger::Sqs => serve(queues, &engine, &inv).await,
+        Trigger::S3 | Trigger::EventBridge => serve(&Direct, &engine, &inv).await,
     }
-    let handled = handler::handle_with(&engine, Some(queues), &event).await?;
+}
+
+async fn serve(
+    transport: &impl Transport,
+    engine: &Engine,
+    inv: &Invocation,
+) -> Result<Value, FunctionError> {
+    if let Some(forwarded) = transport.forward(engine, inv).await {
+        return forwarded;
+    }
+    let handled = handler::merge(engine, transport, inv).await;
     for line in metrics::emf(&handled.report, lambda::now_ms()) {
         println!("{line}");
     }
-    for (id, reason, _) in &handled.failed_messages {
-        tracing::error!(message_id = ?id, error = %reason, "message failed; it will be retried (then dead-lettered)");
+    for f in &handled.failed_messages {
+        tracing::error!(message_id = ?f.id, error = %f.reason, "message failed; it will be retried (then dead-lettered)");
     }
-    queues.back_off(&event, &handled.to_back_off()).await;
-    queues.go_on(&event, &handled.go_on).await;
+    transport
+        .settle(inv, &handled.to_back_off(), &handled.go_on)
+        .await;
     handled.response()
 }

@@ -682,7 +682,8 @@ async fn delete_expired(label: &str, t: DeltaTable, horizon: DateTime<Utc>) -> R
     )
 }
 
-/// What a maintenance invocation asks for.
+/// What a maintenance invocation asks for (the Lambda adapter parses its payload into one:
+/// `tributary_lambda::maintenance`; the library reads no event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Request {
     /// Tables to maintain; empty = all configured tables.
@@ -696,37 +697,6 @@ pub struct Request {
     /// Only move every table's watermark and publish the groups' cuts (`{"cuts": true}`):
     /// the scheduled state machine's last step, after the tables' upkeep.
     pub cuts: bool,
-}
-
-impl Request {
-    /// Read `table` / `tables` / `force` / `reload` from the event or its `detail`
-    /// (scheduled events, EventBridge Scheduler input, or a manual invoke).
-    pub fn from_event(event: &serde_json::Value) -> Request {
-        let mut r = Request::default();
-        for v in [Some(event), event.get("detail")].into_iter().flatten() {
-            if let Some(t) = v.get("table").and_then(|t| t.as_str()) {
-                r.tables.push(t.to_string());
-            }
-            if let Some(ts) = v.get("tables").and_then(|t| t.as_array()) {
-                r.tables
-                    .extend(ts.iter().filter_map(|t| t.as_str()).map(str::to_string));
-            }
-            if v.get("force").and_then(|f| f.as_bool()) == Some(true) {
-                r.force = true;
-            }
-            if let Some(t) = v.get("reload").and_then(|t| t.as_str()) {
-                r.reload = Some(t.to_string());
-            }
-            if v.get("list").and_then(|f| f.as_bool()) == Some(true) {
-                r.list = true;
-            }
-            if v.get("cuts").and_then(|f| f.as_bool()) == Some(true) {
-                r.cuts = true;
-            }
-        }
-        r.tables.dedup();
-        r
-    }
 }
 
 /// What a maintenance run (or a reload request) did: a report per maintained table, the
