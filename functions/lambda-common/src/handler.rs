@@ -281,6 +281,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The failed messages' ids, and whether each may be retried.
+    fn failed(handled: &Handled) -> Vec<(Option<&str>, bool)> {
+        handled
+            .failed_messages
+            .iter()
+            .map(|f| (f.id.as_deref(), f.retryable))
+            .collect()
+    }
+
     #[tokio::test]
     async fn retryable_failures_are_backed_off_and_the_others_not() {
         let engine = Engine::new(
@@ -304,13 +313,8 @@ mod tests {
             {"messageId":"empty","eventSource":"aws:sqs","body": "{\"Event\":\"s3:TestEvent\"}"}
         ]});
         let handled = handle(&engine, &ev).await.unwrap();
-        let failed: Vec<(Option<&str>, bool)> = handled
-            .failed_messages
-            .iter()
-            .map(|f| (f.id.as_deref(), f.retryable))
-            .collect();
         assert_eq!(
-            failed,
+            failed(&handled),
             vec![(Some("unowned"), true), (Some("unreadable"), false)]
         );
         assert_eq!(handled.to_back_off(), vec!["unowned".to_string()]);
@@ -451,13 +455,8 @@ mod tests {
                 reason: moved[0].2.clone()
             }]
         );
-        let failed: Vec<(Option<&str>, bool)> = handled
-            .failed_messages
-            .iter()
-            .map(|f| (f.id.as_deref(), f.retryable))
-            .collect();
         assert_eq!(
-            failed,
+            failed(&handled),
             vec![(Some("unowned"), true), (Some("garbled"), false)]
         );
 
