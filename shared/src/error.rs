@@ -7,6 +7,18 @@ use std::fmt;
 /// Result alias used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How a table format's refusal may end ([`Error::Table`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableFailure {
+    /// Another writer committed first: reading the table again and retrying resolves it.
+    Conflict,
+    /// Storage or service trouble that may pass: trying again may succeed.
+    Transient,
+    /// What the table is refuses it (a feature this writer lacks, `appendOnly`, a corrupt
+    /// log): the same every time.
+    Permanent,
+}
+
 /// Where in an input file a problem was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {
@@ -71,15 +83,18 @@ pub enum Error {
     Storage {
         uri: String,
         #[source]
-        source: deltalake::ObjectStoreError,
+        source: object_store::Error,
     },
 
-    /// The Delta table rejected the operation.
-    #[error("delta table {table}: {source}")]
-    Delta {
+    /// The table format rejected the operation (`format`: `delta`; the format's own error is
+    /// the source, classified where it is made, e.g. `Error::delta`).
+    #[error("{format} table {table}: {source}")]
+    Table {
         table: String,
+        format: &'static str,
+        outcome: TableFailure,
         #[source]
-        source: deltalake::DeltaTableError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// The change set does not fit the table's schema (type change, missing key, ...).
@@ -171,7 +186,7 @@ pub enum Error {
     Arrow {
         context: String,
         #[source]
-        source: deltalake::arrow::error::ArrowError,
+        source: arrow::error::ArrowError,
     },
 
     /// A Glue Data Catalog entry could not be brought in step with its table. Never fails a
@@ -224,7 +239,7 @@ impl Error {
             | Error::Arrow { .. }
             | Error::Internal(_) => false,
             Error::Storage { source, .. } => object_store_is_retryable(source),
-            Error::Delta { source, .. } => delta_error_is_retryable(source),
+            Error::Table { outcome, .. } => *outcome != TableFailure::Permanent,
             // A storage hiccup or a corrupt file: trying again is harmless either way.
             Error::Contention { .. }
             | Error::Widening { .. }
@@ -243,7 +258,7 @@ impl Error {
             Error::BadInput { .. } => "bad_input",
             Error::TypeChange { .. } => "type_change",
             Error::Storage { .. } => "storage",
-            Error::Delta { .. } => "delta",
+            Error::Table { format, .. } => format,
             Error::Schema { .. } => "schema",
             Error::Contention { .. } => "contention",
             Error::Widening { .. } => "widening",
@@ -306,7 +321,7 @@ impl Error {
     }
 
     /// An Arrow error in planning (no more context than the operation's own message).
-    pub(crate) fn arrow(source: deltalake::arrow::error::ArrowError) -> Self {
+    pub(crate) fn arrow(source: arrow::error::ArrowError) -> Self {
         Error::Arrow {
             context: "arrow computation failed".into(),
             source,
@@ -330,14 +345,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn delta(table: &str, source: deltalake::DeltaTableError) -> Self {
-        Error::Delta {
-            table: table.to_string(),
-            source,
-        }
-    }
-
-    pub(crate) fn storage(uri: impl Into<String>, source: deltalake::ObjectStoreError) -> Self {
+    pub(crate) fn storage(uri: impl Into<String>, source: object_store::Error) -> Self {
         Error::Storage {
             uri: uri.into(),
             source,
@@ -345,79 +353,23 @@ impl Error {
     }
 }
 
-/// True when a delta-rs error is a commit race that a reload-and-retry resolves.
-pub(crate) fn is_commit_conflict(err: &deltalake::DeltaTableError) -> bool {
-    use deltalake::kernel::transaction::TransactionError;
-    use deltalake::DeltaTableError as E;
-    match err {
-        E::VersionAlreadyExists(_) => true,
-        E::Transaction { source } => matches!(
-            source,
-            TransactionError::CommitConflict(_)
-                | TransactionError::VersionAlreadyExists(_)
-                | TransactionError::MaxCommitAttempts(_)
-        ),
-        _ => false,
-    }
-}
-
-fn object_store_is_retryable(e: &deltalake::ObjectStoreError) -> bool {
+/// Whether a storage failure may pass on its own (network, throttling) or needs a person
+/// (missing object, permissions, an invalid path).
+pub(crate) fn object_store_is_retryable(e: &object_store::Error) -> bool {
     !matches!(
         e,
-        deltalake::ObjectStoreError::NotFound { .. }
-            | deltalake::ObjectStoreError::InvalidPath { .. }
-            | deltalake::ObjectStoreError::NotSupported { .. }
-            | deltalake::ObjectStoreError::NotImplemented { .. }
-            | deltalake::ObjectStoreError::PermissionDenied { .. }
-            | deltalake::ObjectStoreError::Unauthenticated { .. }
+        object_store::Error::NotFound { .. }
+            | object_store::Error::InvalidPath { .. }
+            | object_store::Error::NotSupported { .. }
+            | object_store::Error::NotImplemented { .. }
+            | object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. }
     )
-}
-
-fn delta_error_is_retryable(err: &deltalake::DeltaTableError) -> bool {
-    use deltalake::DeltaTableError as E;
-    match err {
-        _ if is_commit_conflict(err) => true,
-        E::ObjectStore { source } => object_store_is_retryable(source),
-        E::Io { .. } => true,
-        E::Transaction { source } => transaction_error_is_retryable(source),
-        _ => false,
-    }
-}
-
-/// A commit refused by what the table is (features this writer lacks, `appendOnly`) fails
-/// the same way every time: not retryable. Storage and log-store failures are.
-fn transaction_error_is_retryable(err: &deltalake::kernel::transaction::TransactionError) -> bool {
-    use deltalake::kernel::transaction::TransactionError as T;
-    match err {
-        T::DeltaTableAppendOnly
-        | T::UnsupportedTableFeatures(_)
-        | T::TableFeaturesRequired(_)
-        | T::SerializeLogJson { .. } => false,
-        T::ObjectStore { source } => object_store_is_retryable(source),
-        _ => true,
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A table's features this writer lacks and `appendOnly` refuse every attempt alike
-    /// (#43): before, they were retried for about 70 minutes before the dead-letter queue.
-    #[test]
-    fn refusals_by_what_the_table_is_are_not_retryable() {
-        use deltalake::kernel::transaction::TransactionError as T;
-        let delta = |source| Error::Delta {
-            table: "t".into(),
-            source: deltalake::DeltaTableError::Transaction { source },
-        };
-        for e in [T::DeltaTableAppendOnly, T::UnsupportedTableFeatures(vec![])] {
-            let e = delta(e);
-            assert!(!e.is_retryable(), "{e}");
-        }
-        assert!(delta(T::MaxCommitAttempts(15)).is_retryable());
-        assert!(delta(T::VersionAlreadyExists(3)).is_retryable());
-    }
 
     #[test]
     fn bad_input_message_names_file_row_and_column() {
@@ -439,7 +391,7 @@ mod tests {
 
     #[test]
     fn retryability_follows_the_source_error() {
-        use deltalake::ObjectStoreError;
+        use object_store::Error as ObjectStoreError;
         let transient = || ObjectStoreError::Generic {
             store: "S3",
             source: "connection reset".into(),
@@ -450,19 +402,7 @@ mod tests {
         };
         assert!(Error::storage("s3://b/k", transient()).is_retryable());
         assert!(!Error::storage("s3://b/k", missing()).is_retryable());
-        assert!(Error::delta(
-            "t",
-            deltalake::DeltaTableError::ObjectStore {
-                source: transient()
-            }
-        )
-        .is_retryable());
-        assert!(
-            !Error::arrow(deltalake::arrow::error::ArrowError::ComputeError(
-                "x".into()
-            ))
-            .is_retryable()
-        );
+        assert!(!Error::arrow(arrow::error::ArrowError::ComputeError("x".into())).is_retryable());
         use std::error::Error as _;
         assert!(
             Error::storage("s3://b/k", missing()).source().is_some(),

@@ -77,7 +77,7 @@ pub use deltalake;
 pub use engine::{
     Engine, EngineBuilder, FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath,
 };
-pub use error::{Error, Location, Result};
+pub use error::{Error, Location, Result, TableFailure};
 pub use props::TableProps;
 pub use source::{apply_order, FileCounts, SeqKind};
 

@@ -10,10 +10,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use deltalake::{ObjectStore, Path};
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::ObjectStore;
 use object_store::{
     GetResultPayload, ObjectMeta, ObjectStoreExt, PutMode, PutOptions, UpdateVersion,
 };
@@ -270,7 +271,7 @@ impl Storage {
         let path = object_path(url)?;
         let res = match store.get(&path).await {
             Ok(r) => r,
-            Err(deltalake::ObjectStoreError::NotFound { .. }) => return Ok(None),
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(Error::storage(display(url), e)),
         };
         let tag = res.meta.e_tag.clone();
@@ -310,10 +311,10 @@ impl Storage {
         match store.put_opts(&path, data.clone().into(), opts).await {
             Ok(_) => Ok(true),
             Err(
-                deltalake::ObjectStoreError::AlreadyExists { .. }
-                | deltalake::ObjectStoreError::Precondition { .. },
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
             ) => Ok(false),
-            Err(deltalake::ObjectStoreError::NotImplemented { .. }) => {
+            Err(object_store::Error::NotImplemented { .. }) => {
                 self.put(url, data).await?;
                 Ok(true)
             }
@@ -327,7 +328,7 @@ impl Storage {
         let path = object_path(url)?;
         match store.delete(&path).await {
             Ok(()) => Ok(true),
-            Err(deltalake::ObjectStoreError::NotFound { .. }) => Ok(false),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(Error::storage(display(url), e)),
         }
     }
@@ -369,7 +370,7 @@ impl Storage {
         };
         let metas: Vec<ObjectMeta> = match listed {
             Ok(m) => m,
-            Err(deltalake::ObjectStoreError::NotFound { .. }) => vec![],
+            Err(object_store::Error::NotFound { .. }) => vec![],
             Err(e) => return Err(Error::storage(display(prefix), e)),
         };
         Ok(self.listed(prefix, metas))
@@ -381,7 +382,7 @@ impl Storage {
         let path = object_path(prefix)?;
         let metas = match store.list_with_delimiter(Some(&path)).await {
             Ok(r) => r.objects,
-            Err(deltalake::ObjectStoreError::NotFound { .. }) => vec![],
+            Err(object_store::Error::NotFound { .. }) => vec![],
             Err(e) => return Err(Error::storage(display(prefix), e)),
         };
         Ok(self.listed(prefix, metas))

@@ -25,6 +25,7 @@ use crate::props::TableProps;
 use crate::scan::{KeyBound, KeyRange};
 
 mod commit;
+mod errors;
 use commit::Commit;
 pub(crate) use commit::Read;
 
@@ -674,8 +675,15 @@ pub(crate) struct MergeExtras {
     pub(crate) delete_unmatched_below: Option<String>,
 }
 
+/// A commit race: reading the table again and retrying resolves it.
 pub(crate) fn is_conflict(e: &Error) -> bool {
-    matches!(e, Error::Delta { source, .. } if crate::error::is_commit_conflict(source))
+    matches!(
+        e,
+        Error::Table {
+            outcome: crate::error::TableFailure::Conflict,
+            ..
+        }
+    )
 }
 
 /// When a plan can be appended instead of merged: every row an upsert, no new column, one
