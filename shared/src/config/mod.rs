@@ -802,6 +802,7 @@ primary_key = ["id"]
     }
 
     /// Two tables (`Trips-2024` and `b`) with extra lines each, after `defaults`.
+    #[cfg(feature = "glue")]
     fn two(a: &str, b: &str, defaults: &str) -> String {
         format!(
             "{defaults}\n{}{}",
