@@ -184,6 +184,9 @@ pub(crate) fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, In
         })?;
         return exact_cast(&plain, to);
     }
+    if let Some(same) = same_instants(array, to) {
+        return same;
+    }
     if !same_kind(from, to) {
         let row = (0..array.len()).find(|&i| array.is_valid(i));
         return Err(match row {
@@ -208,6 +211,35 @@ pub(crate) fn exact_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, In
         Some((row, reason)) => Err(Inexact::at(array.as_ref(), row, reason)),
         None => Ok(out),
     }
+}
+
+/// A timestamp without a zone into the same unit in UTC (how Delta stores every timestamp),
+/// or from one zone into another: the same numbers, the zone only names them. Arrow's cast
+/// gets there too, but computes each value through the zone's rules (a tenth of a full
+/// load's time, measured); this only relabels the array. `None` for every other cast.
+fn same_instants(array: &ArrayRef, to: &DataType) -> Option<Result<ArrayRef, Inexact>> {
+    let (DataType::Timestamp(unit, zone), DataType::Timestamp(to_unit, Some(to_zone))) =
+        (array.data_type(), to)
+    else {
+        return None;
+    };
+    let utc = matches!(to_zone.as_ref(), "UTC" | "+00:00" | "Z" | "Etc/UTC");
+    if unit != to_unit || (zone.is_none() && !utc) {
+        return None;
+    }
+    Some(
+        array
+            .to_data()
+            .into_builder()
+            .data_type(to.clone())
+            .build()
+            .map(arrow::array::make_array)
+            .map_err(|e| Inexact {
+                row: None,
+                value: None,
+                reason: e.to_string(),
+            }),
+    )
 }
 
 /// A decimal array's values all have at most its precision's digits. Arrow and Parquet do
@@ -650,6 +682,41 @@ mod tests {
                 .unwrap(),
         );
         assert!(exact_cast(&good, &DataType::Decimal128(3, 3)).is_ok());
+    }
+
+    /// Relabelling a timestamp's zone gives what arrow's cast computes value by value, nulls
+    /// and the extremes included; a naive time into another zone still goes through the
+    /// cast (it moves the values).
+    #[test]
+    fn timestamps_into_utc_are_relabelled_as_arrows_cast_computes_them() {
+        use arrow::array::TimestampMicrosecondArray;
+        // 0001-01-01, before 1970, null, the epoch, 9999-12-31 23:59:59.999999.
+        let values = vec![
+            Some(-62_135_596_800_000_000),
+            Some(-1),
+            None,
+            Some(0),
+            Some(253_402_300_799_999_999),
+        ];
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        for from in [
+            TimestampMicrosecondArray::from(values.clone()),
+            TimestampMicrosecondArray::from(values.clone()).with_timezone("+02:00"),
+        ] {
+            let a: ArrayRef = Arc::new(from);
+            let fast = same_instants(&a, &utc).expect("relabelled").unwrap();
+            let cast = cast_with_options(&a, &utc, &CastOptions::default()).unwrap();
+            assert_eq!(fast.as_ref(), cast.as_ref(), "{}", a.data_type());
+            assert_eq!(exact_cast(&a, &utc).unwrap().as_ref(), cast.as_ref());
+        }
+        let naive: ArrayRef = Arc::new(TimestampMicrosecondArray::from(values));
+        let paris = DataType::Timestamp(TimeUnit::Microsecond, Some("Europe/Paris".into()));
+        assert!(same_instants(&naive, &paris).is_none());
+        let nanos = DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()));
+        assert!(
+            same_instants(&naive, &nanos).is_none(),
+            "a unit change is a cast"
+        );
     }
 
     #[test]

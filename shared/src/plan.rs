@@ -474,6 +474,18 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
 fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<usize>)> {
     use std::collections::hash_map::Entry;
     let n = keys.num_rows();
+    // Every row its own key, in row order: each is chosen (with the sparse columns, a key's
+    // rows are that row). Told without a map when the keys ascend, as a full load's
+    // usually do (the source's primary-key order), or when the map has a key per row.
+    let every_row = || -> Vec<(usize, Vec<usize>)> {
+        match rows.present.is_empty() {
+            true => (0..n).map(|i| (i, Vec::new())).collect(),
+            false => (0..n).map(|i| (i, vec![i])).collect(),
+        }
+    };
+    if (1..n).all(|i| keys.row(i - 1) < keys.row(i)) {
+        return every_row();
+    }
     let later = |a: usize, b: usize| rows.order[a] > rows.order[b];
     let mut chosen: Vec<(usize, Vec<usize>)> = if rows.present.is_empty() {
         let mut best: HashMap<arrow::row::Row<'_>, usize, foldhash::fast::RandomState> =
@@ -488,6 +500,9 @@ fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<u
                     e.insert(i);
                 }
             }
+        }
+        if best.len() == n {
+            return every_row();
         }
         best.into_values().map(|i| (i, Vec::new())).collect()
     } else {

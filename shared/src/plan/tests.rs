@@ -311,3 +311,32 @@ fn text_nan_into_a_float_key_column_fails_the_file() {
     let e = a.rejected[0].1.to_string();
     assert!(e.contains("row 2, column `id`") && e.contains("NaN"), "{e}");
 }
+
+/// Keys that ascend, keys all distinct but unordered, and ascending keys with a repeat: each
+/// plan keeps the file's order and one row per key, the latest (the shortcuts for distinct
+/// keys must not skip a repeat).
+#[test]
+fn distinct_keys_are_each_chosen_in_file_order_and_a_repeat_is_still_folded() {
+    use ChangeOp::*;
+    let ids = |p: &MergePlan| column_text(p, "id");
+    let text = |v: &[i64]| v.iter().map(|i| Some(i.to_string())).collect::<Vec<_>>();
+    for keys in [vec![1, 2, 3, 5], vec![5, 1, 3, 2]] {
+        let rows: Vec<_> = keys.iter().map(|&k| (Insert, "1 a", k)).collect();
+        let p = plan(&cfg(), &[cs("LOAD00000001.parquet", &rows, vec![])]).unwrap();
+        assert_eq!(ids(&p), text(&keys));
+        assert_eq!(p.superseded, 0);
+    }
+    let rows = [
+        (Insert, "1 a", 1),
+        (Insert, "1 b", 2),
+        (Update, "1 c", 2),
+        (Insert, "1 d", 3),
+    ];
+    let p = plan(&cfg(), &[cs("20240101-1.parquet", &rows, vec![])]).unwrap();
+    assert_eq!(ids(&p), text(&[1, 2, 3]));
+    assert_eq!(p.superseded, 1);
+    assert_eq!(
+        column_text(&p, &cfg().writing.sequence_column),
+        vec![Some("1 a".into()), Some("1 c".into()), Some("1 d".into())]
+    );
+}

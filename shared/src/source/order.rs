@@ -273,29 +273,44 @@ pub(crate) fn order_keys(
     first_row: usize,
     rows: usize,
 ) -> StringArray {
-    use std::fmt::Write;
     let prefix = generation_prefix(generation);
     let mut out = StringBuilder::with_capacity(rows, rows * (prefix.len() + file_name.len() + 40));
+    let head = match kind {
+        FileKind::FullLoad => format!("{prefix}0 "),
+        FileKind::Cdc => format!("{prefix}1"),
+    };
+    let mut number = [0u8; 20];
+    let mut value = String::new();
     for i in 0..rows {
-        // Parts of one value written in turn; `append_value("")` ends it (`fmt::Write` on a
-        // string builder cannot fail).
-        let _ = out.write_str(&prefix);
-        match kind {
-            FileKind::FullLoad => {
-                let _ = out.write_str("0");
+        // Each value built in one buffer and appended once.
+        value.clear();
+        value.push_str(&head);
+        if kind == FileKind::Cdc {
+            for s in sequences {
+                value.push(' ');
+                value.push_str(&s.values[i]);
             }
-            FileKind::Cdc => {
-                let _ = out.write_str("1");
-                for s in sequences {
-                    let _ = out.write_str(" ");
-                    let _ = out.write_str(&s.values[i]);
-                }
-            }
+            value.push(' ');
         }
-        let _ = write!(out, " {file_name} {:010}", first_row + i + 1);
-        out.append_value("");
+        value.push_str(file_name);
+        value.push(' ');
+        value.push_str(row_number(first_row + i + 1, &mut number));
+        out.append_value(&value);
     }
     out.finish()
+}
+
+/// `n` in decimal with at least ten digits (`format!("{n:010}")`), written without the
+/// formatter: one per row of every file, it was a tenth of a full load's reading time.
+fn row_number(mut n: usize, buf: &mut [u8; 20]) -> &str {
+    let mut start = buf.len();
+    while n > 0 || buf.len() - start < 10 {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    // ASCII digits only.
+    std::str::from_utf8(&buf[start..]).unwrap_or_default()
 }
 
 /// When DMS wrote a CDC file, from its name (`20221025-2105000000.parquet`: date, time,
@@ -330,6 +345,66 @@ mod tests {
     fn values(a: ArrayRef) -> (Option<SeqKind>, Vec<String>) {
         let s = sequence_column(&a).unwrap();
         (s.kind, s.values)
+    }
+
+    /// The stored order keys, spelled out: a table's existing `_tributary_seq` values are
+    /// compared with new ones as text, so their layout must never change.
+    #[test]
+    fn order_keys_keep_their_stored_layout() {
+        let seq = [
+            SeqColumn {
+                kind: Some(SeqKind::Timestamp),
+                values: vec!["t1".into(), "t2".into()],
+            },
+            SeqColumn {
+                kind: Some(SeqKind::Integer),
+                values: vec!["n1".into(), "n2".into()],
+            },
+        ];
+        let keys = |g, kind, name, seq: &[SeqColumn]| -> Vec<String> {
+            let a = order_keys(g, kind, name, seq, 41, 2);
+            a.iter()
+                .map(|v| v.unwrap_or_default().to_string())
+                .collect()
+        };
+        assert_eq!(
+            keys(1, FileKind::Cdc, "20240101-1.parquet", &seq),
+            [
+                "1 t1 n1 20240101-1.parquet 0000000042",
+                "1 t2 n2 20240101-1.parquet 0000000043"
+            ]
+        );
+        assert_eq!(
+            keys(3, FileKind::FullLoad, "LOAD00000001.parquet", &[]),
+            [
+                "2 00000003 0 LOAD00000001.parquet 0000000042",
+                "2 00000003 0 LOAD00000001.parquet 0000000043"
+            ]
+        );
+        assert_eq!(
+            keys(1, FileKind::Cdc, "20240101-1.parquet", &[]),
+            [
+                "1 20240101-1.parquet 0000000042",
+                "1 20240101-1.parquet 0000000043"
+            ]
+        );
+    }
+
+    #[test]
+    fn row_numbers_are_written_as_the_formatter_pads_them() {
+        let mut buf = [0u8; 20];
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            1_234_567_890,
+            9_999_999_999,
+            12_345_678_901,
+            usize::MAX,
+        ] {
+            assert_eq!(row_number(n, &mut buf), format!("{n:010}"));
+        }
     }
 
     #[test]
