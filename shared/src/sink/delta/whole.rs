@@ -24,6 +24,12 @@ use crate::source::{self, ChangeSet, FileCounts};
 use crate::storage;
 use crate::tombstones::Tombstones;
 
+/// Slices written at once while the next is read. Writing a slice (splitting it by
+/// partition, encoding Parquet) takes longer than reading and planning one, so with one
+/// writer the reading core waited; two keep both cores busy (docs/benchmarks.md, "Full
+/// loads").
+const WRITES_IN_FLIGHT: usize = 2;
+
 /// What the pass has written so far.
 struct Written {
     adds: Vec<Action>,
@@ -33,8 +39,9 @@ struct Written {
     slices: usize,
     superseded: usize,
     txn: Option<deltalake::kernel::Transaction>,
-    /// The slice being written (one at a time, while the next is read and planned).
-    pending: Option<tokio::task::JoinHandle<Result<Vec<Action>>>>,
+    /// The slices being written (at most [`WRITES_IN_FLIGHT`], while the next is read and
+    /// planned), oldest first.
+    pending: std::collections::VecDeque<tokio::task::JoinHandle<Result<Vec<Action>>>>,
     /// Time spent waiting for data files to be written.
     write_wait_ms: u64,
     /// The sequence kinds the file's order keys were made with.
@@ -59,9 +66,17 @@ impl Written {
         }
     }
 
-    /// Wait for the slice being written; its files join the others.
+    /// Wait for every slice being written; their files join the others.
     async fn settle(&mut self) -> Result<()> {
-        if let Some(p) = self.pending.take() {
+        self.make_room(1).await
+    }
+
+    /// Wait for the oldest slices being written until fewer than `limit` are.
+    async fn make_room(&mut self, limit: usize) -> Result<()> {
+        while self.pending.len() >= limit {
+            let Some(p) = self.pending.pop_front() else {
+                break;
+            };
             let t = Instant::now();
             let adds = p
                 .await
@@ -74,8 +89,11 @@ impl Written {
 
     /// Every file written so far, for discarding (after the slice being written).
     async fn written(&mut self) -> Vec<Action> {
-        if let Err(e) = self.settle().await {
-            tracing::warn!(error = %e, "a slice's files could not be written; VACUUM removes what is left");
+        // Each slice awaited, whatever the others' outcome: all their files are discarded.
+        while !self.pending.is_empty() {
+            if let Err(e) = self.make_room(self.pending.len()).await {
+                tracing::warn!(error = %e, "a slice's files could not be written; VACUUM removes what is left");
+            }
         }
         std::mem::take(&mut self.adds)
     }
@@ -189,7 +207,7 @@ impl DeltaSink {
                 superseded: 0,
                 txn: crate::applied::file_txn(table, first)
                     .or_else(|| crate::applied::record(table, first)),
-                pending: None,
+                pending: std::collections::VecDeque::new(),
                 write_wait_ms: 0,
                 kinds: kinds.clone(),
                 screened: super::Screened::of(first),
@@ -226,11 +244,11 @@ impl DeltaSink {
         w.counts.add(&cs.counts);
         w.rows += plan.batch.num_rows();
         w.superseded += plan.superseded;
-        // Written while the next slice is read and planned (the other core).
-        w.settle().await?;
+        // Written while the next slice is read and planned.
+        w.make_room(WRITES_IN_FLIGHT).await?;
         let (cfg, t) = (table.clone(), target.clone());
         let file = storage::display(&cs.file);
-        w.pending = Some(tokio::spawn(async move {
+        w.pending.push_back(tokio::spawn(async move {
             delta::write_rows(&cfg, &t, &plan, &file).await
         }));
         w.slices += 1;
