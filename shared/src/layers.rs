@@ -1,15 +1,50 @@
 //! The library's layering, held by a test (#45): docs/design.md's layer table ("Layers")
-//! names every top-level module of `src/` once, and each module imports (`crate::…`) only
-//! modules of its own layer or below, with no import cycle among them. Test code
-//! (`#[cfg(test)] mod tests` blocks, `tests.rs`, `testing.rs`) is left out.
+//! names every module of `src/` once, and each module imports (`crate::…`) only modules of
+//! its own layer or below, with no import cycle among them. A module is a top-level module
+//! of `src/`, except in a table format's folder (`delta/`), whose parts are modules of their
+//! own (`delta::scan`; `delta` is the folder's `mod.rs`). Test code (`#[cfg(test)] mod
+//! tests` blocks, `tests.rs`, `testing.rs`) is left out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Top-level module → the top-level modules its non-test code names (`crate::x`).
+/// Folders whose parts are modules of their own.
+const FOLDERS: &[&str] = &["delta"];
+
+/// The module a file (relative to `src/`) belongs to.
+fn module_of(rel: &Path) -> String {
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        })
+        .collect();
+    match parts.as_slice() {
+        [folder, part, ..] if FOLDERS.contains(&folder.as_str()) && part != "mod" => {
+            format!("{folder}::{part}")
+        }
+        [first, ..] => first.clone(),
+        [] => String::new(),
+    }
+}
+
+/// Module → the modules its non-test code names (`crate::x`, `crate::delta::y`).
 fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let uses = regex::Regex::new(r"\bcrate::([a-z_][a-z0-9_]*)").unwrap();
+    let uses = regex::Regex::new(r"\bcrate::([a-z_][a-z0-9_]*)(?:::([a-z_][a-z0-9_]*))?").unwrap();
     let comment = regex::Regex::new(r"//.*").unwrap();
+    let parts: BTreeMap<&str, BTreeSet<String>> = FOLDERS
+        .iter()
+        .map(|f| {
+            let names = std::fs::read_dir(src.join(f))
+                .unwrap()
+                .map(|e| module_of(Path::new(f).join(e.unwrap().file_name()).as_path()))
+                .collect();
+            (*f, names)
+        })
+        .collect();
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut dirs = vec![src.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -20,27 +55,31 @@ fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                 continue;
             }
             let name = path.file_name().unwrap().to_string_lossy().to_string();
-            if !name.ends_with(".rs") || name == "tests.rs" {
+            if !name.ends_with(".rs") || name == "tests.rs" || name == "testing.rs" {
                 continue;
             }
-            let rel = path.strip_prefix(src).unwrap();
-            let first = rel
-                .components()
-                .next()
-                .unwrap()
-                .as_os_str()
-                .to_string_lossy();
-            let top = first.trim_end_matches(".rs").to_string();
-            if ["lib", "testing", "layers"].contains(&top.as_str()) {
+            let module = module_of(path.strip_prefix(src).unwrap());
+            if ["lib", "layers"].contains(&module.as_str()) {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap();
             let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
             let code = comment.replace_all(code, "");
-            let deps = out.entry(top.clone()).or_default();
+            let deps = out.entry(module.clone()).or_default();
             for c in uses.captures_iter(&code) {
-                if c[1] != top {
-                    deps.insert(c[1].to_string());
+                let dep = match (parts.get(&c[1]), c.get(2)) {
+                    (Some(names), Some(part)) => {
+                        let m = format!("{}::{}", &c[1], part.as_str());
+                        if names.contains(&m) {
+                            m
+                        } else {
+                            c[1].to_string()
+                        }
+                    }
+                    _ => c[1].to_string(),
+                };
+                if dep != module {
+                    deps.insert(dep);
                 }
             }
         }
@@ -55,7 +94,7 @@ fn layers(design: &str) -> BTreeMap<String, usize> {
         .split("### Layers")
         .nth(1)
         .expect("docs/design.md has a \"### Layers\" section");
-    let names = regex::Regex::new(r"`([a-z_][a-z0-9_]*)`").unwrap();
+    let names = regex::Regex::new(r"`([a-z_][a-z0-9_]*(?:::[a-z_][a-z0-9_]*)?)`").unwrap();
     let parens = regex::Regex::new(r"\([^)]*\)").unwrap();
     let mut out = BTreeMap::new();
     let rows = table

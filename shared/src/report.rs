@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use url::Url;
 
@@ -117,11 +118,11 @@ pub struct TableReport {
     /// and its manifests) and were brought up to date, with the catalog entries.
     pub manifests_caught_up: bool,
     /// What the call did to the history table, when the table has one.
-    pub history: Option<crate::history::HistoryReport>,
+    pub history: Option<HistoryReport>,
     /// What the call did to the Glue Data Catalog (main and history entries), when the
     /// table has catalog settings: no calls at all unless the schema or the partitions
     /// changed; `error` when an entry could not be synced (the merge stands).
-    pub catalog: Option<crate::catalog::CatalogReport>,
+    pub catalog: Option<CatalogReport>,
     /// Commits a large file was merged in (0: the files fit one commit).
     pub slices: usize,
     /// How the (last) commit wrote the batch (`None`: nothing was written).
@@ -131,9 +132,9 @@ pub struct TableReport {
     pub widened: Vec<String>,
     /// Data files rewritten in the widened types.
     pub files_rewritten_to_widen: usize,
-    /// The table's watermark after the call (`crate::watermark`): every CDC file written up
+    /// The table's watermark after the call (`crate::delta::watermark`): every CDC file written up
     /// to it is applied; `held_by` names the first file that is not.
-    pub watermark: Option<crate::watermark::Progress>,
+    pub watermark: Option<Progress>,
     /// Why the watermark could not be computed or recorded (the merge stands; the next
     /// merge or the maintenance run moves it).
     pub watermark_error: Option<String>,
@@ -151,13 +152,6 @@ pub enum WritePath {
 }
 
 impl TableReport {
-    /// A widening commit's columns and files into the report.
-    pub(crate) fn widen(&mut self, w: &crate::widen::Widened) {
-        self.widened
-            .extend(w.columns.iter().map(ToString::to_string));
-        self.files_rewritten_to_widen += w.files_rewritten;
-    }
-
     /// The (last) commit appended the rows.
     pub fn appended(&self) -> bool {
         self.write_path == Some(WritePath::Append)
@@ -262,5 +256,107 @@ impl TableReport {
             report = %report,
             "merged"
         );
+    }
+}
+
+/// What a call did to a history table.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HistoryReport {
+    pub version: Option<u64>,
+    /// Versions written (opened, closed or updated in place).
+    pub versions_written: usize,
+    /// Versions removed because a late change merged them into others.
+    pub versions_removed: usize,
+    /// Keys whose versions were recomputed from the change log (a late change).
+    pub late_keys: usize,
+    pub commit_attempts: u32,
+    /// Why the history's manifests could not be updated.
+    pub manifest_error: Option<String>,
+    /// The history's manifests were behind it (a crash or a failure between an earlier
+    /// commit and its manifests) and were brought up to date, with its catalog entries.
+    pub manifests_caught_up: bool,
+    /// Columns whose type the call widened in the history (`column: from -> to`).
+    pub widened: Vec<String>,
+    /// The watermark, when the history table keeps the table's state (no current table).
+    #[serde(skip)]
+    pub(crate) watermark: Option<Progress>,
+    #[serde(skip)]
+    pub(crate) watermark_error: Option<String>,
+    /// The history entries' catalog sync (reported with the table's: `TableReport::catalog`).
+    #[serde(skip)]
+    pub(crate) catalog: Option<CatalogReport>,
+}
+
+/// What a catalog sync did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CatalogReport {
+    /// Glue API calls made (0 for a commit that changed no schema and no partition).
+    pub calls: u64,
+    pub entries_created: usize,
+    pub entries_updated: usize,
+    pub partitions_added: usize,
+    pub partitions_removed: usize,
+    /// Registered partitions given the entry's new columns (after a schema change).
+    pub partitions_updated: usize,
+    /// Why the sync failed (the commit stands; the next sync repairs the entries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl CatalogReport {
+    /// Add another sync's counts (the main and the history table's, in one report).
+    pub fn absorb(&mut self, other: &CatalogReport) {
+        self.calls += other.calls;
+        self.entries_created += other.entries_created;
+        self.entries_updated += other.entries_updated;
+        self.partitions_added += other.partitions_added;
+        self.partitions_removed += other.partitions_removed;
+        self.partitions_updated += other.partitions_updated;
+        if self.error.is_none() {
+            self.error.clone_from(&other.error);
+        }
+    }
+}
+
+/// The file that holds a watermark back.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Held {
+    /// The file, as its URL.
+    pub file: String,
+    /// Its time (the DMS name's, else its modification time).
+    pub written: DateTime<Utc>,
+    /// Why it holds the watermark.
+    pub reason: String,
+}
+
+/// A table's watermark and what holds it.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct Progress {
+    /// Every CDC file written up to this time is applied (`None`: not every full-load file
+    /// is, or no CDC file was applied yet).
+    pub watermark: Option<DateTime<Utc>>,
+    /// The newest file of the applied prefix (when this computation walked it).
+    pub file: Option<String>,
+    /// The first file not applied.
+    pub held_by: Option<Held>,
+    /// Files after the watermark found applied out of order, behind [`Progress::held_by`]
+    /// (counted up to the first few only).
+    pub files_waiting: usize,
+    /// Every file under the source is applied.
+    pub caught_up: bool,
+    /// The watermark moved in this computation (and was committed when it was `advance`d).
+    pub advanced: bool,
+    /// Keys listed, the S3 LIST requests that took (at 1,000 keys a page), and the table's
+    /// records looked up.
+    pub listed: usize,
+    pub list_requests: usize,
+    pub lookups: usize,
+}
+
+impl Progress {
+    /// `now − watermark`, in seconds.
+    pub fn lag_seconds(&self, now: DateTime<Utc>) -> Option<f64> {
+        self.watermark
+            .map(|w| (now - w).num_milliseconds() as f64 / 1000.0)
     }
 }

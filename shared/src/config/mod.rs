@@ -35,7 +35,7 @@ pub struct Config {
     pub groups: Vec<GroupConfig>,
 }
 
-/// Tables read together at one watermark (`crate::cut`).
+/// Tables read together at one watermark (`crate::delta::cut`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupConfig {
     pub name: String,

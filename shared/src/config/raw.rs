@@ -39,7 +39,7 @@ struct RawConfig {
     groups: Vec<RawGroup>,
 }
 
-/// `[[group]]`: tables read together at one watermark (`crate::cut`).
+/// `[[group]]`: tables read together at one watermark (`crate::delta::cut`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawGroup {

@@ -30,8 +30,8 @@ use deltalake::DeltaTable;
 use object_store::ObjectStoreExt;
 use serde_json::Value;
 
+use crate::delta::scan::{KeyBound, KeyRange};
 use crate::error::{Error, Result};
-use crate::scan::{KeyBound, KeyRange};
 
 /// How many times a commit is tried at the next free version before the engine's retry
 /// takes over (each try after a conflict check of the commits that won).
@@ -90,7 +90,7 @@ impl<'a> Commit<'a> {
 struct Base {
     version: u64,
     /// What the schema says of decimal bounds (`stats`).
-    known: crate::stats::Known,
+    known: crate::delta::stats::Known,
     checkpoint_every: u64,
     /// tributary writes the table's checkpoints (not a v2-checkpoint table's).
     checkpoints: bool,
@@ -110,10 +110,10 @@ impl Base {
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|v| *v > 0)
             .unwrap_or(100);
-        let wide = crate::stats::arrow_has_wide_decimal(&state.snapshot().arrow_schema());
+        let wide = crate::delta::stats::arrow_has_wide_decimal(&state.snapshot().arrow_schema());
         let known = match wide {
-            true => crate::stats::Known::Wide,
-            false => crate::stats::Known::Exact,
+            true => crate::delta::stats::Known::Wide,
+            false => crate::delta::stats::Known::Exact,
         };
         Ok(Base {
             version: state.version(),
@@ -274,12 +274,12 @@ fn commit_bytes(
 async fn exact_stats(
     log_store: &LogStoreRef,
     bytes: Bytes,
-    known: crate::stats::Known,
+    known: crate::delta::stats::Known,
     label: &str,
 ) -> Result<Bytes> {
     let store = log_store.object_store(None);
     let path = object_store::path::Path::from("_delta_log/00000000000000000000.json");
-    let (fixed, _) = crate::stats::exact_commit(store.as_ref(), &path, &bytes, known)
+    let (fixed, _) = crate::delta::stats::exact_commit(store.as_ref(), &path, &bytes, known)
         .await
         .map_err(|e| Error::storage(label, e))?;
     Ok(fixed.unwrap_or(bytes))
@@ -567,10 +567,10 @@ mod tests {
     /// this commit missed it, the table would hold the key twice.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_insert_into_the_range_a_merge_read_makes_it_conflict_and_replan() {
-        use crate::testing::{Hook, Point};
+        use crate::delta::testing::{Hook, Point};
         use std::sync::atomic::Ordering;
         let dir = tempfile::tempdir().unwrap();
-        let (config, _) = crate::testing::merged_table(
+        let (config, _) = crate::delta::testing::merged_table(
             dir.path(),
             &cdc("2024-01-01 00:00:00", &[("I", 10, 0), ("I", 20, 0)]),
         )
@@ -611,8 +611,8 @@ mod tests {
         )
         .await
         .unwrap();
-        let b = crate::testing::table_batch(&t, &["id", "v"], &["id"]).await;
-        let rows = crate::testing::text_values(&b);
+        let b = crate::delta::testing::table_batch(&t, &["id", "v"], &["id"]).await;
+        let rows = crate::delta::testing::text_values(&b);
         let text = |id: &str, v: &str| vec![Some(id.to_string()), Some(v.to_string())];
         assert_eq!(
             rows,

@@ -18,16 +18,40 @@ use parquet::schema::types::ColumnPath;
 use url::Url;
 
 use crate::config::TableConfig;
+use crate::delta::logcache::LogCache;
+use crate::delta::scan::{KeyBound, KeyRange};
 use crate::error::{Error, Result};
-use crate::logcache::LogCache;
 use crate::plan::{is_internal, MergePlan, PlanOp};
 use crate::props::TableProps;
-use crate::scan::{KeyBound, KeyRange};
 
+pub(crate) mod applied;
+pub mod catalog;
 mod commit;
+pub(crate) mod constraints;
+pub mod cut;
+pub(crate) mod datafile;
+mod engine;
 mod errors;
+pub mod history;
+pub mod logcache;
+pub mod maintenance;
+pub mod manifest;
+pub(crate) mod pipeline;
+pub mod reload;
+pub(crate) mod retry;
+pub(crate) mod rewrite;
+pub mod scan;
+pub mod sink;
+pub(crate) mod stats;
+pub mod status;
+#[cfg(test)]
+pub(crate) mod testing;
+pub(crate) mod tombstones;
+pub mod watermark;
+pub(crate) mod widen;
 use commit::Commit;
 pub(crate) use commit::Read;
+pub use engine::{Engine, EngineBuilder};
 
 /// Open a table, or return an unloaded handle when nothing is there yet.
 pub async fn open(url: &Url, options: &HashMap<String, String>) -> Result<DeltaTable> {
@@ -723,7 +747,7 @@ pub(crate) async fn append_range(
     if holds_a_row_in_range(table, key, &range) {
         return Ok(None);
     }
-    Ok((!crate::scan::rows_in_range(table, key, &range).await?).then_some(range))
+    Ok((!crate::delta::scan::rows_in_range(table, key, &range).await?).then_some(range))
 }
 
 /// Reader features tributary reads exactly (deletion vectors with the kernel, the rest as
@@ -920,7 +944,12 @@ pub(crate) async fn write_rows(
         &arrow::array::RecordBatchOptions::new().with_row_count(Some(rows)),
     )
     .map_err(Error::arrow)?;
-    crate::constraints::Checks::of(table, label)?.verify(label, files, &cfg.primary_key, &batch)?;
+    crate::delta::constraints::Checks::of(table, label)?.verify(
+        label,
+        files,
+        &cfg.primary_key,
+        &batch,
+    )?;
     let batch =
         RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).map_err(Error::arrow)?;
     let config = writer_config(snapshot, Some(writer_properties(cfg)), None);
@@ -1023,13 +1052,13 @@ pub(crate) async fn rewrite_rows(
     let snapshot = table.snapshot().map_err(delta_err)?;
     let schema = snapshot.snapshot().arrow_schema();
     let partition_columns = snapshot.metadata().partition_columns().to_vec();
-    let files = crate::datafile::TableFiles::of(&table);
+    let files = crate::delta::datafile::TableFiles::of(&table);
     let config = writer_config(snapshot, properties, None);
     let mut writer: Option<DeltaWriter> = None;
     let mut actions = Vec::new();
     let mut changed = 0usize;
     for f in snapshot.log_data().iter() {
-        let partition = crate::manifest::Partition::of(&f, &partition_columns);
+        let partition = crate::delta::manifest::Partition::of(&f, &partition_columns);
         let mut out = Vec::new();
         let mut n = 0usize;
         let mut batches = files
@@ -1176,7 +1205,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let (_, table) = crate::testing::merged_table(dir.path(), &batch).await;
+        let (_, table) = crate::delta::testing::merged_table(dir.path(), &batch).await;
         let range = |lo, hi| KeyRange {
             lo: KeyBound::Int(lo),
             hi: KeyBound::Int(hi),

@@ -1,5 +1,7 @@
 //! The merge pipeline: route files to tables, read them, screen and admit them, plan, and
-//! commit — one commit per table per call, retried on conflicts, with bad files isolated.
+//! commit — one commit per table per call, retried on conflicts, with bad files isolated —
+//! through a table format's `Sink` only: the engine is built with its sink (Delta Lake's
+//! is `crate::delta::Engine`; the tests build one on the in-memory sink).
 //!
 //! ```text
 //! files ──route──▶ per table ──read──▶ ChangeSets ──screen (horizon, reloads)──▶
@@ -7,34 +9,31 @@
 //!   ──re-check tombstones──▶ manifests ──▶ report
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::stream::{self, StreamExt};
 use url::Url;
 
-use crate::catalog::Catalog;
 use crate::config::{Config, TableConfig};
 use crate::error::{Error, Result};
 use crate::plan;
 use crate::props::TableProps;
-use crate::sink::delta::DeltaSink;
 use crate::sink::{Sink, View, Whole};
 use crate::source::{self, ChangeSet, FileClass};
 use crate::storage::{self, Storage};
 use crate::tuning::Tuning;
 
 pub use crate::report::{FileOutcome, FileStatus, Phases, ProcessReport, TableReport, WritePath};
-pub(crate) use crate::sink::delta::TableView;
 pub(crate) use crate::sink::Batch;
 
-/// The merge engine: configuration, storage and the table format's sink (Delta Lake),
+/// The merge engine of one table format: configuration, storage and the format's sink,
 /// built once.
 #[derive(Debug, Clone)]
-pub struct Engine {
+pub struct Engine<S> {
     config: Arc<Config>,
     storage: Arc<Storage>,
-    sink: DeltaSink,
+    pub(crate) sink: S,
     local_s3_root: Option<Arc<std::path::PathBuf>>,
     /// Why files no table owns fail instead of being ignored (a newer configuration is
     /// refused: they may belong to a table it adds).
@@ -50,62 +49,41 @@ pub(crate) struct ReadFiles {
     pub(crate) failed: Vec<(Url, Error)>,
 }
 
-/// How an [`Engine`] is built: its configuration, the tuning carried down to its storage and
-/// tables, its catalog client ([`Engine::builder`]).
-#[derive(Debug)]
-pub struct EngineBuilder {
-    config: Config,
-    tuning: Option<Tuning>,
-    catalog: Option<Catalog>,
+/// The configuration at `location` (a local path, or an `s3://` / `file://` URI read with
+/// `tuning`'s storage).
+pub async fn load_config(location: &str, tuning: &Tuning) -> Result<Config> {
+    if location.starts_with("s3://") || location.starts_with("file://") {
+        let url = Url::parse(location)
+            .map_err(|e| Error::config(location, format!("not a valid URI: {e}")))?;
+        let storage = Storage::with_tuning(tuning);
+        let bytes = storage
+            .get(&url)
+            .await
+            .map_err(|e| Error::config(location, format!("cannot read the configuration: {e}")))?;
+        let text = String::from_utf8(bytes.to_vec())
+            .map_err(|_| Error::config(location, "the file is not UTF-8 text"))?;
+        Config::from_toml(&text, location, None)
+    } else {
+        Config::from_path(std::path::Path::new(location))
+    }
 }
 
-impl EngineBuilder {
-    /// The tuning its storage and tables use (default: the environment's,
-    /// [`Tuning::from_env_or_default`]).
-    pub fn tuning(mut self, tuning: Tuning) -> Self {
-        self.tuning = Some(tuning);
-        self
-    }
-
-    /// The Glue client entries are kept with (default: configured from the environment on
-    /// first use, [`Catalog::from_env`]).
-    pub fn catalog(mut self, catalog: Catalog) -> Self {
-        self.catalog = Some(catalog);
-        self
-    }
-
-    pub fn build(self) -> Engine {
-        let tuning = self.tuning.unwrap_or_else(Tuning::from_env_or_default);
-        let storage = Arc::new(Storage::with_tuning(&tuning));
+impl<S> Engine<S> {
+    /// The engine of `config` on the sink `sink` makes of the engine's storage (built with
+    /// `tuning`).
+    pub(crate) fn on(
+        config: Config,
+        tuning: &Tuning,
+        sink: impl FnOnce(Arc<Storage>) -> S,
+    ) -> Self {
+        let storage = Arc::new(Storage::with_tuning(tuning));
         Engine {
-            config: Arc::new(self.config),
-            sink: DeltaSink::new(storage.clone(), self.catalog.unwrap_or_default()),
+            config: Arc::new(config),
+            sink: sink(storage.clone()),
             storage,
             local_s3_root: None,
             unowned: None,
         }
-    }
-}
-
-impl Engine {
-    /// The engine of `config` with the environment's tuning ([`Engine::builder`] to give it).
-    pub fn new(config: Config) -> Self {
-        Self::builder(config).build()
-    }
-
-    /// A builder of the engine of `config`.
-    pub fn builder(config: Config) -> EngineBuilder {
-        EngineBuilder {
-            config,
-            tuning: None,
-            catalog: None,
-        }
-    }
-
-    /// The hooks of this engine's commits (tests).
-    #[cfg(test)]
-    pub(crate) fn hooks(&self) -> &crate::testing::Hooks {
-        &self.sink.hooks
     }
 
     /// This engine, failing (retryably) the files no table owns instead of ignoring them,
@@ -137,18 +115,6 @@ impl Engine {
         self
     }
 
-    /// Keep the Glue Data Catalog with this client (default: configured from the
-    /// environment on first use).
-    pub fn with_catalog(mut self, catalog: Catalog) -> Self {
-        self.sink.catalog = Arc::new(catalog);
-        self
-    }
-
-    /// The catalog client (maintenance and `tributary catalog sync` reconcile with it).
-    pub fn catalog(&self) -> &Catalog {
-        &self.sink.catalog
-    }
-
     /// The URL a file is actually read from (see [`Engine::with_local_s3_root`]).
     pub fn resolve(&self, url: &Url) -> Url {
         match (&self.local_s3_root, url.scheme()) {
@@ -171,27 +137,6 @@ impl Engine {
         }
     }
 
-    /// Load the configuration from a local path or `s3://` URI and build the engine, after
-    /// checking the environment's tuning ([`crate::tuning::Tuning`]).
-    pub async fn from_config_location(location: &str) -> Result<Self> {
-        let tuning = Tuning::from_env()?;
-        tuning.apply();
-        let config = if location.starts_with("s3://") || location.starts_with("file://") {
-            let url = Url::parse(location)
-                .map_err(|e| Error::config(location, format!("not a valid URI: {e}")))?;
-            let storage = Storage::with_tuning(&tuning);
-            let bytes = storage.get(&url).await.map_err(|e| {
-                Error::config(location, format!("cannot read the configuration: {e}"))
-            })?;
-            let text = String::from_utf8(bytes.to_vec())
-                .map_err(|_| Error::config(location, "the file is not UTF-8 text"))?;
-            Config::from_toml(&text, location, None)?
-        } else {
-            Config::from_path(std::path::Path::new(location))?
-        };
-        Ok(Self::builder(config).tuning(tuning).build())
-    }
-
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -199,31 +144,13 @@ impl Engine {
     pub fn storage(&self) -> &Storage {
         &self.storage
     }
+}
 
-    /// Delta storage options (endpoint overrides) used for every table.
-    pub fn storage_options(&self) -> &HashMap<String, String> {
-        &self.sink.options
-    }
-
-    /// Merge these files. Files of one table go into one commit; tables are independent;
+impl<S> Engine<S> {
+    /// Merge these files into the tables of `sink` (the engine's own, `self.sink`, for a
+    /// format's `process`). Files of one table go into one commit; tables are independent;
     /// a bad file fails alone. Never panics on input; every file gets an outcome.
-    pub async fn process(&self, files: &[Url]) -> ProcessReport {
-        self.process_into(&self.sink, files).await
-    }
-
-    /// One batch into a table through the Delta sink (a reload's one commit).
-    pub(crate) async fn merge_batch(
-        &self,
-        table: &TableConfig,
-        batch: &Batch<'_>,
-        loaded: Option<deltalake::DeltaTable>,
-    ) -> Result<TableReport> {
-        self.sink.commit(table, batch, loaded).await
-    }
-
-    /// [`Engine::process`] into the tables of `sink` (the engine's own is Delta Lake; the
-    /// tests run the same pipeline on a test double).
-    pub(crate) async fn process_into<S: Sink>(&self, sink: &S, files: &[Url]) -> ProcessReport {
+    pub(crate) async fn process_into<T: Sink>(&self, sink: &T, files: &[Url]) -> ProcessReport {
         let (by_table, routed) = self.route(files);
         let mut report = ProcessReport {
             files: routed,
@@ -302,9 +229,9 @@ impl Engine {
         (by_table, outcomes)
     }
 
-    async fn process_table<S: Sink>(
+    async fn process_table<T: Sink>(
         &self,
-        sink: &S,
+        sink: &T,
         table: &TableConfig,
         files: Vec<Url>,
     ) -> (Vec<FileOutcome>, Vec<TableReport>) {
@@ -396,11 +323,11 @@ impl Engine {
     /// [`Engine::merge_group`] on `view`, the table read before the first group; later
     /// groups read it again (the group before changed it). A table that cannot be read
     /// fails the group's files.
-    async fn merge_on<S: Sink>(
+    async fn merge_on<T: Sink>(
         &self,
-        sink: &S,
+        sink: &T,
         table: &TableConfig,
-        view: Option<View<S::Table>>,
+        view: Option<View<T::Table>>,
         sets: Vec<ChangeSet>,
     ) -> (Vec<TableReport>, Vec<FileOutcome>) {
         let v = match view {
@@ -422,11 +349,11 @@ impl Engine {
 
     /// Screen, admit and merge one group of a table's small files (one commit, or one per
     /// file when a bad one must be isolated) on `view`.
-    async fn merge_group<S: Sink>(
+    async fn merge_group<T: Sink>(
         &self,
-        sink: &S,
+        sink: &T,
         table: &TableConfig,
-        view: View<S::Table>,
+        view: View<T::Table>,
         sets: Vec<ChangeSet>,
     ) -> (Vec<TableReport>, Vec<FileOutcome>) {
         let (sets, mut outcomes) = crate::sink::screen(sink, table, &view, sets).await;
@@ -463,9 +390,9 @@ impl Engine {
     /// applies nothing twice (order keys). A full-load file is recorded as applied with its
     /// last slice. The report (`None` when screening settled the file) and the file's
     /// outcome.
-    async fn merge_large<S: Sink>(
+    async fn merge_large<T: Sink>(
         &self,
-        sink: &S,
+        sink: &T,
         table: &TableConfig,
         file: &Url,
         raw: &source::RawFile,
@@ -525,11 +452,11 @@ impl Engine {
 
     /// The checking pass of [`Self::merge_large`]: every slice screened (the first) and
     /// admitted as a merge would: the file's counts, or what screening settled it as.
-    async fn check_large<S: Sink>(
+    async fn check_large<T: Sink>(
         &self,
-        sink: &S,
+        sink: &T,
         table: &TableConfig,
-        view: &View<S::Table>,
+        view: &View<T::Table>,
         file: &Url,
         raw: &source::RawFile,
     ) -> Result<Checked> {
@@ -621,12 +548,12 @@ impl Engine {
 
     /// Merge the batch; if that fails for a reason a single file can cause, merge the
     /// files one by one (canonical order) so only the culprit fails.
-    async fn merge_or_isolate<S: Sink>(
+    async fn merge_or_isolate<T: Sink>(
         &self,
-        sink: &S,
+        sink: &T,
         table: &TableConfig,
         batch: Batch<'_>,
-        loaded: Option<S::Table>,
+        loaded: Option<T::Table>,
     ) -> (Vec<TableReport>, Vec<FileOutcome>) {
         let mut outcomes = Vec::new();
         match sink.commit(table, &batch, loaded).await {

@@ -4,22 +4,22 @@
 //! The engine (routing, reading, screening, grouping, large files, bad-file isolation) sees
 //! a table only through [`Sink`]: a [`View`] of it for screening and admission, the check of
 //! the files it applied, one commit per [`Batch`], and a large file appended whole where the
-//! format can. Delta Lake is the one implementation ([`delta::DeltaSink`]: the commit
+//! format can. Delta Lake is the one implementation (`crate::delta::sink::DeltaSink`: the commit
 //! pipeline — write path, retries, tombstones, history, post-commit observers); an Iceberg
 //! sink would be another, and so is the in-memory test double (`memory::MemorySink`),
 //! which the engine's tests run on.
 
-pub(crate) mod delta;
 #[cfg(test)]
 pub(crate) mod memory;
 
+use chrono::{DateTime, Utc};
 use url::Url;
 
 use crate::config::TableConfig;
 use crate::error::{Error, Result};
 use crate::props::TableProps;
 use crate::report::{FileOutcome, TableReport};
-use crate::source::{self, ChangeSet, SeqKind};
+use crate::source::{self, ChangeSet, Digest, FileKind, SeqKind};
 use crate::storage;
 
 /// A table format: see the module documentation.
@@ -134,11 +134,10 @@ pub(crate) async fn screen<S: Sink>(
             outcomes.extend(FileOutcome::merged(table, std::slice::from_ref(&cs)));
             continue;
         }
-        let verdict =
-            match crate::tombstones::check_horizon(table, &view.props, &cs.file, cs.written) {
-                Ok(()) => sink.check_applied(table, view, &cs).await,
-                Err(e) => Err(e),
-            };
+        let verdict = match check_horizon(table, &view.props, &cs.file, cs.written) {
+            Ok(()) => sink.check_applied(table, view, &cs).await,
+            Err(e) => Err(e),
+        };
         match verdict {
             Ok(()) => kept.push(cs),
             Err(e) => {
@@ -157,7 +156,7 @@ pub(crate) async fn screen<S: Sink>(
 /// What screening decided a file on ([`screen`]), checked again before a commit.
 #[derive(Debug, Clone)]
 pub(crate) struct Screened {
-    pub(crate) id: crate::applied::Identity,
+    pub(crate) id: Identity,
     written: Option<chrono::DateTime<chrono::Utc>>,
     generation: u32,
 }
@@ -165,7 +164,7 @@ pub(crate) struct Screened {
 impl Screened {
     pub(crate) fn of(cs: &ChangeSet) -> Self {
         Screened {
-            id: crate::applied::Identity::of(cs),
+            id: Identity::of(cs),
             written: cs.written,
             generation: cs.generation,
         }
@@ -182,7 +181,7 @@ pub(crate) fn rescreen<'a>(
     files: impl IntoIterator<Item = &'a Screened>,
 ) -> Result<()> {
     for f in files {
-        crate::tombstones::check_horizon(table, props, &f.id.file, f.written)?;
+        check_horizon(table, props, &f.id.file, f.written)?;
         if f.generation < props.generation() {
             return Err(Error::Reloaded {
                 table: table.name.clone(),
@@ -209,4 +208,44 @@ pub(crate) fn slices_of<T>(
         table.limits.slice_rows,
         table.limits.slice_bytes,
     )
+}
+
+/// What identifies a file's version: its name, its kind, its digest; and when it was
+/// written (the DMS file-name time, else its modification time).
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub(crate) file: Url,
+    pub(crate) kind: FileKind,
+    pub(crate) digest: Option<Digest>,
+    pub(crate) written: Option<DateTime<Utc>>,
+}
+
+impl Identity {
+    pub(crate) fn of(cs: &ChangeSet) -> Self {
+        Identity {
+            file: cs.file.clone(),
+            kind: cs.kind,
+            digest: cs.digest,
+            written: cs.written,
+        }
+    }
+}
+
+/// Refuse a file written before the table's tombstone horizon: a delete of one of its keys
+/// may have been recorded and forgotten since, and applying the file could revive the row.
+pub(crate) fn check_horizon(
+    cfg: &TableConfig,
+    props: &TableProps,
+    file: &url::Url,
+    written: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<()> {
+    match (props.tombstone_horizon, written) {
+        (Some(h), Some(w)) if w <= h => Err(Error::TooLate {
+            table: cfg.name.clone(),
+            file: crate::storage::display(file),
+            written: w.to_rfc3339(),
+            horizon: h.to_rfc3339(),
+        }),
+        _ => Ok(()),
+    }
 }

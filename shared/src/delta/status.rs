@@ -15,11 +15,11 @@ use arrow::datatypes::{DataType, Int64Type};
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Serialize;
 
-use crate::catalog::{Catalog, EntryStatus};
 use crate::config::TableConfig;
 use crate::delta;
+use crate::delta::catalog::{Catalog, EntryStatus};
+use crate::delta::manifest;
 use crate::error::{Error, Result};
-use crate::manifest;
 use crate::source::order::dms_file_time;
 use crate::source::SeqKind;
 use crate::storage::{self, Storage};
@@ -58,12 +58,12 @@ pub struct TableStatus {
     /// Schema drift: the table's columns against its recent source files (`None`: no
     /// Parquet source file in the last commits to compare with).
     pub drift: Option<Drift>,
-    /// The table's watermark (`crate::watermark`) as its records and its source show it now:
+    /// The table's watermark (`crate::delta::watermark`) as its records and its source show it now:
     /// every CDC file written up to it is applied; `held_by` names the first file that is
     /// not.
-    pub watermark: Option<crate::watermark::Progress>,
-    /// The cuts of the groups the table is in (`crate::cut`; filled by `tributary status`).
-    pub cuts: Vec<crate::cut::GroupCut>,
+    pub watermark: Option<crate::delta::watermark::Progress>,
+    /// The cuts of the groups the table is in (`crate::delta::cut`; filled by `tributary status`).
+    pub cuts: Vec<crate::delta::cut::GroupCut>,
 }
 
 /// The table's columns against the source files its last commits merged (their Parquet
@@ -155,8 +155,8 @@ async fn rows_and_newest_change(
         }
         None => {
             let columns = [
-                crate::history::END_SEQ_COLUMN,
-                crate::history::LAST_SEQ_COLUMN,
+                crate::delta::history::END_SEQ_COLUMN,
+                crate::delta::history::LAST_SEQ_COLUMN,
             ];
             count_and_max(table, &columns, |c| {
                 let end = cast(&c[0], &DataType::Utf8).map_err(Error::arrow)?;
@@ -183,7 +183,7 @@ pub async fn table_status(
     let mut st = TableStatus::of(cfg)?;
     let table = delta::open(cfg.state_table()?, options).await?;
     st.watermark = Some(
-        crate::watermark::progress(storage, cfg, &table, now)
+        crate::delta::watermark::progress(storage, cfg, &table, now)
             .await?
             .0,
     );
@@ -319,7 +319,7 @@ async fn parquet_columns(storage: &Storage, url: &url::Url) -> Result<Option<Vec
         .head(&path)
         .await
         .map_err(|e| Error::storage(url.as_str(), e))?;
-    let footer = crate::stats::read_footer(store.as_ref(), &path, meta.size)
+    let footer = crate::delta::stats::read_footer(store.as_ref(), &path, meta.size)
         .await
         .map_err(|e| Error::storage(url.as_str(), e))?;
     Ok(footer.map(|m| {
@@ -351,7 +351,7 @@ async fn tombstone_figures(
     // The newest delete the table has applied (recorded by its last commit).
     let applied_by = last_commit.map(|t| t.timestamp_micros());
     let columns = [
-        crate::tombstones::DELETED_AT_COLUMN,
+        crate::delta::tombstones::DELETED_AT_COLUMN,
         &cfg.writing.sequence_column,
     ];
     count_and_max(&tombs, &columns, |c| {
@@ -421,7 +421,7 @@ async fn count_and_max(
 ) -> Result<(u64, Option<String>)> {
     let mut rows = 0u64;
     let mut maxima: Vec<ArrayRef> = Vec::new();
-    crate::scan::Scan::columns(columns)
+    crate::delta::scan::Scan::columns(columns)
         .each(table, |b| {
             rows += b.num_rows() as u64;
             maxima.extend(greatest(&value(b.columns())?)?);

@@ -12,20 +12,20 @@ use deltalake::DeltaTable;
 use super::recheck::{recheck_tombstones, Rechecked};
 use super::{Batch, DeltaSink, TableReport, WritePath};
 use crate::config::TableConfig;
+use crate::delta::retry::Retry;
+use crate::delta::rewrite::Applied;
+use crate::delta::tombstones::Tombstones;
 use crate::delta::{self, MergeExtras};
 use crate::error::Result;
 use crate::plan::{self, MergePlan};
 use crate::props::TableProps;
-use crate::retry::Retry;
-use crate::rewrite::Applied;
 use crate::source::SeqKind;
-use crate::tombstones::Tombstones;
 
 fn ms_since(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
 }
 
-pub(crate) use crate::commit::{Before, Committed};
+pub(crate) use crate::delta::pipeline::{Before, Committed};
 
 /// A batch's MERGE attempts ([`DeltaSink::try_merge`]).
 struct Merging<'a, 'b> {
@@ -40,7 +40,7 @@ struct Merging<'a, 'b> {
     first_read: Option<Before>,
 }
 
-impl crate::retry::Attempts for Merging<'_, '_> {
+impl crate::delta::retry::Attempts for Merging<'_, '_> {
     type Out = (Committed, AttemptMetrics);
 
     async fn attempt(&mut self, _: u32) -> Result<Self::Out> {
@@ -62,8 +62,8 @@ impl crate::retry::Attempts for Merging<'_, '_> {
 /// widenings), and the time spent computing the watermark, summed over the attempts.
 #[derive(Debug, Default)]
 struct Kept {
-    catalog: Option<crate::catalog::CatalogReport>,
-    widened: Vec<crate::widen::Widened>,
+    catalog: Option<crate::delta::catalog::CatalogReport>,
+    widened: Vec<crate::delta::widen::Widened>,
     watermark_ms: u64,
 }
 
@@ -123,7 +123,7 @@ struct DeletesAgain<'a> {
     files: &'a [String],
 }
 
-impl crate::retry::Attempts for DeletesAgain<'_> {
+impl crate::delta::retry::Attempts for DeletesAgain<'_> {
     type Out = (DeltaTable, Applied);
 
     async fn attempt(&mut self, n: u32) -> Result<Self::Out> {
@@ -170,7 +170,7 @@ impl DeltaSink {
         report.superseded_in_batch = base_plan.superseded;
         #[cfg(test)]
         self.hooks
-            .reach(crate::testing::Point::BeforeTombstones, "", vec![])
+            .reach(crate::delta::testing::Point::BeforeTombstones, "", vec![])
             .await;
         // Deletes are recorded first, as pending: durable before this MERGE reads the table,
         // so a concurrent older upsert either is seen by this MERGE or sees them — and holds
@@ -210,7 +210,7 @@ impl DeltaSink {
         metrics.fold_into(&mut report);
         #[cfg(test)]
         self.hooks
-            .reach(crate::testing::Point::BetweenCommits, "", vec![])
+            .reach(crate::delta::testing::Point::BetweenCommits, "", vec![])
             .await;
         if base_plan.deletes > 0 {
             let t = Instant::now();
@@ -254,7 +254,7 @@ impl DeltaSink {
             .as_ref()
             .ok_or_else(|| crate::error::Error::internal("no target and no history table"))?;
         let mut report = batch.report(table);
-        let record = crate::history::Record {
+        let record = crate::delta::history::Record {
             txns: file_records(table, batch),
         };
         let (r, ms) = self
@@ -272,18 +272,18 @@ impl DeltaSink {
         Ok(report)
     }
 
-    /// After a merge: the post-commit observers ([`crate::commit::publish`]). Neither fails
+    /// After a merge: the post-commit observers ([`crate::delta::pipeline::publish`]). Neither fails
     /// the merge: it is committed.
     pub(super) async fn after_merge(
         &self,
         table: &TableConfig,
         m: Committed,
-    ) -> crate::commit::Published {
-        crate::commit::publish(
+    ) -> crate::delta::pipeline::Published {
+        crate::delta::pipeline::publish(
             &self.storage,
             &self.catalog,
             table,
-            crate::commit::Output::Current,
+            crate::delta::pipeline::Output::Current,
             &m,
         )
         .await
@@ -296,16 +296,16 @@ impl DeltaSink {
         h: &crate::config::HistoryConfig,
         batch: &Batch<'_>,
         files: &[String],
-        record: Option<crate::history::Record>,
-    ) -> Result<(crate::history::HistoryReport, u64)> {
+        record: Option<crate::delta::history::Record>,
+    ) -> Result<(crate::delta::history::HistoryReport, u64)> {
         let t = Instant::now();
-        let changes = crate::history::Changes {
+        let changes = crate::delta::history::Changes {
             sets: batch.changes,
             kinds: batch.kinds.as_deref(),
             files,
             record,
         };
-        let r = crate::history::apply(
+        let r = crate::delta::history::apply(
             table,
             h,
             &self.storage,
@@ -342,7 +342,7 @@ impl DeltaSink {
         let target = aligned(table, target, &mut plan, a.files, kept).await?;
         #[cfg(test)]
         self.hooks
-            .reach(crate::testing::Point::BeforeMerge, "", vec![])
+            .reach(crate::delta::testing::Point::BeforeMerge, "", vec![])
             .await;
         let read_version = target.version();
         let t = Instant::now();
@@ -350,7 +350,7 @@ impl DeltaSink {
         // cannot be computed, the post-commit step tries on its own.
         let mut extras = a.extras.clone();
         let carried =
-            crate::watermark::carried(&self.storage, table, &target, &mut extras.txns).await;
+            crate::delta::watermark::carried(&self.storage, table, &target, &mut extras.txns).await;
         kept.watermark_ms += ms_since(t);
         let t = Instant::now();
         let (target, path, applied) = write(table, target, &plan, a.files, &extras).await?;
@@ -359,7 +359,8 @@ impl DeltaSink {
         let (target, rechecked) =
             recheck_tombstones(table, target, &mut plan, tombstones, a.files).await?;
         m.recheck_ms = ms_since(t);
-        let target = crate::applied::record_unrecorded(target, &extras.txns, read_version).await?;
+        let target =
+            crate::delta::applied::record_unrecorded(target, &extras.txns, read_version).await?;
         let done = applied.inserted + applied.updated + applied.deleted + rechecked.deleted;
         m.skipped_stale = plan.batch.num_rows().saturating_sub(done);
         m.version = target.version();
@@ -393,7 +394,7 @@ impl DeltaSink {
                 let (t, created) = self.load_or_create(table, a.batch, a.base_plan).await?;
                 if created {
                     let r = self.catalog.created(table, false, &t).await;
-                    crate::commit::absorb(&mut kept.catalog, r);
+                    crate::delta::pipeline::absorb(&mut kept.catalog, r);
                 }
                 t
             }
@@ -449,7 +450,7 @@ impl DeltaSink {
             };
             return Ok((unmoved, None));
         }
-        let deletes = crate::tombstones::deletes_only(base_plan)?;
+        let deletes = crate::delta::tombstones::deletes_only(base_plan)?;
         let before = match before {
             Some(b) => b,
             None => Before::of(table, &after)?,
@@ -483,7 +484,7 @@ impl DeltaSink {
             None => vec![None; table.sequence_by.len()],
         };
         let mut props = TableProps::for_new_table(&kinds);
-        props.extend(crate::applied::new_table_properties(table));
+        props.extend(crate::delta::applied::new_table_properties(table));
         if table.writing.change_data_feed {
             props.extend(TableProps::for_change_data_feed());
         }
@@ -503,9 +504,9 @@ impl DeltaSink {
 enum Chosen {
     /// No row of the table can match: the rows appended (what a merge would insert, without
     /// reading or rewriting a file), with the key range the commit read.
-    Append(crate::scan::KeyRange),
+    Append(crate::delta::scan::KeyRange),
     /// tributary's copy-on-write rewrite of the files holding the plan's keys.
-    Rewrite(Box<crate::rewrite::Rewrite>),
+    Rewrite(Box<crate::delta::rewrite::Rewrite>),
     /// No change to write (every change stale or screened): only the transactions.
     Nothing,
 }
@@ -526,7 +527,7 @@ impl Chosen {
             }
         }
         Ok(
-            match crate::rewrite::Rewrite::eligible(table, target, plan, extras)? {
+            match crate::delta::rewrite::Rewrite::eligible(table, target, plan, extras)? {
                 Some(rewrite) => Chosen::Rewrite(Box::new(rewrite)),
                 None => Chosen::Nothing,
             },
@@ -619,7 +620,7 @@ async fn aligned(
     files: &[String],
     kept: &mut Kept,
 ) -> Result<DeltaTable> {
-    let (target, widened) = crate::widen::widen(
+    let (target, widened) = crate::delta::widen::widen(
         table,
         &table.name,
         target,
@@ -634,7 +635,7 @@ async fn aligned(
 }
 
 /// The post-commit observers' outcome in the batch's report.
-pub(super) fn published(report: &mut TableReport, p: crate::commit::Published) {
+pub(super) fn published(report: &mut TableReport, p: crate::delta::pipeline::Published) {
     report.manifests_written = p.manifests_written;
     report.manifests_deleted = p.manifests_deleted;
     report.manifests_caught_up = p.caught_up;
@@ -648,7 +649,7 @@ pub(super) fn published(report: &mut TableReport, p: crate::commit::Published) {
 }
 
 /// The history table's report in the batch's.
-fn adopt_history(report: &mut TableReport, mut r: crate::history::HistoryReport, ms: u64) {
+fn adopt_history(report: &mut TableReport, mut r: crate::delta::history::HistoryReport, ms: u64) {
     absorb(report, r.catalog.take());
     report.history = Some(r);
     report.phases_ms.history = ms;
@@ -663,14 +664,15 @@ fn file_records(table: &TableConfig, batch: &Batch<'_>) -> Vec<Transaction> {
         .iter()
         .filter(|c| !c.partial)
         .filter_map(|c| {
-            crate::applied::file_txn(table, c).or_else(|| crate::applied::record(table, c))
+            crate::delta::applied::file_txn(table, c)
+                .or_else(|| crate::delta::applied::record(table, c))
         })
         .collect()
 }
 
 /// Add a catalog sync's report to the table's.
-pub(super) fn absorb(report: &mut TableReport, r: Option<crate::catalog::CatalogReport>) {
-    crate::commit::absorb(&mut report.catalog, r);
+pub(super) fn absorb(report: &mut TableReport, r: Option<crate::delta::catalog::CatalogReport>) {
+    crate::delta::pipeline::absorb(&mut report.catalog, r);
 }
 
 /// Adopt a table another writer created (Spark, Databricks, an earlier job): it has no
@@ -700,7 +702,7 @@ pub(crate) async fn adopt(table: &TableConfig, target: DeltaTable) -> Result<Del
     // From now on every CDC file applied is recorded, as in a table tributary creates: a
     // re-delivered file is then screened out, and commits nothing.
     let mut props = TableProps::for_adoption(chrono::Utc::now());
-    props.extend(crate::applied::new_table_properties(table));
+    props.extend(crate::delta::applied::new_table_properties(table));
     delta::set_properties(target, props).await
 }
 

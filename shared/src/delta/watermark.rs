@@ -15,7 +15,7 @@
 //!
 //! ## How it advances
 //!
-//! After every commit of the table (`commit::publish`) and in every maintenance run:
+//! After every commit of the table (`pipeline::publish`) and in every maintenance run:
 //! list the source *from the watermark on* (S3 `start-after`, or one listing per date
 //! folder where the folders do not sort by time), then walk the CDC files after the
 //! watermark in time order, looking each up in the table's records, until the first one
@@ -41,14 +41,14 @@
 use chrono::{DateTime, Datelike, Duration, Timelike, Utc};
 use deltalake::kernel::Transaction;
 use deltalake::DeltaTable;
-use serde::Serialize;
 use url::Url;
 
 use crate::config::TableConfig;
 use crate::delta;
+use crate::delta::retry::Retry;
 use crate::error::{Error, Result};
 use crate::model::FileKind;
-use crate::retry::Retry;
+pub use crate::report::{Held, Progress};
 use crate::source::order::dms_file_time;
 use crate::source::{classify, FileClass};
 use crate::storage::{self, Listed, Storage};
@@ -213,49 +213,6 @@ pub(crate) async fn stored(table: &DeltaTable) -> Result<Option<Stored>> {
     Ok(delta::txn_version(table, APP_ID)
         .await?
         .and_then(Stored::decode))
-}
-
-/// The file that holds a watermark back.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Held {
-    /// The file, as its URL.
-    pub file: String,
-    /// Its time (the DMS name's, else its modification time).
-    pub written: DateTime<Utc>,
-    /// Why it holds the watermark.
-    pub reason: String,
-}
-
-/// A table's watermark and what holds it.
-#[derive(Debug, Clone, Serialize, PartialEq, Default)]
-pub struct Progress {
-    /// Every CDC file written up to this time is applied (`None`: not every full-load file
-    /// is, or no CDC file was applied yet).
-    pub watermark: Option<DateTime<Utc>>,
-    /// The newest file of the applied prefix (when this computation walked it).
-    pub file: Option<String>,
-    /// The first file not applied.
-    pub held_by: Option<Held>,
-    /// Files after the watermark found applied out of order, behind [`Progress::held_by`]
-    /// (counted up to the first few only).
-    pub files_waiting: usize,
-    /// Every file under the source is applied.
-    pub caught_up: bool,
-    /// The watermark moved in this computation (and was committed when it was `advance`d).
-    pub advanced: bool,
-    /// Keys listed, the S3 LIST requests that took (at 1,000 keys a page), and the table's
-    /// records looked up.
-    pub listed: usize,
-    pub list_requests: usize,
-    pub lookups: usize,
-}
-
-impl Progress {
-    /// `now − watermark`, in seconds.
-    pub fn lag_seconds(&self, now: DateTime<Utc>) -> Option<f64> {
-        self.watermark
-            .map(|w| (now - w).num_milliseconds() as f64 / 1000.0)
-    }
 }
 
 /// A candidate file under the source.
@@ -507,7 +464,7 @@ impl<'a> Walk<'a> {
         let stored = stored(table).await?;
         let listing = list_after(storage, cfg, stored, now).await?;
         let retention =
-            Duration::from_std(crate::applied::record_retention(cfg)).unwrap_or_default();
+            Duration::from_std(crate::delta::applied::record_retention(cfg)).unwrap_or_default();
         let horizon = now - retention;
         let unrecorded_before = match delta::props(table).file_records_since {
             Some(since) if since < horizon => horizon,
@@ -545,7 +502,7 @@ impl<'a> Walk<'a> {
                 false
             } else {
                 lookups += 1;
-                self.recorded(crate::applied::load_app_id(self.cfg, &f.url))
+                self.recorded(crate::delta::applied::load_app_id(self.cfg, &f.url))
                     .await?
                     == Some(f.last_modified.timestamp_millis())
             };
@@ -591,7 +548,7 @@ impl<'a> Walk<'a> {
                 // Behind the gap: count what waits (a few lookups at most).
                 if w.waiting < 3 {
                     w.lookups += 1;
-                    let id = crate::applied::app_id(self.cfg, &f.url);
+                    let id = crate::delta::applied::app_id(self.cfg, &f.url);
                     if self.recorded(id).await?.is_some() {
                         w.waiting += 1;
                     }
@@ -603,7 +560,7 @@ impl<'a> Walk<'a> {
                 None if self.exists && f.written < self.unrecorded_before => true,
                 None => {
                     w.lookups += 1;
-                    let id = crate::applied::app_id(self.cfg, &f.url);
+                    let id = crate::delta::applied::app_id(self.cfg, &f.url);
                     self.recorded(id).await?.is_some()
                 }
             };

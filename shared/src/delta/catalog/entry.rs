@@ -9,8 +9,8 @@ use deltalake::DeltaTable;
 
 use crate::config::EntryKind;
 use crate::delta;
+use crate::delta::manifest::{Partition, MANIFEST_DIR};
 use crate::error::{Error, Result};
-use crate::manifest::{Partition, MANIFEST_DIR};
 
 /// Parameter tributary sets on every entry it creates (an entry without it is not ours).
 pub(crate) const MANAGED: &str = "tributary.managed";
@@ -286,7 +286,7 @@ pub(crate) fn partitions(table: &DeltaTable) -> Result<BTreeSet<GluePartition>> 
     if delta::partition_columns(table)?.is_empty() {
         return Ok(BTreeSet::new());
     }
-    Ok(crate::manifest::live_files(table)?
+    Ok(crate::delta::manifest::live_files(table)?
         .iter()
         .map(|f| partition(table, &f.partition))
         .collect())

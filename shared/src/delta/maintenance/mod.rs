@@ -26,10 +26,10 @@ use std::collections::HashMap;
 
 use crate::config::{Config, TableConfig};
 use crate::delta;
+use crate::delta::manifest::{self, Partition};
+use crate::delta::retry::Retry;
 use crate::error::{Error, Result};
-use crate::manifest::{self, Partition};
 use crate::props::TableProps;
-use crate::retry::Retry;
 use crate::storage::Storage;
 
 /// Application transaction id carried by every maintenance commit that rewrites files.
@@ -290,8 +290,8 @@ async fn ensure_table_properties(
                     delta::CHECKPOINT_EVERY.to_string(),
                 );
             }
-            if !crate::applied::has_retention(&table) {
-                props.extend(crate::applied::new_table_properties(cfg));
+            if !crate::delta::applied::has_retention(&table) {
+                props.extend(crate::delta::applied::new_table_properties(cfg));
             }
             match props.is_empty() {
                 true => Ok(table),
@@ -420,9 +420,9 @@ async fn compact_table(
             let plan = compact::plan(&table, partitions, target_size)?;
             let compacted = plan.len();
             #[cfg(test)]
-            crate::testing::global()
+            crate::delta::testing::global()
                 .reach(
-                    crate::testing::Point::BeforeCompactionCommit,
+                    crate::delta::testing::Point::BeforeCompactionCommit,
                     label,
                     partitions.iter().map(|p| p.folder()).collect(),
                 )
@@ -544,7 +544,7 @@ async fn newest_expiring(t: &DeltaTable, cutoff: DateTime<Utc>) -> Result<Option
     use deltalake::arrow::datatypes::{DataType, Int64Type};
     let cutoff = cutoff.timestamp_micros();
     let mut newest: Option<i64> = None;
-    crate::scan::Scan::columns(&[crate::tombstones::DELETED_AT_COLUMN])
+    crate::delta::scan::Scan::columns(&[crate::delta::tombstones::DELETED_AT_COLUMN])
         .each(t, |b| {
             let at = deltalake::arrow::compute::cast(b.column(0), &DataType::Int64)
                 .map_err(Error::arrow)?;
@@ -658,7 +658,7 @@ async fn delete_expired(label: &str, t: DeltaTable, horizon: DateTime<Utc>) -> R
     let schema =
         delta::arrow_schema(&t).ok_or_else(|| Error::internal(format!("{label}: no schema")))?;
     let at = schema
-        .index_of(crate::tombstones::DELETED_AT_COLUMN)
+        .index_of(crate::delta::tombstones::DELETED_AT_COLUMN)
         .map_err(Error::arrow)?;
     let expire = |b: deltalake::arrow::array::RecordBatch| {
         let when = deltalake::arrow::compute::cast(b.column(at), &DataType::Int64)
@@ -708,18 +708,18 @@ pub struct Summary {
     pub failed: Vec<(String, String)>,
     /// What a `reload` request did.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reloaded: Option<crate::reload::ReloadReport>,
+    pub reloaded: Option<crate::delta::reload::ReloadReport>,
     /// The configured tables (a `list` request).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tables: Option<Vec<String>>,
     /// The catalog reconciliation of each table with catalog settings (a failed one has
     /// its `error`; it does not fail the run: `CatalogSyncFailed` is the alarm).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub catalog: std::collections::BTreeMap<String, crate::catalog::CatalogReport>,
+    pub catalog: std::collections::BTreeMap<String, crate::delta::catalog::CatalogReport>,
     /// The tables' watermarks, moved where they can move, and the groups' cuts, published
-    /// (`crate::cut`). A table whose watermark cannot be computed fails the run.
+    /// (`crate::delta::cut`). A table whose watermark cannot be computed fails the run.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub watermarks: Option<crate::cut::Watermarks>,
+    pub watermarks: Option<crate::delta::cut::Watermarks>,
 }
 
 impl Summary {
@@ -775,7 +775,7 @@ pub async fn handle(engine: &crate::Engine, request: &Request) -> Result<Summary
     if let Some(table) = &request.reload {
         let mut s = Summary::default();
         // Boxed like the upkeep below (future nesting depth).
-        match Box::pin(crate::reload::reload(engine, table)).await {
+        match Box::pin(crate::delta::reload::reload(engine, table)).await {
             Ok(r) => s.reloaded = Some(r),
             Err(e) => {
                 tracing::error!(table = %table, error = %e, kind = e.kind(), "reload failed");
@@ -812,7 +812,7 @@ pub async fn handle(engine: &crate::Engine, request: &Request) -> Result<Summary
 /// Move the watermarks of `only` (all when empty) and, with `groups`, publish the cuts of
 /// their groups, into the summary. A table or group that fails fails the run.
 async fn watermarks(engine: &crate::Engine, only: &[String], groups: bool, summary: &mut Summary) {
-    let w = Box::pin(crate::cut::compute(
+    let w = Box::pin(crate::delta::cut::compute(
         engine.config(),
         engine.storage(),
         engine.storage_options(),
@@ -826,7 +826,7 @@ async fn watermarks(engine: &crate::Engine, only: &[String], groups: bool, summa
     if groups {
         summary
             .failed
-            .extend(crate::cut::publish(engine.storage(), engine.config(), &w).await);
+            .extend(crate::delta::cut::publish(engine.storage(), engine.config(), &w).await);
     }
     summary.watermarks = Some(w);
 }
@@ -837,7 +837,7 @@ async fn watermarks(engine: &crate::Engine, only: &[String], groups: bool, summa
 pub async fn sync_catalog(
     engine: &crate::Engine,
     only: &[String],
-) -> std::collections::BTreeMap<String, crate::catalog::CatalogReport> {
+) -> std::collections::BTreeMap<String, crate::delta::catalog::CatalogReport> {
     let mut out = std::collections::BTreeMap::new();
     for t in &engine.config().tables {
         if !only.is_empty() && !only.contains(&t.name) {
@@ -848,7 +848,7 @@ pub async fn sync_catalog(
             Ok(None) => continue,
             Err(e) => {
                 tracing::error!(table = %t.name, error = %e, "catalog not reconciled");
-                crate::catalog::CatalogReport {
+                crate::delta::catalog::CatalogReport {
                     error: Some(e.to_string()),
                     ..Default::default()
                 }
@@ -942,7 +942,7 @@ mod tests {
         let calls: Arc<Mutex<Vec<usize>>> = Arc::default();
         let n = Arc::new(AtomicUsize::new(0));
         let (e, c) = (engine.clone(), calls.clone());
-        let hook = crate::testing::Hook::each(move |partitions: Vec<String>| {
+        let hook = crate::delta::testing::Hook::each(move |partitions: Vec<String>| {
             let (e, c, n, src) = (e.clone(), c.clone(), n.clone(), src.clone());
             async move {
                 if !partitions.iter().any(|p| p == "part=a") {
@@ -960,8 +960,8 @@ mod tests {
                 assert_eq!(r.failures().count(), 0, "{:?}", r.files);
             }
         });
-        let point = crate::testing::Point::BeforeCompactionCommit;
-        crate::testing::global().set(point, "busy", hook);
+        let point = crate::delta::testing::Point::BeforeCompactionCommit;
+        crate::delta::testing::global().set(point, "busy", hook);
         let cfg = &config.tables[0];
         let report = maintain(
             cfg,
@@ -971,7 +971,7 @@ mod tests {
         )
         .await
         .unwrap();
-        crate::testing::global().clear("busy");
+        crate::delta::testing::global().clear("busy");
         let calls = calls.lock().unwrap().clone();
         assert_eq!(
             calls,
@@ -987,7 +987,9 @@ mod tests {
             .await
             .unwrap();
         // count(*), count(DISTINCT id)
-        let ids = crate::testing::text_values(&crate::testing::table_batch(&t, &["id"], &[]).await);
+        let ids = crate::delta::testing::text_values(
+            &crate::delta::testing::table_batch(&t, &["id"], &[]).await,
+        );
         let distinct: std::collections::HashSet<_> =
             ids.iter().filter_map(|r| r[0].clone()).collect();
         assert_eq!((ids.len(), distinct.len()), (12, 12), "every row once");
@@ -1030,7 +1032,7 @@ mod tests {
         };
         let mut t = create(&[]).await;
         assert!(!delta::has_checkpoint_interval(&t));
-        assert!(!crate::applied::has_retention(&t));
+        assert!(!crate::delta::applied::has_retention(&t));
         ensure_table_properties(&mut t, "t", cfg).await.unwrap();
         let t = delta::open(&url, &Default::default()).await.unwrap();
         let prop = |t: &DeltaTable, k: &str| {
@@ -1041,7 +1043,7 @@ mod tests {
                 .get(k)
                 .cloned()
         };
-        let retention = crate::applied::TXN_RETENTION;
+        let retention = crate::delta::applied::TXN_RETENTION;
         assert_eq!(prop(&t, delta::CHECKPOINT_INTERVAL).as_deref(), Some("10"));
         assert_eq!(
             prop(&t, retention),

@@ -10,13 +10,13 @@
 
 use deltalake::DeltaTable;
 
-use crate::catalog::{Catalog, CatalogReport};
 use crate::config::TableConfig;
 use crate::delta;
+use crate::delta::catalog::{Catalog, CatalogReport};
+use crate::delta::manifest;
+use crate::delta::watermark::{self, Progress};
 use crate::error::Result;
-use crate::manifest;
 use crate::storage::Storage;
-use crate::watermark::{self, Progress};
 
 /// Which of a configured table's Delta tables with manifests and a catalog entry a commit
 /// is on.

@@ -13,7 +13,7 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 
-use crate::manifest::Partition;
+use crate::delta::manifest::Partition;
 
 /// Why a data file could not be read.
 #[derive(Debug)]
@@ -438,7 +438,7 @@ fn partition_column(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::Counting;
+    use crate::delta::testing::Counting;
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use futures::TryStreamExt;
@@ -467,7 +467,7 @@ mod tests {
             )));
         }
         let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-        let (_, table) = crate::testing::merged_table(dir.path(), &batch).await;
+        let (_, table) = crate::delta::testing::merged_table(dir.path(), &batch).await;
         let snapshot = table.snapshot().unwrap();
         let schema = snapshot.snapshot().arrow_schema();
         let f = snapshot.log_data().iter().next().unwrap();

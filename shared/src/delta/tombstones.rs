@@ -29,10 +29,9 @@ use deltalake::DeltaTable;
 
 use crate::config::TableConfig;
 use crate::delta;
+use crate::delta::retry::Retry;
 use crate::error::{Error, Result};
 use crate::plan::{KeyEncoder, MergePlan, PlanOp};
-use crate::props::TableProps;
-use crate::retry::Retry;
 
 pub(crate) use crate::model::DELETED_AT_COLUMN;
 
@@ -95,7 +94,7 @@ impl<'a> Tombstones<'a> {
         label: &str,
         table: DeltaTable,
         schema: &Schema,
-    ) -> Result<(DeltaTable, crate::widen::Widened)> {
+    ) -> Result<(DeltaTable, crate::delta::widen::Widened)> {
         let table = &table;
         let widen = |n: u32| {
             let mut table = table.clone();
@@ -104,7 +103,7 @@ impl<'a> Tombstones<'a> {
                     delta::refresh(&mut table, label).await?;
                 }
                 let props = parquet::file::properties::WriterProperties::default();
-                crate::widen::widen(cfg, label, table, schema, props, &[]).await
+                crate::delta::widen::widen(cfg, label, table, schema, props, &[]).await
             }
         };
         Ok(Retry::new(label, cfg.limits.max_commit_attempts)
@@ -267,7 +266,7 @@ impl<'a> Tombstones<'a> {
         // Only files whose first key column's statistics overlap the plan's keys.
         let k0 = &cfg.primary_key[0];
         let range = match plan.batch.column_by_name(k0) {
-            Some(keys) => crate::scan::KeyRange::of(keys)?.map(|r| (k0.clone(), r)),
+            Some(keys) => crate::delta::scan::KeyRange::of(keys)?.map(|r| (k0.clone(), r)),
             None => None,
         };
         let mut cols: Vec<String> = cfg.primary_key.clone();
@@ -277,7 +276,7 @@ impl<'a> Tombstones<'a> {
         if has_applied {
             cols.push(APPLIED_COLUMN.to_string());
         }
-        let batches = crate::scan::Scan {
+        let batches = crate::delta::scan::Scan {
             columns: Some(cols),
             range,
         }
@@ -380,25 +379,6 @@ fn deletes_of(plan: &MergePlan) -> Result<RecordBatch> {
         .map(|o| Some(*o == PlanOp::Delete))
         .collect();
     filter_record_batch(&plan.batch, &mask).map_err(Error::arrow)
-}
-
-/// Refuse a file written before the table's tombstone horizon: a delete of one of its keys
-/// may have been recorded and forgotten since, and applying the file could revive the row.
-pub(crate) fn check_horizon(
-    cfg: &TableConfig,
-    props: &TableProps,
-    file: &url::Url,
-    written: Option<chrono::DateTime<chrono::Utc>>,
-) -> Result<()> {
-    match (props.tombstone_horizon, written) {
-        (Some(h), Some(w)) if w <= h => Err(Error::TooLate {
-            table: cfg.name.clone(),
-            file: crate::storage::display(file),
-            written: w.to_rfc3339(),
-            horizon: h.to_rfc3339(),
-        }),
-        _ => Ok(()),
-    }
 }
 
 /// A plan of deletes for the upserts of `plan` that tombstones written since have

@@ -12,8 +12,8 @@ use deltalake::kernel::LogicalFileView;
 use deltalake::DeltaTable;
 use futures::StreamExt;
 
+use crate::delta::manifest::Partition;
 use crate::error::{Error, Result};
-use crate::manifest::Partition;
 
 /// What a scan reads.
 #[derive(Debug, Clone, Default)]
@@ -89,7 +89,7 @@ impl Scan {
         };
         let schema = self.schema(&snapshot.snapshot().arrow_schema(), &label)?;
         let partition_columns = snapshot.metadata().partition_columns().to_vec();
-        let files = crate::datafile::TableFiles::of(table);
+        let files = crate::delta::datafile::TableFiles::of(table);
         let selected: Vec<LogicalFileView> = snapshot
             .log_data()
             .iter()

@@ -13,8 +13,8 @@ use deltalake::DeltaTable;
 
 use crate::config::{HistoryConfig, TableConfig};
 use crate::delta;
+use crate::delta::retry::Retry;
 use crate::error::{Error, Result};
-use crate::retry::Retry;
 use crate::source::{ChangeOp, ChangeSet};
 
 /// How the change log stores a change's operation. Written to storage and read back by
@@ -127,7 +127,7 @@ pub(super) async fn append(
         .await?
         .0;
         // A column the batch widens: the log takes the wider type first.
-        let (table, _) = crate::widen::widen(
+        let (table, _) = crate::delta::widen::widen(
             cfg,
             label,
             table,

@@ -20,7 +20,9 @@ use url::Url;
 
 use crate::config::TableConfig;
 use crate::delta;
-use crate::engine::{Batch, Engine, TableReport, TableView};
+use crate::delta::sink::TableView;
+use crate::delta::Engine;
+use crate::engine::{Batch, TableReport};
 use crate::error::{Error, Result};
 use crate::plan;
 use crate::props::TableProps;
@@ -151,7 +153,7 @@ async fn new_load<'a>(
         .iter()
         .filter(|l| FileKind::of(&storage::file_name(&l.url)) == FileKind::FullLoad)
     {
-        let id = crate::applied::load_app_id(cfg, &l.url);
+        let id = crate::delta::applied::load_app_id(cfg, &l.url);
         match delta::txn_version(&view.table, &id).await? {
             Some(v) if v == l.last_modified.timestamp_millis() => same.push(l),
             Some(_) => changed.push(l),

@@ -1,8 +1,8 @@
-//! Delta Lake, the table format tributary writes: the [`Sink`] the engine merges through.
+//! Delta Lake, the table format tributary writes: the `Sink` the engine merges through.
 //!
 //! - `batch`: the commit pipeline of a batch — plan, tombstones (pending, then confirmed),
 //!   the write path chosen once (append, copy-on-write rewrite, delta-rs MERGE), retries with
-//!   re-screening, the history, and the post-commit observers (`crate::commit::publish`);
+//!   re-screening, the history, and the post-commit observers (`crate::delta::pipeline::publish`);
 //! - `whole`: a large file appended whole in one commit;
 //! - `recheck`: the post-commit tombstone re-check.
 
@@ -16,12 +16,12 @@ use std::sync::Arc;
 use deltalake::DeltaTable;
 use url::Url;
 
-use super::{rescreen, screen, slices_of, Batch, Screened, Sink, View, Whole};
-use crate::catalog::Catalog;
 use crate::config::TableConfig;
 use crate::delta;
+use crate::delta::catalog::Catalog;
 use crate::error::Result;
 use crate::report::{FileOutcome, FileStatus, TableReport, WritePath};
+use crate::sink::{rescreen, screen, slices_of, Batch, Screened, Sink, View, Whole};
 use crate::source::{self, ChangeSet};
 use crate::storage::Storage;
 
@@ -43,13 +43,13 @@ impl View<DeltaTable> {
 /// The Delta Lake sink: delta-rs options, the storage the tables live on, the Glue catalog
 /// the commits' observers keep in step.
 #[derive(Debug, Clone)]
-pub(crate) struct DeltaSink {
+pub struct DeltaSink {
     pub(crate) storage: Arc<Storage>,
     pub(crate) options: Arc<HashMap<String, String>>,
     pub(crate) catalog: Arc<Catalog>,
-    /// Test code run at [`crate::testing::Point`]s of this sink's commits.
+    /// Test code run at [`crate::delta::testing::Point`]s of this sink's commits.
     #[cfg(test)]
-    pub(crate) hooks: crate::testing::Hooks,
+    pub(crate) hooks: crate::delta::testing::Hooks,
 }
 
 impl DeltaSink {
@@ -87,8 +87,9 @@ impl Sink for DeltaSink {
         view: &TableView,
         cs: &ChangeSet,
     ) -> Result<()> {
-        crate::applied::check_load_file(cfg, &view.table, &view.props, cs).await?;
-        crate::applied::check(cfg, &view.table, &crate::applied::Identity::of(cs)).await
+        crate::delta::applied::check_load_file(cfg, &view.table, &view.props, cs).await?;
+        crate::delta::applied::check(cfg, &view.table, &crate::delta::applied::Identity::of(cs))
+            .await
     }
 
     async fn commit(
@@ -118,7 +119,7 @@ pub(crate) async fn rescreen_contents(
     files: &[Screened],
 ) -> Result<()> {
     for f in files {
-        crate::applied::check(table, target, &f.id).await?;
+        crate::delta::applied::check(table, target, &f.id).await?;
     }
     Ok(())
 }

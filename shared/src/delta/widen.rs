@@ -41,9 +41,9 @@ use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 
 use crate::config::TableConfig;
+use crate::delta::manifest::Partition;
 use crate::delta::Read;
 use crate::error::{Error, Result};
-use crate::manifest::Partition;
 use crate::plan::Widening;
 
 /// Where a table's staged rewrite is recorded, under its root.
@@ -255,7 +255,7 @@ impl WidenPlan {
             .filter(|f| !done.contains(f.path().as_ref()))
             .collect();
         let slices = slices_of(todo, &self.partition_columns, cfg.limits.slice_bytes as u64);
-        let table_files = crate::datafile::TableFiles::of(table);
+        let table_files = crate::delta::datafile::TableFiles::of(table);
         let mut longest = Duration::ZERO;
         let remaining = slices.len();
         for (i, (partition, files)) in slices.into_iter().enumerate() {
@@ -303,7 +303,7 @@ impl WidenPlan {
     async fn rewrite_slice(
         &self,
         label: &str,
-        table_files: &crate::datafile::TableFiles,
+        table_files: &crate::delta::datafile::TableFiles,
         mut writer: DeltaWriter,
         partition: &Partition,
         files: Vec<&deltalake::kernel::LogicalFileView>,
@@ -479,4 +479,13 @@ fn widened_kernel(label: &str, current: &StructType, columns: &[Widening]) -> Re
         table: label.to_string(),
         message: format!("the widened schema: {e}"),
     })
+}
+
+impl crate::report::TableReport {
+    /// A widening commit's columns and files into the report.
+    pub(crate) fn widen(&mut self, w: &Widened) {
+        self.widened
+            .extend(w.columns.iter().map(ToString::to_string));
+        self.files_rewritten_to_widen += w.files_rewritten;
+    }
 }

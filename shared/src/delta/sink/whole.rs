@@ -17,12 +17,12 @@ use super::recheck::Rechecked;
 use super::{DeltaSink, TableReport, TableView, Whole};
 use crate::config::TableConfig;
 use crate::delta;
+use crate::delta::scan::KeyRange;
+use crate::delta::tombstones::Tombstones;
 use crate::error::Result;
 use crate::plan::{self, MergePlan};
-use crate::scan::KeyRange;
 use crate::source::{self, ChangeSet, FileCounts};
 use crate::storage;
-use crate::tombstones::Tombstones;
 
 /// Slices written at once while the next is read. Writing a slice (splitting it by
 /// partition, encoding Parquet) takes longer than reading and planning one, so with one
@@ -134,7 +134,7 @@ impl DeltaSink {
         let first = admit_one(first, table, &view, &mut kinds)?;
         let base_plan = plan::plan(table, std::slice::from_ref(&first))?;
         if let Some(schema) = &view.schema {
-            if !crate::widen::needed(schema, &base_plan.table_schema()).is_empty() {
+            if !crate::delta::widen::needed(schema, &base_plan.table_schema()).is_empty() {
                 // The widening commit rewrites the table: made by the slices' merge.
                 return Ok(Whole::Fallback("a column's type widens"));
             }
@@ -205,8 +205,8 @@ impl DeltaSink {
                 rows: 0,
                 slices: 0,
                 superseded: 0,
-                txn: crate::applied::file_txn(table, first)
-                    .or_else(|| crate::applied::record(table, first)),
+                txn: crate::delta::applied::file_txn(table, first)
+                    .or_else(|| crate::delta::applied::record(table, first)),
                 pending: std::collections::VecDeque::new(),
                 write_wait_ms: 0,
                 kinds: kinds.clone(),
@@ -306,9 +306,9 @@ impl DeltaSink {
         let published = self
             .after_merge(
                 table,
-                crate::commit::Committed {
+                crate::delta::pipeline::Committed {
                     watermark: carried,
-                    ..crate::commit::Committed::since(before, after)
+                    ..crate::delta::pipeline::Committed::since(before, after)
                 },
             )
             .await;
@@ -343,7 +343,7 @@ impl DeltaSink {
         let txns: Vec<_> = w.txn.iter().cloned().collect();
         #[cfg(test)]
         self.hooks
-            .reach(crate::testing::Point::BeforeMerge, "", vec![])
+            .reach(crate::delta::testing::Point::BeforeMerge, "", vec![])
             .await;
         let mut appending = Appending {
             table,
@@ -356,7 +356,7 @@ impl DeltaSink {
             txns,
             carried: None,
         };
-        let retry = crate::retry::Retry::new(&table.name, table.limits.max_commit_attempts);
+        let retry = crate::delta::retry::Retry::new(&table.name, table.limits.max_commit_attempts);
         match retry.drive("whole-file append", &mut appending).await {
             Ok((Some(t), attempts)) => Ok(Some((t, attempts, appending.carried))),
             Ok((None, _)) | Err(crate::error::Error::Contention { .. }) => Ok(None),
@@ -392,7 +392,7 @@ impl DeltaSink {
             };
             let r;
             ((target, r), _) =
-                crate::retry::Retry::new(&table.name, table.limits.max_commit_attempts)
+                crate::delta::retry::Retry::new(&table.name, table.limits.max_commit_attempts)
                     .drive("tombstone re-check", &mut recheck)
                     .await?;
             done += r;
@@ -411,7 +411,7 @@ struct Rechecking<'a, 'b> {
     files: &'a [String],
 }
 
-impl crate::retry::Attempts for Rechecking<'_, '_> {
+impl crate::delta::retry::Attempts for Rechecking<'_, '_> {
     type Out = (DeltaTable, Rechecked);
 
     async fn attempt(&mut self, n: u32) -> Result<Self::Out> {
@@ -453,9 +453,12 @@ struct Appending<'a> {
 }
 
 /// The watermark a commit carried, and the progress that computed it.
-type Carried = Option<(crate::watermark::Progress, crate::watermark::Stored)>;
+type Carried = Option<(
+    crate::delta::watermark::Progress,
+    crate::delta::watermark::Stored,
+)>;
 
-impl crate::retry::Attempts for Appending<'_> {
+impl crate::delta::retry::Attempts for Appending<'_> {
     type Out = Option<DeltaTable>;
 
     async fn attempt(&mut self, n: u32) -> Result<Option<DeltaTable>> {
@@ -477,7 +480,7 @@ impl crate::retry::Attempts for Appending<'_> {
         // The watermark this commit moves goes into it (one commit per merge).
         let mut txns = self.txns.clone();
         self.carried =
-            crate::watermark::carried(self.storage, table, &self.target, &mut txns).await;
+            crate::delta::watermark::carried(self.storage, table, &self.target, &mut txns).await;
         // Once the commit was tried, the files are never deleted: it may have landed (a
         // lost response, a failed post-commit step); VACUUM removes them if not.
         let t = delta::commit_append(
@@ -550,7 +553,7 @@ impl Pass<'_, '_> {
 struct Commit<'a> {
     target: DeltaTable,
     /// The new table's catalog sync, when this append created it.
-    created: Option<crate::catalog::CatalogReport>,
+    created: Option<crate::delta::catalog::CatalogReport>,
     /// The table before the append (for manifests and catalog).
     before: super::batch::Before,
     tombstones: Tombstones<'a>,
@@ -586,7 +589,10 @@ async fn still_an_append(
     {
         return Ok(false);
     }
-    Ok(!retried || !crate::scan::rows_in_range(target, &table.primary_key[0], range).await?)
+    Ok(
+        !retried
+            || !crate::delta::scan::rows_in_range(target, &table.primary_key[0], range).await?,
+    )
 }
 
 /// The table records the sequence kinds the order keys were made with (none recorded and

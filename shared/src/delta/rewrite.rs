@@ -50,11 +50,11 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
 use crate::config::TableConfig;
+use crate::delta::manifest::Partition;
+use crate::delta::scan::{KeyBound, KeyRange};
 use crate::delta::MergeExtras;
 use crate::error::{Error, Result};
-use crate::manifest::Partition;
 use crate::plan::{KeyEncoder, MergePlan, PlanOp};
-use crate::scan::{KeyBound, KeyRange};
 
 /// Groups of files read, applied and written at once: two per core of a 2-vCPU function,
 /// so that one group's reads and uploads overlap another's decoding (4 against 2 here, one
@@ -134,7 +134,7 @@ pub(crate) struct Rewrite {
     /// column nullable: the constraints check its nulls, by name).
     schema: SchemaRef,
     /// The table's constraints, checked on every row written.
-    checks: crate::constraints::Checks,
+    checks: crate::delta::constraints::Checks,
     /// The files being applied, the table's label and key (for a refusal's message).
     files: String,
     label: String,
@@ -229,7 +229,7 @@ impl Rewrite {
             }
             keep.push(k);
         }
-        let checks = crate::constraints::Checks::of(table, label)?;
+        let checks = crate::delta::constraints::Checks::of(table, label)?;
         let rows = RecordBatch::try_new(relaxed(&schema), columns).map_err(Error::arrow)?;
         let seq_column = schema
             .fields()
@@ -301,7 +301,7 @@ impl Rewrite {
         let Some(range) = self.range.as_ref().filter(|_| self.reload.is_none()) else {
             return true;
         };
-        let Some((lo, hi)) = crate::scan::file_bounds(f, &self.key0, &range.lo) else {
+        let Some((lo, hi)) = crate::delta::scan::file_bounds(f, &self.key0, &range.lo) else {
             return true;
         };
         // The first plan key at or above the file's minimum, if it is not above its maximum.
@@ -451,7 +451,7 @@ impl Rewrite {
     async fn rewrite_group(
         self: Arc<Self>,
         files: Group,
-        table_files: Arc<crate::datafile::TableFiles>,
+        table_files: Arc<crate::delta::datafile::TableFiles>,
         config: WriterConfig,
         table: String,
     ) -> Result<GroupResult> {
@@ -529,7 +529,7 @@ impl Rewrite {
     async fn first_pass(
         &self,
         f: &LogicalFileView,
-        table_files: &crate::datafile::TableFiles,
+        table_files: &crate::delta::datafile::TableFiles,
         config: &WriterConfig,
         partition: &Partition,
         table: &str,
@@ -580,7 +580,7 @@ impl Rewrite {
     async fn write_pass(
         &self,
         f: &LogicalFileView,
-        table_files: &crate::datafile::TableFiles,
+        table_files: &crate::delta::datafile::TableFiles,
         partition: &Partition,
         table: &str,
         r: &mut FileResult,
@@ -629,7 +629,7 @@ impl Rewrite {
         let label = cfg.name.as_str();
         let delta_err = |e| Error::delta(label, e);
         let snapshot = table.snapshot().map_err(delta_err)?;
-        let table_files = Arc::new(crate::datafile::TableFiles::of(&table));
+        let table_files = Arc::new(crate::delta::datafile::TableFiles::of(&table));
         let store = table_files.store.clone();
         let partition_columns = snapshot.metadata().partition_columns().to_vec();
         let candidates: Vec<LogicalFileView> = snapshot

@@ -446,7 +446,7 @@ impl ObjectStore for LogCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::Counting;
+    use crate::delta::testing::Counting;
     use futures::TryStreamExt;
     use object_store::local::LocalFileSystem;
     use object_store::ObjectStoreExt;

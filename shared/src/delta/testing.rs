@@ -48,8 +48,8 @@ pub(crate) async fn table_batch(
     let mut read = columns.to_vec();
     read.extend(order_by.iter().filter(|c| !columns.contains(c)));
     let scan = match columns.is_empty() {
-        true => crate::scan::Scan::default(),
-        false => crate::scan::Scan::columns(&read),
+        true => crate::delta::scan::Scan::default(),
+        false => crate::delta::scan::Scan::columns(&read),
     };
     let batches = scan.rows(table).await.unwrap();
     let all = table.snapshot().unwrap().snapshot().arrow_schema();

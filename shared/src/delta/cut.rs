@@ -18,9 +18,9 @@ use serde::Serialize;
 
 use crate::config::{Config, GroupConfig, TableConfig};
 use crate::delta;
+use crate::delta::watermark::{self, Held, Progress};
 use crate::error::Result;
 use crate::storage::{self, Storage};
-use crate::watermark::{self, Held, Progress};
 
 /// A table's watermark and its Delta table (`None`: not created yet), by table name.
 type State = HashMap<String, (Progress, Option<deltalake::DeltaTable>)>;

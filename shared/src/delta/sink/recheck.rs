@@ -10,10 +10,10 @@
 use deltalake::DeltaTable;
 
 use crate::config::TableConfig;
+use crate::delta::tombstones::{self, Tombstones};
 use crate::delta::{self, MergeExtras};
 use crate::error::{Error, Result};
 use crate::plan::{self, MergePlan};
-use crate::tombstones::{self, Tombstones};
 
 /// What a re-check deleted (rows a newer tombstone superseded) and the files it changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -36,14 +36,14 @@ use arrow::compute::{concat_batches, take, SortOptions};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::OwnedRow;
 use deltalake::DeltaTable;
-use serde::Serialize;
 
-use crate::commit::{Before, Committed};
 use crate::config::{HistoryConfig, HistoryDeletes, TableConfig};
 use crate::delta;
+use crate::delta::pipeline::{Before, Committed};
+use crate::delta::retry::Retry;
 use crate::error::{Error, Result};
 use crate::plan::{KeyEncoder, PlanOp};
-use crate::retry::Retry;
+pub use crate::report::HistoryReport;
 use crate::source::{ChangeOp, ChangeSet, SeqKind};
 use crate::storage::Storage;
 use fold::{Fold, Step, Version};
@@ -51,34 +51,6 @@ use fold::{Fold, Step, Version};
 pub use crate::model::{END_SEQ_COLUMN, LAST_SEQ_COLUMN};
 /// What the MERGE does with a version row (`U`: write it, `D`: remove it).
 const OP: &str = "_tributary_op";
-
-/// What a call did to a history table.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct HistoryReport {
-    pub version: Option<u64>,
-    /// Versions written (opened, closed or updated in place).
-    pub versions_written: usize,
-    /// Versions removed because a late change merged them into others.
-    pub versions_removed: usize,
-    /// Keys whose versions were recomputed from the change log (a late change).
-    pub late_keys: usize,
-    pub commit_attempts: u32,
-    /// Why the history's manifests could not be updated.
-    pub manifest_error: Option<String>,
-    /// The history's manifests were behind it (a crash or a failure between an earlier
-    /// commit and its manifests) and were brought up to date, with its catalog entries.
-    pub manifests_caught_up: bool,
-    /// Columns whose type the call widened in the history (`column: from -> to`).
-    pub widened: Vec<String>,
-    /// The watermark, when the history table keeps the table's state (no current table).
-    #[serde(skip)]
-    pub(crate) watermark: Option<crate::watermark::Progress>,
-    #[serde(skip)]
-    pub(crate) watermark_error: Option<String>,
-    /// The history entries' catalog sync (reported with the table's: `TableReport::catalog`).
-    #[serde(skip)]
-    pub(crate) catalog: Option<crate::catalog::CatalogReport>,
-}
 
 /// A batch as the history sees it: the admitted change sets, the sequence kinds the batch
 /// establishes (the first gives the intervals' type; `None` when no file tells, such as a
@@ -106,7 +78,7 @@ pub(crate) async fn apply(
     h: &HistoryConfig,
     storage: &Storage,
     options: &HashMap<String, String>,
-    catalog: &crate::catalog::Catalog,
+    catalog: &crate::delta::catalog::Catalog,
     changes: &Changes<'_>,
 ) -> Result<HistoryReport> {
     let columns = data_columns(changes.sets);
@@ -131,12 +103,19 @@ pub(crate) async fn apply(
         .drive("history merge", &mut attempts)
         .await?;
     r.commit_attempts = n;
-    let p = crate::commit::publish(storage, catalog, cfg, crate::commit::Output::History, &w).await;
+    let p = crate::delta::pipeline::publish(
+        storage,
+        catalog,
+        cfg,
+        crate::delta::pipeline::Output::History,
+        &w,
+    )
+    .await;
     r.manifests_caught_up = p.caught_up;
     r.manifest_error = p.manifest_error;
     r.watermark = p.watermark;
     r.watermark_error = p.watermark_error;
-    crate::commit::absorb(&mut r.catalog, p.catalog);
+    crate::delta::pipeline::absorb(&mut r.catalog, p.catalog);
     Ok(r)
 }
 
@@ -147,7 +126,7 @@ struct Attempts<'a> {
     unlogged: Option<RecordBatch>,
 }
 
-impl crate::retry::Attempts for Attempts<'_> {
+impl crate::delta::retry::Attempts for Attempts<'_> {
     type Out = (HistoryReport, Committed);
 
     async fn attempt(&mut self, n: u32) -> Result<Self::Out> {
@@ -219,7 +198,7 @@ struct Attempt<'a> {
     h: &'a HistoryConfig,
     storage: &'a Storage,
     options: &'a HashMap<String, String>,
-    catalog: &'a crate::catalog::Catalog,
+    catalog: &'a crate::delta::catalog::Catalog,
     changes: &'a Changes<'a>,
     columns: &'a [Field],
 }
@@ -228,7 +207,7 @@ struct Attempt<'a> {
 struct Opened {
     table: DeltaTable,
     /// The catalog entries of a table this attempt created.
-    created: Option<crate::catalog::CatalogReport>,
+    created: Option<crate::delta::catalog::CatalogReport>,
     before: Before,
     /// The batch's sequence kind, as the intervals take it.
     batch_kind: Option<SeqKind>,
@@ -243,7 +222,7 @@ struct Ready {
     unsettled: bool,
     /// The table has its interval columns.
     has_intervals: bool,
-    widened: crate::widen::Widened,
+    widened: crate::delta::widen::Widened,
 }
 
 impl Attempt<'_> {
@@ -275,7 +254,7 @@ impl Attempt<'_> {
                 .collect(),
             ..Default::default()
         };
-        crate::commit::absorb(&mut report.catalog, opened.created);
+        crate::delta::pipeline::absorb(&mut report.catalog, opened.created);
         let (txns, carried) = self.carried(&ready.table).await;
         let table = self.commit(ready, &out.batch, &txns).await?;
         report.version = table.version();
@@ -313,7 +292,7 @@ impl Attempt<'_> {
                 };
                 let mut p = crate::props::TableProps::for_new_table(&kinds);
                 // The state table: it records the CDC files applied (`applied`).
-                p.extend(crate::applied::new_table_properties(cfg));
+                p.extend(crate::delta::applied::new_table_properties(cfg));
                 p
             }
             (None, Some(k)) => crate::props::TableProps::for_kinds(k),
@@ -336,7 +315,8 @@ impl Attempt<'_> {
             // The table that records the files: another version of one may have been
             // applied since it was screened (a concurrent writer; see `applied`).
             for cs in self.changes.sets {
-                crate::applied::check(cfg, &table, &crate::applied::Identity::of(cs)).await?;
+                crate::delta::applied::check(cfg, &table, &crate::delta::applied::Identity::of(cs))
+                    .await?;
             }
         }
         let before = Before::of(cfg, &table)?;
@@ -373,7 +353,7 @@ impl Attempt<'_> {
             self.changes.sets,
             delta::props(&table).sequence_kinds.as_deref(),
         )?;
-        let (table, widened) = crate::widen::widen(
+        let (table, widened) = crate::delta::widen::widen(
             cfg,
             label,
             table,
@@ -405,7 +385,8 @@ impl Attempt<'_> {
         let data = history_data_columns(cfg, h, &ready.table, self.columns)?;
         let keys = key_batch(cfg, self.changes.sets, &data)?;
         let existing =
-            crate::scan::rows_with_keys(&ready.table, label, &cfg.primary_key, &keys).await?;
+            crate::delta::scan::rows_with_keys(&ready.table, label, &cfg.primary_key, &keys)
+                .await?;
         let mut work = Work::new(cfg, h, ready.kind, &data)?;
         work.add_versions(&existing)?;
         work.add_changes(self.changes.sets)?;
@@ -414,7 +395,8 @@ impl Attempt<'_> {
         if !late.is_empty() {
             let late_keys = work.keys_batch(&late)?;
             let logged =
-                crate::scan::rows_with_keys(log_table, label, &cfg.primary_key, &late_keys).await?;
+                crate::delta::scan::rows_with_keys(log_table, label, &cfg.primary_key, &late_keys)
+                    .await?;
             logged_seqs = work.add_log(&logged, &late)?;
         }
         if let Some(rows) = unlogged.as_ref() {
@@ -435,14 +417,18 @@ impl Attempt<'_> {
         table: &DeltaTable,
     ) -> (
         Vec<deltalake::kernel::Transaction>,
-        Option<(crate::watermark::Progress, crate::watermark::Stored)>,
+        Option<(
+            crate::delta::watermark::Progress,
+            crate::delta::watermark::Stored,
+        )>,
     ) {
         let Some(record) = self.changes.record.as_ref() else {
             return (Vec::new(), None);
         };
         let mut txns = record.txns.clone();
         let now = chrono::Utc::now();
-        let progress = crate::watermark::progress_with(self.storage, self.cfg, table, now, &txns);
+        let progress =
+            crate::delta::watermark::progress_with(self.storage, self.cfg, table, now, &txns);
         match Box::pin(progress).await {
             Ok((p, Some(next))) if p.advanced => {
                 txns.push(next.txn());
@@ -474,22 +460,23 @@ impl Attempt<'_> {
         } = ready;
         let read_version = table.version();
         if versions.num_rows() == 0 {
-            let mut table = crate::applied::record_unrecorded(table, txns, read_version).await?;
+            let mut table =
+                crate::delta::applied::record_unrecorded(table, txns, read_version).await?;
             if !unsettled {
                 table = crate::delta::record_kinds(table, kinds).await?;
             }
             return Ok(table);
         }
         #[cfg(test)]
-        crate::testing::global()
+        crate::delta::testing::global()
             .reach(
-                crate::testing::Point::BeforeMerge,
+                crate::delta::testing::Point::BeforeMerge,
                 h.target.as_str(),
                 vec![],
             )
             .await;
         let table = merge_versions(cfg, table, versions, self.changes.files, txns).await?;
-        let mut table = crate::applied::record_unrecorded(table, txns, read_version).await?;
+        let mut table = crate::delta::applied::record_unrecorded(table, txns, read_version).await?;
         if unsettled && !has_intervals {
             // The MERGE added the interval columns: the versions written before have none.
             table = settle_kinds(cfg, h, table, kind, kinds).await?;
@@ -1237,7 +1224,7 @@ async fn merge_versions(
         txns: txns.to_vec(),
         delete_unmatched_below: None,
     };
-    match crate::rewrite::Rewrite::eligible(&vcfg, &table, &plan, &extras)? {
+    match crate::delta::rewrite::Rewrite::eligible(&vcfg, &table, &plan, &extras)? {
         Some(rw) => {
             let run = rw.unconditional().run(&vcfg, table, files, &extras);
             Ok(Box::pin(run).await?.0)

@@ -14,8 +14,8 @@ use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
 
+use crate::delta::manifest::Partition;
 use crate::error::{Error, Result};
-use crate::manifest::Partition;
 
 /// Files to compact, per partition (each bin becomes files near the target).
 pub(super) struct CompactionPlan {
@@ -91,7 +91,7 @@ pub(super) async fn execute(
     let delta_err = |e| Error::delta(&label, e);
     let snapshot = table.snapshot().map_err(delta_err)?;
     let store = table.log_store().object_store(None);
-    let table_files = crate::datafile::TableFiles::of(&table);
+    let table_files = crate::delta::datafile::TableFiles::of(&table);
     let schema = snapshot.snapshot().arrow_schema();
     let mut actions = Vec::new();
     let mut removed = 0u64;

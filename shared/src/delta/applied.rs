@@ -48,6 +48,7 @@ use crate::config::TableConfig;
 use crate::delta;
 use crate::error::{Error, Result};
 use crate::props::TableProps;
+pub(crate) use crate::sink::Identity;
 use crate::source::{ChangeSet, Digest, FileKind};
 use crate::storage;
 
@@ -166,27 +167,6 @@ pub(crate) fn record(cfg: &TableConfig, cs: &ChangeSet) -> Option<Transaction> {
         version(d),
         Some(chrono::Utc::now().timestamp_millis()),
     ))
-}
-
-/// What identifies a file's version: its name, its kind, its digest; and when it was
-/// written (the DMS file-name time, else its modification time).
-#[derive(Debug, Clone)]
-pub(crate) struct Identity {
-    pub(crate) file: Url,
-    pub(crate) kind: FileKind,
-    pub(crate) digest: Option<Digest>,
-    pub(crate) written: Option<DateTime<Utc>>,
-}
-
-impl Identity {
-    pub(crate) fn of(cs: &ChangeSet) -> Self {
-        Identity {
-            file: cs.file.clone(),
-            kind: cs.kind,
-            digest: cs.digest,
-            written: cs.written,
-        }
-    }
 }
 
 /// Refuse a CDC file whose name the table applied with other contents.

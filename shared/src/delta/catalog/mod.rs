@@ -33,8 +33,9 @@ use serde::Serialize;
 
 use crate::config::{CatalogConfig, EntryKind, TableConfig};
 use crate::delta;
+use crate::delta::manifest::{Behind, LiveFile};
 use crate::error::{Error, Result};
-use crate::manifest::{Behind, LiveFile};
+pub use crate::report::CatalogReport;
 use entry::{Desired, GluePartition, Verdict};
 use glue::{Connection, Glue};
 
@@ -82,37 +83,6 @@ pub struct PartitionCounts {
     pub in_table: usize,
     /// Partitions missing, left over or at a wrong location.
     pub differing: usize,
-}
-
-/// What a catalog sync did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct CatalogReport {
-    /// Glue API calls made (0 for a commit that changed no schema and no partition).
-    pub calls: u64,
-    pub entries_created: usize,
-    pub entries_updated: usize,
-    pub partitions_added: usize,
-    pub partitions_removed: usize,
-    /// Registered partitions given the entry's new columns (after a schema change).
-    pub partitions_updated: usize,
-    /// Why the sync failed (the commit stands; the next sync repairs the entries).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl CatalogReport {
-    /// Add another sync's counts (the main and the history table's, in one report).
-    pub fn absorb(&mut self, other: &CatalogReport) {
-        self.calls += other.calls;
-        self.entries_created += other.entries_created;
-        self.entries_updated += other.entries_updated;
-        self.partitions_added += other.partitions_added;
-        self.partitions_removed += other.partitions_removed;
-        self.partitions_updated += other.partitions_updated;
-        if self.error.is_none() {
-            self.error.clone_from(&other.error);
-        }
-    }
 }
 
 /// The catalog client and what this process still owes the catalog. Built once per cold
@@ -524,7 +494,7 @@ fn partition_diff(
 /// register; Glue keeps the ones it has) and those it has none in (to remove).
 fn gap_partitions(
     table: &DeltaTable,
-    g: &crate::manifest::Gap,
+    g: &crate::delta::manifest::Gap,
 ) -> Result<(Vec<GluePartition>, Vec<GluePartition>)> {
     if delta::partition_columns(table)?.is_empty() {
         return Ok((Vec::new(), Vec::new()));
