@@ -14,8 +14,9 @@
 //! 2. [`storage`] (`file://` and `s3://` objects), [`tuning`], [`config`] (the typed
 //!    configuration), `props` (what a table's properties record), `coerce` (exact value
 //!    conversion);
-//! 3. `source` (DMS readers and order keys), `plan` (admission, latest change per key, the
-//!    merge's source), [`demo`]: pure, no table I/O; `report` (what a call reports);
+//! 3. `source` (decoders, CDC conventions — AWS DMS's — and order keys), `plan` (admission,
+//!    latest change per key, the merge's source), [`demo`]: pure, no table I/O; `report`
+//!    (what a call reports);
 //! 4. `sink`: the table format behind the engine — the `Sink` trait (a table's view, the
 //!    files it applied, one commit per batch, a large file appended whole), screening
 //!    written once over it, and an in-memory test double;

@@ -73,6 +73,20 @@ pub enum OrderKeyEncoding {
     Delta,
 }
 
+/// The CDC convention of a table's files: what a row of a change file means
+/// (`source::convention`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Convention {
+    /// AWS DMS: the operation in `op_column` (I, U, D), `LOAD*` full-load files, CDC files
+    /// named by their time or ordered by `sequence_by`, before-image columns.
+    #[default]
+    Dms,
+    /// A convention in Debezium's shape, tests only: `op` (c, u, d, r), the row in the
+    /// `before` / `after` structs, ordered by `ts_ms` then `source.lsn`.
+    #[cfg(test)]
+    DebeziumShaped,
+}
+
 /// Input file format.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Format {
@@ -188,6 +202,8 @@ pub struct TableConfig {
     /// Columns with the prefix are not written to the table.
     pub before_image_prefix: Option<String>,
     pub format: Format,
+    /// What a row of the table's files means (AWS DMS's convention).
+    pub convention: Convention,
     /// How much a merge may take on: retries, slices, how long deletes are remembered.
     pub limits: Limits,
     /// How the table's files and commits are written.
@@ -388,16 +404,6 @@ impl TableConfig {
     /// The label of one of its managed tables ([`Managed::label`]).
     pub fn label(&self, m: Managed) -> String {
         m.label(&self.name)
-    }
-
-    /// Whether `column` (a source column) is written to the curated table.
-    pub fn keeps_column(&self, column: &str) -> bool {
-        column != self.op_column
-            && !self.drop_columns.iter().any(|c| c == column)
-            && !self
-                .before_image_prefix
-                .as_deref()
-                .is_some_and(|p| column.starts_with(p))
     }
 
     /// Whether an object URI belongs to this table's source prefix.
@@ -648,9 +654,10 @@ primary_key = ["id"]
         assert_eq!(t.op_column, "Op");
         assert_eq!(t.format, Format::Parquet);
         assert_eq!(t.limits.tombstone_retention, Duration::from_secs(7 * 86400));
-        assert!(!t.keeps_column("Op"));
-        assert!(!t.keeps_column("update_ts_dms"));
-        assert!(t.keeps_column("destination"));
+        let spec = crate::source::Spec::of(t);
+        assert!(!spec.keeps_column("Op"));
+        assert!(!spec.keeps_column("update_ts_dms"));
+        assert!(spec.keeps_column("destination"));
         let f = Url::parse(
             "s3://tributary-raw/dms/delta_emr_source/travel_details/2022/10/25/x.parquet",
         )

@@ -483,6 +483,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
         drop_columns: t.drop_columns,
         rename_columns: t.rename_columns,
         op_column,
+        convention: super::Convention::Dms,
         before_image_prefix,
         format,
         limits: Limits {

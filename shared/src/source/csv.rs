@@ -6,8 +6,9 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
+use super::Spec;
 use super::{at_least_one, Batches, Body, ABSENT_COLUMN, ABSENT_SEPARATOR, RESERVED_PREFIX};
-use crate::config::{CsvOptions, TableConfig};
+use crate::config::CsvOptions;
 use crate::error::{Error, Location, Result};
 use crate::source::{convert, FileKind};
 
@@ -28,7 +29,7 @@ fn column_names(
     text: impl Read,
     opts: &CsvOptions,
     kind: FileKind,
-    table: &TableConfig,
+    table: &Spec,
 ) -> Result<Vec<String>> {
     if opts.header(kind) {
         let format = arrow::csv::reader::Format::default()
@@ -145,7 +146,7 @@ pub(super) fn batches(
     input: Input<'_>,
     opts: &CsvOptions,
     kind: FileKind,
-    table: &TableConfig,
+    table: &Spec,
     table_schema: Option<&Schema>,
     decode_rows: usize,
 ) -> Result<Batches> {
@@ -251,12 +252,7 @@ fn is_blank(mut text: impl Read) -> bool {
 
 /// A CDC file read with a header whose "header" has no operation column but starts with
 /// an operation: its first line is a change (`U,100462,…`), the file has no header.
-fn headerless_data(
-    name: &str,
-    names: &[String],
-    kind: FileKind,
-    table: &TableConfig,
-) -> Result<()> {
+fn headerless_data(name: &str, names: &[String], kind: FileKind, table: &Spec) -> Result<()> {
     let looks_like_op = names
         .first()
         .is_some_and(|n| matches!(n.trim(), "I" | "U" | "D" | "i" | "u" | "d"));
@@ -350,7 +346,7 @@ enum Role {
 }
 
 impl NoSupChecks {
-    fn new(opts: &CsvOptions, names: &[String], table: &TableConfig) -> NoSupChecks {
+    fn new(opts: &CsvOptions, names: &[String], table: &Spec) -> NoSupChecks {
         let columns = names
             .iter()
             .enumerate()

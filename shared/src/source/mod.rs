@@ -1,12 +1,20 @@
-//! CDC readers: turn one DMS file (Parquet, CSV or gzip-compressed CSV; full load or CDC)
-//! into a [`ChangeSet`]: the rows with only the curated columns, each row's operation, and
-//! each row's order key.
+//! CDC readers: turn one change file into a [`ChangeSet`]: the rows with only the curated
+//! columns, each row's operation, and each row's order key. In two parts: a decoder turns
+//! the file's bytes into batches (`parquet`; `csv`, gzip-compressed or not), and the table's
+//! CDC convention (`convention`; AWS DMS's is `dms`) says what a row means; the steps after
+//! are the same for every convention ([`to_change_set`]).
 //!
 //! Every problem names the file and, where it applies, the row and column.
 
+mod convention;
 mod csv;
+#[cfg(test)]
+mod debezium;
+mod dms;
 pub(crate) mod order;
 mod parquet;
+
+use convention::{Changes, Convention, Curated};
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,7 +25,7 @@ use chrono::{DateTime, Utc};
 use url::Url;
 
 use crate::coerce;
-use crate::config::{Format, TableConfig};
+use crate::config::{Convention as Kind, Format, TableConfig};
 use crate::error::{Error, Location, Result};
 use crate::props::TableProps;
 use crate::storage;
@@ -26,6 +34,60 @@ pub use order::SeqKind;
 
 pub(crate) use crate::model::{FileKind, RESERVED_PREFIX};
 pub(crate) use crate::storage::{Body, Digest, RawFile};
+
+/// What reading a table's files needs of its configuration — its source settings (format,
+/// CDC convention; the operation, sequence, dropped, renamed and before-image columns), its
+/// key and partition columns, the name of tributary's order-key column, whether a history
+/// needs each change's start — taken once from the table's configuration ([`Spec::of`]):
+/// the decoders and conventions see this, not the table's whole configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct Spec {
+    /// The table's name (for messages).
+    pub(crate) table: String,
+    pub(crate) format: Format,
+    pub(crate) convention: Kind,
+    pub(crate) op_column: String,
+    pub(crate) sequence_by: Vec<String>,
+    pub(crate) drop_columns: Vec<String>,
+    pub(crate) rename_columns: std::collections::BTreeMap<String, String>,
+    pub(crate) before_image_prefix: Option<String>,
+    pub(crate) primary_key: Vec<String>,
+    pub(crate) partition_by: Vec<String>,
+    /// tributary's order-key column (`sequence_column`): no file may have it.
+    pub(crate) sequence_column: String,
+    /// Each change's start (its first sequence value) is kept: the table has a history.
+    pub(crate) starts: bool,
+}
+
+impl Spec {
+    pub(crate) fn of(cfg: &TableConfig) -> Spec {
+        Spec {
+            table: cfg.name.clone(),
+            format: cfg.format.clone(),
+            convention: cfg.convention,
+            op_column: cfg.op_column.clone(),
+            sequence_by: cfg.sequence_by.clone(),
+            drop_columns: cfg.drop_columns.clone(),
+            rename_columns: cfg.rename_columns.clone(),
+            before_image_prefix: cfg.before_image_prefix.clone(),
+            primary_key: cfg.primary_key.clone(),
+            partition_by: cfg.partition_by.clone(),
+            sequence_column: cfg.writing.sequence_column.clone(),
+            starts: cfg.history.is_some(),
+        }
+    }
+
+    /// Whether a file's column is written to the table: not the operation, not a dropped
+    /// column, not a before-image.
+    pub(crate) fn keeps_column(&self, column: &str) -> bool {
+        column != self.op_column
+            && !self.drop_columns.iter().any(|c| c == column)
+            && !self
+                .before_image_prefix
+                .as_deref()
+                .is_some_and(|p| column.starts_with(p))
+    }
+}
 
 /// The column a reader adds (CSV with `csv.no_sup_value`): per row, the names of the columns
 /// whose value the file does not carry, joined by [`ABSENT_SEPARATOR`] (null: none). Taken
@@ -216,7 +278,8 @@ pub(crate) struct Slices {
     written: Option<DateTime<Utc>>,
     last_modified: Option<DateTime<Utc>>,
     digest: Option<Digest>,
-    cfg: TableConfig,
+    cfg: Spec,
+    convention: &'static dyn Convention,
     slice_rows: usize,
     slice_bytes: usize,
     batches: std::iter::Peekable<Batches>,
@@ -232,7 +295,7 @@ impl Slices {
     pub(crate) fn open(
         file: &Url,
         raw: &RawFile,
-        cfg: &TableConfig,
+        cfg: &Spec,
         table_schema: Option<&Schema>,
         props: &TableProps,
         slice_rows: usize,
@@ -240,7 +303,8 @@ impl Slices {
     ) -> Result<Slices> {
         let name = storage::display(file);
         let file_name = storage::file_name(file);
-        let kind = FileKind::of(&file_name);
+        let convention = convention::of(cfg);
+        let kind = convention.kind(&file_name);
         // Decode batches of at most a quarter of a slice (rows, and bytes as estimated).
         let decode_rows = DECODE_ROWS.min(slice_rows.max(1));
         let decode_bytes = (slice_bytes / 4).max(1);
@@ -263,23 +327,9 @@ impl Slices {
                 None,
             ),
         };
-        if kind == FileKind::Cdc
-            && cfg.sequence_by.is_empty()
-            && order::dms_file_time(&file_name).is_none()
-        {
-            // Without `sequence_by`, CDC changes are ordered by their files' names: one that
-            // is not DMS's time-stamped name would rank after every DMS file, for good.
-            return Err(Error::bad_input(
-                &name,
-                Location::File,
-                format!(
-                    "`{file_name}` is not a DMS CDC file name (`YYYYMMDD-HHMMSSfff…`), and table `{}` has no `sequence_by`: its changes are ordered by file name, so this file would rank after every DMS file whatever its time. Rename it to the time its changes were made (e.g. 20240101-120000000.parquet), or configure `sequence_by` (DMS's TimestampColumnName) for the table",
-                    cfg.name
-                ),
-            ));
-        }
+        convention.check_orderable(&name, &file_name, kind, cfg)?;
         let written = match kind {
-            FileKind::Cdc => order::dms_file_time(&file_name).or(raw.last_modified),
+            FileKind::Cdc => convention.name_time(&file_name).or(raw.last_modified),
             FileKind::FullLoad => raw.last_modified,
         };
         Ok(Slices {
@@ -292,6 +342,7 @@ impl Slices {
             last_modified: raw.last_modified,
             digest: raw.digest,
             cfg: cfg.clone(),
+            convention,
             slice_rows: slice_rows.max(1),
             slice_bytes: slice_bytes.max(1),
             batches: batches.peekable(),
@@ -347,7 +398,7 @@ impl Slices {
             kind: self.kind,
             generation: self.generation,
         };
-        let mut cs = to_change_set(&info, batch, &self.cfg, first_row)
+        let mut cs = to_change_set(self.convention, &info, batch, &self.cfg, first_row)
             .map_err(|e| e.shift_rows(first_row))?;
         cs.written = self.written;
         cs.last_modified = self.last_modified;
@@ -369,31 +420,42 @@ struct FileInfo<'a> {
     generation: u32,
 }
 
-/// One batch of a file (its rows from `first_row` on) as a change set. Row numbers in
-/// errors are the batch's; the caller shifts them.
+/// One batch of a file (its rows from `first_row` on) as a change set: the convention's
+/// changes, then what every convention shares — keys checked, order keys, the table's
+/// columns converted exactly, the changes the rows imply, counts. Row numbers in errors are
+/// the batch's; the caller shifts them.
 fn to_change_set(
+    convention: &dyn Convention,
     f: &FileInfo<'_>,
     raw: RecordBatch,
-    cfg: &TableConfig,
+    cfg: &Spec,
     first_row: usize,
 ) -> Result<ChangeSet> {
-    let raw = renamed_columns(f.name, raw, cfg)?;
-    let (raw, absent) = take_absent(raw, cfg)?;
-    // Every rule below judges values, not their layout.
-    let raw = plain_columns(f.name, raw)?;
-    check_column_names(f.name, &raw.schema(), cfg)?;
-    let ops = parse_ops(f, &raw, cfg)?;
-    let mut absent = absent_rows(f, &absent, &ops)?;
-    for (column, _) in &mut absent {
-        if let Some(to) = cfg.rename_columns.get(column.as_str()) {
-            column.clone_from(to);
-        }
-    }
+    let Changes {
+        rows: raw,
+        ops,
+        mut absent,
+        sequence,
+        own,
+    } = convention.changes(f, raw, cfg)?;
     check_keys(f.name, &raw, cfg)?;
-    let ordering = order_keys(f, &raw, cfg, first_row)?;
-    let data = curated_columns(f.name, &raw, cfg)?;
-    let (data, ops, ordering) = key_moves(f.name, &raw, cfg, data, ops, ordering)?;
-    // The deletes of moved keys (appended after the file's rows) lack no column.
+    let ordering = order_keys(f, &raw, cfg, &sequence, first_row)?;
+    let data = curated_columns(f.name, &raw, cfg, &own)?;
+    let Curated {
+        data,
+        ops,
+        ordering,
+    } = convention.implied(
+        f.name,
+        &raw,
+        cfg,
+        Curated {
+            data,
+            ops,
+            ordering,
+        },
+    )?;
+    // The changes the rows imply (appended after the file's rows) lack no column.
     for (_, rows) in &mut absent {
         rows.resize(data.num_rows(), false);
     }
@@ -425,150 +487,6 @@ fn to_change_set(
         partial: false,
         first_row: 0,
     })
-}
-
-/// DMS writes an update that changes the primary key as one `U` row with the new key. With
-/// the table-mapping rule `add-before-image-columns` the row also carries the old key in
-/// `<before_image_prefix><key column>` (`BI_id`): where that differs from the key, the
-/// change is two — the old key deleted, the new one upserted — at the row's place in the
-/// order (the delete gets the update's order key: a later change of the old key still
-/// wins). The deletes are appended after the file's rows. Without a configured prefix, a
-/// file with such columns fails: merged by key alone, the old row would stay as a ghost.
-fn key_moves(
-    file: &str,
-    raw: &RecordBatch,
-    cfg: &TableConfig,
-    data: RecordBatch,
-    mut ops: Vec<ChangeOp>,
-    ordering: Ordering,
-) -> Result<(RecordBatch, Vec<ChangeOp>, Ordering)> {
-    let Some(prefix) = cfg.before_image_prefix.as_deref() else {
-        if let Some(k) = cfg
-            .primary_key
-            .iter()
-            .find(|k| raw.schema().field_with_name(&format!("BI_{k}")).is_ok())
-        {
-            return Err(Error::bad_input(
-                file,
-                Location::Column(format!("BI_{k}")),
-                format!("the file carries DMS before-image columns (`BI_{k}`, from the table-mapping rule add-before-image-columns) but the table has no `before_image_prefix`: set before_image_prefix = \"BI_\" so that an update of the key moves the row (merged by key alone, the old row would stay), or list the columns in drop_columns"),
-            ));
-        }
-        return Ok((data, ops, ordering));
-    };
-    let mut before = Vec::with_capacity(cfg.primary_key.len());
-    for k in &cfg.primary_key {
-        let name = format!("{prefix}{k}");
-        let Some(b) = raw.column_by_name(&name) else {
-            // No before-images in this file (or not for every key column): keys as they are.
-            return Ok((data, ops, ordering));
-        };
-        let key = data.column_by_name(k).ok_or_else(|| {
-            Error::internal(format!("key column `{k}` missing from the curated columns"))
-        })?;
-        let b = convert(file, &name, b, key.data_type())?;
-        before.push((k, b, key.clone()));
-    }
-    let mut moved: Vec<u32> = Vec::new();
-    for (i, op) in ops.iter().enumerate() {
-        if *op != ChangeOp::Update {
-            continue;
-        }
-        // All before-image values present, and one differs from the key.
-        if before.iter().any(|(_, b, _)| b.is_null(i)) {
-            continue;
-        }
-        let differs = before.iter().try_fold(false, |acc, (_, b, key)| {
-            let cmp = arrow::array::make_comparator(
-                b.as_ref(),
-                key.as_ref(),
-                arrow::compute::SortOptions::default(),
-            )
-            .map_err(Error::arrow)?;
-            Ok::<bool, Error>(acc || cmp(i, i) != std::cmp::Ordering::Equal)
-        })?;
-        if differs {
-            moved.push(i as u32);
-        }
-    }
-    if moved.is_empty() {
-        return Ok((data, ops, ordering));
-    }
-    let idx = arrow::array::UInt32Array::from(moved.clone());
-    let mut columns = Vec::with_capacity(data.num_columns());
-    for (f, c) in data.schema().fields().iter().zip(data.columns()) {
-        let col = match before.iter().find(|(k, _, _)| *k == f.name()) {
-            Some((_, b, _)) => arrow::compute::take(b.as_ref(), &idx, None),
-            None => arrow::compute::take(c.as_ref(), &idx, None),
-        }
-        .map_err(Error::arrow)?;
-        columns.push(col);
-    }
-    let deletes = RecordBatch::try_new(data.schema(), columns).map_err(Error::arrow)?;
-    let data =
-        arrow::compute::concat_batches(&data.schema(), [&data, &deletes]).map_err(Error::arrow)?;
-    ops.extend(moved.iter().map(|_| ChangeOp::Delete));
-    Ok((data, ops, ordering.with_repeated(&moved)?))
-}
-
-/// The reader's [`ABSENT_COLUMN`] taken out of the batch (CSV with `csv.no_sup_value` only:
-/// any other file's column of that name is the file's, and refused as reserved).
-fn take_absent(raw: RecordBatch, cfg: &TableConfig) -> Result<(RecordBatch, Option<ArrayRef>)> {
-    let added = matches!(&cfg.format, Format::Csv(o) if o.no_sup_value.is_some());
-    let Some(i) = added
-        .then(|| raw.schema().index_of(ABSENT_COLUMN).ok())
-        .flatten()
-    else {
-        return Ok((raw, None));
-    };
-    let column = raw.column(i).clone();
-    let mut raw = raw;
-    raw.remove_column(i);
-    Ok((raw, Some(column)))
-}
-
-/// Per column, the rows the reader found no value for; an insert without a value fails the
-/// file (DMS writes the no-sup placeholder in updates only: an insert with it is not a
-/// change tributary can apply as DMS meant it).
-fn absent_rows(
-    f: &FileInfo<'_>,
-    absent: &Option<ArrayRef>,
-    ops: &[ChangeOp],
-) -> Result<Vec<(String, Vec<bool>)>> {
-    let Some(a) = absent else {
-        return Ok(Vec::new());
-    };
-    let a = a.as_string::<i32>();
-    let mut out: Vec<(String, Vec<bool>)> = Vec::new();
-    for r in (0..a.len()).filter(|&r| !a.is_null(r)) {
-        for column in a.value(r).split(ABSENT_SEPARATOR) {
-            if ops[r] == ChangeOp::Insert {
-                return Err(Error::bad_input(
-                    f.name,
-                    Location::Row {
-                        row: r + 1,
-                        column: Some(column.to_string()),
-                    },
-                    format!(
-                        "holds csv.no_sup_value (DMS's CsvNoSupValue: the source did not log the column) in {}: DMS writes it in updates only, an insert carries every column — check the DMS endpoint's UseCsvNoSupValue and the source's supplemental logging, and replay the file",
-                        match f.kind {
-                            FileKind::FullLoad => "a full-load row",
-                            FileKind::Cdc => "an insert",
-                        }
-                    ),
-                ));
-            }
-            let i = match out.iter().position(|(n, _)| n == column) {
-                Some(i) => i,
-                None => {
-                    out.push((column.to_string(), vec![false; a.len()]));
-                    out.len() - 1
-                }
-            };
-            out[i].1[r] = true;
-        }
-    }
-    Ok(out)
 }
 
 /// The file's columns decoded: dictionary and run-end encoded columns as their value type,
@@ -611,51 +529,9 @@ fn plain_columns(file: &str, raw: RecordBatch) -> Result<RecordBatch> {
     })
 }
 
-/// The file's columns under the table's names (`rename_columns`). A file that carries both
-/// a renamed column and the column it is renamed to fails: one of the two would be lost.
-fn renamed_columns(file: &str, raw: RecordBatch, cfg: &TableConfig) -> Result<RecordBatch> {
-    if cfg.rename_columns.is_empty() {
-        return Ok(raw);
-    }
-    let schema = raw.schema();
-    if !schema
-        .fields()
-        .iter()
-        .any(|f| cfg.rename_columns.contains_key(f.name()))
-    {
-        return Ok(raw);
-    }
-    let mut fields = Vec::with_capacity(schema.fields().len());
-    for f in schema.fields() {
-        match cfg.rename_columns.get(f.name()) {
-            Some(to) => {
-                if schema
-                    .fields()
-                    .iter()
-                    .any(|g| g.name().eq_ignore_ascii_case(to))
-                {
-                    return Err(Error::bad_input(
-                        file,
-                        Location::Column(f.name().clone()),
-                        format!("the file has both `{}` and `{to}`, and `rename_columns` reads `{}` as the table's column `{to}`: one of the two would be lost; fix the file or the setting", f.name(), f.name()),
-                    ));
-                }
-                fields.push(f.as_ref().clone().with_name(to));
-            }
-            None => fields.push(f.as_ref().clone()),
-        }
-    }
-    RecordBatch::try_new_with_options(
-        Arc::new(Schema::new(fields)),
-        raw.columns().to_vec(),
-        &arrow::array::RecordBatchOptions::new().with_row_count(Some(raw.num_rows())),
-    )
-    .map_err(Error::arrow)
-}
-
 /// Column names must be unique (also ignoring case: Delta and its readers match names
 /// case-insensitively) and must not collide with tributary's own columns.
-fn check_column_names(file: &str, schema: &SchemaRef, cfg: &TableConfig) -> Result<()> {
+fn check_column_names(file: &str, schema: &SchemaRef, cfg: &Spec) -> Result<()> {
     let mut seen = HashSet::new();
     for f in schema.fields() {
         let n = f.name();
@@ -668,7 +544,7 @@ fn check_column_names(file: &str, schema: &SchemaRef, cfg: &TableConfig) -> Resu
         }
         // Ignoring case too: the Delta table could not hold both.
         let lower = n.to_lowercase();
-        if lower == cfg.writing.sequence_column.to_lowercase() {
+        if lower == cfg.sequence_column.to_lowercase() {
             return Err(Error::bad_input(
                 file,
                 Location::Column(n.clone()),
@@ -702,60 +578,9 @@ fn column_list(schema: &SchemaRef) -> String {
         .join(", ")
 }
 
-fn parse_ops(f: &FileInfo<'_>, raw: &RecordBatch, cfg: &TableConfig) -> Result<Vec<ChangeOp>> {
-    let rows = raw.num_rows();
-    let Some(a) = column(raw, &cfg.op_column) else {
-        if f.kind == FileKind::FullLoad {
-            return Ok(vec![ChangeOp::Insert; rows]);
-        }
-        return Err(Error::bad_input(
-            f.name,
-            Location::Column(cfg.op_column.clone()),
-            format!(
-                "CDC file has no `{}` column (columns: {}); DMS CDC files carry the operation (I/U/D) first — check `op_column`, or name full-load files LOAD*",
-                cfg.op_column,
-                column_list(&raw.schema())
-            ),
-        ));
-    };
-    let a = crate::coerce::exact_cast(&a, &DataType::Utf8).map_err(|e| {
-        Error::bad_input(
-            f.name,
-            Location::Column(cfg.op_column.clone()),
-            e.describe(a.data_type(), &DataType::Utf8),
-        )
-    })?;
-    let a = a.as_string::<i32>();
-    let at = |i: usize| Location::Row {
-        row: i + 1,
-        column: Some(cfg.op_column.clone()),
-    };
-    (0..rows)
-        .map(|i| {
-            if a.is_null(i) {
-                return Err(Error::bad_input(
-                    f.name,
-                    at(i),
-                    "operation is null (expected I, U or D)",
-                ));
-            }
-            match a.value(i).trim() {
-                "I" | "i" => Ok(ChangeOp::Insert),
-                "U" | "u" => Ok(ChangeOp::Update),
-                "D" | "d" => Ok(ChangeOp::Delete),
-                other => Err(Error::bad_input(
-                    f.name,
-                    at(i),
-                    format!("unknown operation {other:?} (expected I, U or D)"),
-                )),
-            }
-        })
-        .collect()
-}
-
 /// Keys must be present and non-null; a floating-point key must not be NaN (NaN equals
 /// nothing, so the row could never be updated or deleted).
-fn check_keys(file: &str, raw: &RecordBatch, cfg: &TableConfig) -> Result<()> {
+fn check_keys(file: &str, raw: &RecordBatch, cfg: &Spec) -> Result<()> {
     for k in &cfg.primary_key {
         let a = column(raw, k).ok_or_else(|| {
             Error::bad_input(
@@ -888,9 +713,9 @@ impl Ordering {
 fn cdc_sequences(
     f: &FileInfo<'_>,
     raw: &RecordBatch,
-    cfg: &TableConfig,
+    sequence: &[String],
 ) -> Result<Vec<order::SeqColumn>> {
-    cfg.sequence_by
+    sequence
         .iter()
         .map(|s| {
             let a = column(raw, s).ok_or_else(|| {
@@ -920,16 +745,17 @@ fn cdc_sequences(
 fn order_keys(
     f: &FileInfo<'_>,
     raw: &RecordBatch,
-    cfg: &TableConfig,
+    cfg: &Spec,
+    sequence: &[String],
     first_row: usize,
 ) -> Result<Ordering> {
     let sequences = match f.kind {
-        FileKind::Cdc => cdc_sequences(f, raw, cfg)?,
+        FileKind::Cdc => cdc_sequences(f, raw, sequence)?,
         FileKind::FullLoad => Vec::new(),
     };
     let rows = raw.num_rows();
     // Each row's start (the first sequence value) serves only a history table.
-    let history = cfg.history.is_some();
+    let history = cfg.starts;
     let (kinds, starts) = match f.kind {
         FileKind::Cdc => (
             sequences.iter().map(|s| s.kind).collect(),
@@ -949,8 +775,7 @@ fn order_keys(
                 Some(i) if !history => a.slice(i, 1),
                 _ => a,
             };
-            let loaded: Vec<Option<order::SeqColumn>> = cfg
-                .sequence_by
+            let loaded: Vec<Option<order::SeqColumn>> = sequence
                 .iter()
                 .map(|s| column(raw, s).and_then(|a| order::sequence_column(&sample(a)).ok()))
                 .collect();
@@ -990,12 +815,17 @@ fn order_keys(
 /// the same batch created it, or an earlier file of the batch widened it — however the files
 /// are grouped into calls (converted to the table's type here, a `Boolean` would have become
 /// the `int` 1 and then the widened `decimal` 1; read after the widening, it is refused).
-fn curated_columns(file: &str, raw: &RecordBatch, cfg: &TableConfig) -> Result<RecordBatch> {
+fn curated_columns(
+    file: &str,
+    raw: &RecordBatch,
+    cfg: &Spec,
+    own: &[String],
+) -> Result<RecordBatch> {
     let schema = raw.schema();
     let mut fields = Vec::new();
     let mut columns = Vec::new();
     for (i, f) in schema.fields().iter().enumerate() {
-        if !cfg.keeps_column(f.name()) {
+        if !cfg.keeps_column(f.name()) || own.contains(f.name()) {
             continue;
         }
         let delta = coerce::delta_type(f.data_type()).ok_or_else(|| {
@@ -1154,7 +984,7 @@ mod tests {
         let mut slices = Slices::open(
             &file,
             &raw,
-            cfg,
+            &Spec::of(cfg),
             table,
             &TableProps::default(),
             1_000,
@@ -1233,7 +1063,15 @@ mod tests {
             kind: FileKind::FullLoad,
             generation: 1,
         };
-        let change_set = |id: ArrayRef| to_change_set(&info, batch(vec![("id", id)]), &cfg, 0);
+        let change_set = |id: ArrayRef| {
+            to_change_set(
+                &dms::Dms,
+                &info,
+                batch(vec![("id", id)]),
+                &Spec::of(&cfg),
+                0,
+            )
+        };
         let null_entry: ArrayRef = Arc::new(
             DictionaryArray::<Int32Type>::try_new(
                 Int32Array::from(vec![0, 1]),
