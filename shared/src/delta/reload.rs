@@ -77,8 +77,8 @@ pub async fn reload(engine: &Engine, table_name: &str) -> Result<ReloadReport> {
         .iter()
         .filter(|l| {
             let name = storage::file_name(&l.url);
-            FileKind::of(&name) == FileKind::Cdc
-                && order::dms_file_time(&name).unwrap_or(l.last_modified) >= started
+            source::file_kind(cfg, &name) == FileKind::Cdc
+                && source::name_time(cfg, &name).unwrap_or(l.last_modified) >= started
         })
         .collect();
     let view = TableView::open(cfg, engine.storage_options()).await?;
@@ -151,7 +151,7 @@ async fn new_load<'a>(
     let mut same = Vec::new();
     for l in listed
         .iter()
-        .filter(|l| FileKind::of(&storage::file_name(&l.url)) == FileKind::FullLoad)
+        .filter(|l| source::file_kind(cfg, &storage::file_name(&l.url)) == FileKind::FullLoad)
     {
         let id = crate::delta::applied::load_app_id(cfg, &l.url);
         match delta::txn_version(&view.table, &id).await? {

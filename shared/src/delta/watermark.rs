@@ -50,7 +50,7 @@ use crate::error::{Error, Result};
 use crate::model::FileKind;
 pub use crate::report::{Held, Progress};
 use crate::source::order::dms_file_time;
-use crate::source::{classify, FileClass};
+use crate::source::{self, classify, FileClass};
 use crate::storage::{self, Listed, Storage};
 
 /// The application-transaction id of the watermark.
@@ -256,9 +256,9 @@ async fn list_after(
         let key = storage::display(&l.url);
         let rel = key.strip_prefix(&base).unwrap_or(&key).to_string();
         let name = storage::file_name(&l.url);
-        let kind = FileKind::of(&name);
+        let kind = source::file_kind(cfg, &name);
         let written = match kind {
-            FileKind::Cdc => dms_file_time(&name).unwrap_or(l.last_modified),
+            FileKind::Cdc => source::name_time(cfg, &name).unwrap_or(l.last_modified),
             FileKind::FullLoad => l.last_modified,
         };
         out.push(Found {

@@ -247,7 +247,7 @@ impl<S> Engine<S> {
                 return (failed, vec![]);
             }
         };
-        // Files are applied in their order (`source::apply_order`: full load, then CDC, each
+        // Files are applied in their order (`source::apply_order_of`: full load, then CDC, each
         // by name), read eight at a time and merged in groups of at most one slice of rows
         // and decoded bytes: memory follows the slice, not the number of files a batch
         // announces (a FIFO batch can announce a thousand). A file is never split across
@@ -255,7 +255,7 @@ impl<S> Engine<S> {
         // in the order, after the group before it and before the files after it: every
         // version written is then a state the source had.
         let mut files = files;
-        files.sort_by_key(source::apply_order);
+        files.sort_by_key(|f| source::apply_order_of(table, f));
         let (schema, props) = (view.schema.clone(), view.props.clone());
         let mut reads = stream::iter(files.iter().cloned())
             .map(|f| {

@@ -79,7 +79,12 @@ pub(super) struct Curated {
 
 /// The convention a table's files follow.
 pub(super) fn of(cfg: &Spec) -> &'static dyn Convention {
-    match cfg.convention {
+    of_kind(cfg.convention)
+}
+
+/// The convention of this kind.
+pub(super) fn of_kind(kind: Kind) -> &'static dyn Convention {
+    match kind {
         Kind::Dms => &super::dms::Dms,
         #[cfg(test)]
         Kind::DebeziumShaped => &super::debezium::DebeziumShaped,

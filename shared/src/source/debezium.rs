@@ -289,6 +289,35 @@ mod tests {
         assert_eq!(rows, want);
     }
 
+    /// Which files are full loads and what a name says of a file's time are the table's
+    /// convention's, for the engine's order and the Delta operations (watermark, reload)
+    /// alike: a file named like a DMS full load is changes here (a snapshot is `r` events),
+    /// and a DMS time-stamped name tells no time.
+    #[test]
+    fn file_kinds_and_times_are_the_conventions() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(dir.path());
+        let debezium = &engine.config().tables[0];
+        let mut dms = debezium.clone();
+        dms.convention = Kind::Dms;
+        let (load, cdc) = ("LOAD00000001.parquet", "20240101-120000000.parquet");
+        assert_eq!(crate::source::file_kind(debezium, load), FileKind::Cdc);
+        assert_eq!(crate::source::file_kind(&dms, load), FileKind::FullLoad);
+        assert_eq!(crate::source::name_time(debezium, cdc), None);
+        assert!(crate::source::name_time(&dms, cdc).is_some());
+        let url = |n: &str| Url::parse(&format!("s3://r/t/{n}")).unwrap();
+        let (a, b) = (url(load), url(cdc));
+        let mut files = vec![a.clone(), b.clone()];
+        files.sort_by_key(|f| crate::source::apply_order_of(debezium, f));
+        assert_eq!(
+            files,
+            vec![b.clone(), a.clone()],
+            "by name: both are changes"
+        );
+        files.sort_by_key(|f| crate::source::apply_order_of(&dms, f));
+        assert_eq!(files, vec![a, b], "the full load first");
+    }
+
     /// An unknown operation and a delete without its `before` row fail the file naming
     /// the row and the column; nothing is merged.
     #[tokio::test]

@@ -210,6 +210,26 @@ pub fn apply_order(url: &Url) -> (bool, String, String) {
     (FileKind::of(&name) == FileKind::Cdc, name, url.to_string())
 }
 
+/// [`apply_order`] by the table's convention (which files are full loads).
+pub(crate) fn apply_order_of(cfg: &TableConfig, url: &Url) -> (bool, String, String) {
+    let name = storage::file_name(url);
+    (
+        file_kind(cfg, &name) == FileKind::Cdc,
+        name,
+        url.to_string(),
+    )
+}
+
+/// A file's kind (a full load or changes), by the table's convention, from its name.
+pub(crate) fn file_kind(cfg: &TableConfig, file_name: &str) -> FileKind {
+    convention::of_kind(cfg.convention).kind(file_name)
+}
+
+/// When a CDC file's changes were written, when its name says (the table's convention).
+pub(crate) fn name_time(cfg: &TableConfig, file_name: &str) -> Option<DateTime<Utc>> {
+    convention::of_kind(cfg.convention).name_time(file_name)
+}
+
 /// What to do with an object found under a table's source prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FileClass {
