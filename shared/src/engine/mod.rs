@@ -507,16 +507,9 @@ impl<S> Engine<S> {
             .await?
             .with_digest(&storage::display(f))
             .await?;
-        let read = source::Slices::open(
-            f,
-            &raw,
-            &source::Spec::of(table),
-            schema,
-            props,
-            rows,
-            bytes,
-        )?
-        .whole_or_large()?;
+        let read =
+            source::Slices::open(f, &raw, source::Spec::of(table), schema, props, rows, bytes)?
+                .whole_or_large()?;
         Ok((read, raw))
     }
 

@@ -202,7 +202,7 @@ pub(crate) fn slices_of<T>(
     source::Slices::open(
         file,
         raw,
-        &source::Spec::of(table),
+        source::Spec::of(table),
         view.schema.as_deref(),
         &view.props,
         table.limits.slice_rows,

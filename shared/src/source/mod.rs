@@ -315,7 +315,7 @@ impl Slices {
     pub(crate) fn open(
         file: &Url,
         raw: &RawFile,
-        cfg: &Spec,
+        cfg: Spec,
         table_schema: Option<&Schema>,
         props: &TableProps,
         slice_rows: usize,
@@ -323,7 +323,7 @@ impl Slices {
     ) -> Result<Slices> {
         let name = storage::display(file);
         let file_name = storage::file_name(file);
-        let convention = convention::of(cfg);
+        let convention = convention::of(&cfg);
         let kind = convention.kind(&file_name);
         // Decode batches of at most a quarter of a slice (rows, and bytes as estimated).
         let decode_rows = DECODE_ROWS.min(slice_rows.max(1));
@@ -339,7 +339,7 @@ impl Slices {
                     },
                     opts,
                     kind,
-                    cfg,
+                    &cfg,
                     table_schema,
                     // CSV rows are assumed to decode to at most 4 KB.
                     decode_rows.min((decode_bytes / 4096).max(1024)),
@@ -347,7 +347,7 @@ impl Slices {
                 None,
             ),
         };
-        convention.check_orderable(&name, &file_name, kind, cfg)?;
+        convention.check_orderable(&name, &file_name, kind, &cfg)?;
         let written = match kind {
             FileKind::Cdc => convention.name_time(&file_name).or(raw.last_modified),
             FileKind::FullLoad => raw.last_modified,
@@ -361,7 +361,7 @@ impl Slices {
             written,
             last_modified: raw.last_modified,
             digest: raw.digest,
-            cfg: cfg.clone(),
+            cfg,
             convention,
             slice_rows: slice_rows.max(1),
             slice_bytes: slice_bytes.max(1),
@@ -1004,7 +1004,7 @@ mod tests {
         let mut slices = Slices::open(
             &file,
             &raw,
-            &Spec::of(cfg),
+            Spec::of(cfg),
             table,
             &TableProps::default(),
             1_000,
