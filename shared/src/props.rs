@@ -26,6 +26,8 @@ pub(crate) const FILE_RECORDS_SINCE: &str = "tributary.fileRecordsSince";
 pub(crate) const ADOPTED: &str = "tributary.adopted";
 /// Delta's own property that turns the change data feed on.
 pub(crate) const CHANGE_DATA_FEED: &str = "delta.enableChangeDataFeed";
+/// Delta's table property that lets writers mark rows deleted in deletion vectors.
+pub(crate) const DELETION_VECTORS: &str = "delta.enableDeletionVectors";
 
 fn generation_start_key(g: u32) -> String {
     format!("tributary.generation.{g}.start")
@@ -45,6 +47,8 @@ pub struct TableProps {
     pub tombstone_horizon: Option<DateTime<Utc>>,
     /// `delta.enableChangeDataFeed` is on.
     pub change_data_feed: bool,
+    /// `delta.enableDeletionVectors` is on.
+    pub deletion_vectors: bool,
     /// Since when every CDC file the table applied is recorded (`None`: tables from before
     /// the records, or another writer's).
     pub file_records_since: Option<DateTime<Utc>>,
@@ -76,6 +80,9 @@ impl TableProps {
             tombstone_horizon: conf.get(TOMBSTONE_HORIZON).and_then(|v| rfc3339(v)),
             change_data_feed: conf
                 .get(CHANGE_DATA_FEED)
+                .is_some_and(|v| v.eq_ignore_ascii_case("true")),
+            deletion_vectors: conf
+                .get(DELETION_VECTORS)
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
             file_records_since: conf.get(FILE_RECORDS_SINCE).and_then(|v| rfc3339(v)),
             adopted: conf.get(ADOPTED).and_then(|v| rfc3339(v)),
@@ -133,6 +140,11 @@ impl TableProps {
     /// The property that turns the change data feed on.
     pub fn for_change_data_feed() -> HashMap<String, String> {
         HashMap::from([(CHANGE_DATA_FEED.to_string(), "true".to_string())])
+    }
+
+    /// The property that lets merges write deletion vectors.
+    pub fn for_deletion_vectors() -> HashMap<String, String> {
+        HashMap::from([(DELETION_VECTORS.to_string(), "true".to_string())])
     }
 
     /// The properties that record sequence kinds on a table that has none yet.

@@ -103,6 +103,9 @@ pub struct TableReport {
     /// Of `files_removed`, small unchanged files the merge had read and wrote into its
     /// rewritten files, so that later merges read fewer files (`rewrite::FOLD_FILE`).
     pub files_folded: usize,
+    /// Data files given a deletion vector (or a larger one) instead of being rewritten
+    /// (`deletion_vectors = true`).
+    pub files_vectored: usize,
     pub commit_attempts: u32,
     pub duration_ms: u64,
     /// Where the time went (last attempt): loading the table, reading tombstones, the

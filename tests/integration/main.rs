@@ -31,4 +31,5 @@ mod reload;
 mod reupload;
 mod types;
 mod watermark;
+mod vectors;
 mod widen;

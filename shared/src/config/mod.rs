@@ -241,6 +241,10 @@ pub struct Writing {
     /// Turn on Delta's change data feed (`delta.enableChangeDataFeed`): each merge's
     /// inserts, updates and deletes readable with `table_changes` / `load_cdf`.
     pub change_data_feed: bool,
+    /// Merge-on-read (`delta.enableDeletionVectors`): a merge marks the rows it replaces or
+    /// deletes in the data file's deletion vector and writes only the new row versions,
+    /// instead of rewriting every file that holds a changed row. Needs `manifests = false`.
+    pub deletion_vectors: bool,
     /// The codec of the Parquet data files tributary writes (merges, appends, compaction, the
     /// history table; the small tombstone and change-log appends get it when compacted).
     pub compression: ParquetCompression,

@@ -68,6 +68,7 @@ macro_rules! with_tuning_fields {
             sequence_column: Option<String>,
             manifests: Option<bool>,
             change_data_feed: Option<bool>,
+            deletion_vectors: Option<bool>,
             parquet_compression: Option<ParquetCompression>,
             order_key_encoding: Option<OrderKeyEncoding>,
             merge_engine: Option<String>,
@@ -209,6 +210,7 @@ impl RawTable {
             sequence_column: self.sequence_column.clone(),
             manifests: self.manifests,
             change_data_feed: self.change_data_feed,
+            deletion_vectors: self.deletion_vectors,
             parquet_compression: self.parquet_compression,
             order_key_encoding: self.order_key_encoding,
             merge_engine: self.merge_engine.clone(),
@@ -460,6 +462,13 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
     if change_data_feed && target.is_none() {
         return Err("`change_data_feed` applies to the current table, and this table keeps only its history (no `target`): remove it, or read the history table's versions instead".into());
     }
+    let deletion_vectors = pick(&tuning.deletion_vectors, &d.deletion_vectors).unwrap_or(false);
+    if deletion_vectors && target.is_none() {
+        return Err("`deletion_vectors` applies to the current table, and this table keeps only its history (no `target`): remove it".into());
+    }
+    if deletion_vectors && manifests {
+        return Err("`deletion_vectors = true` needs `manifests = false`: a symlink manifest lists whole data files, so Athena manifest tables and Redshift Spectrum reading it would see the rows the vectors delete; set `manifests = false` (read the table with a Delta reader: Spark, Databricks, Trino, DuckDB, Python deltalake), or leave `deletion_vectors` off".into());
+    }
     let catalog = catalog(
         &t.name,
         tuning.catalog.as_ref(),
@@ -496,6 +505,7 @@ fn resolve(t: RawTable, d: &RawDefaults, base_dir: Option<&Path>) -> Msg<TableCo
             sequence_column,
             manifests,
             change_data_feed,
+            deletion_vectors,
             compression,
             order_key_encoding,
         },

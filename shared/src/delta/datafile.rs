@@ -104,6 +104,51 @@ impl TableFiles {
         }))
     }
 
+    /// [`stream`] with the file's deletion vector applied, each batch with the positions
+    /// in the file of its rows (what a new deletion vector marks) and the position after
+    /// it; and the vector read (the rows it deletes stay deleted in the next one).
+    pub(crate) async fn stream_positioned(
+        &self,
+        f: &LogicalFileView,
+        schema: &SchemaRef,
+        partition: &Partition,
+    ) -> Result<(
+        Deleted,
+        impl futures::Stream<Item = Result<Positioned>> + Send + use<>,
+    )> {
+        use futures::StreamExt;
+        let deleted = self.deleted(f).await?;
+        let rows = stream(self.store.clone(), f, schema, partition).await?;
+        let label = f.path().to_string();
+        let mut at = 0u64;
+        let held = deleted.clone();
+        Ok((
+            deleted,
+            rows.map(move |b| {
+                let b = b?;
+                let first = at;
+                at += b.num_rows() as u64;
+                let positions: Vec<u64> = match held.as_deref() {
+                    Some(d) if d.range_cardinality(first..at) > 0 => {
+                        (first..at).filter(|i| !d.contains(*i)).collect()
+                    }
+                    _ => (first..at).collect(),
+                };
+                let batch = without_deleted(b, first, held.as_deref()).map_err(|message| {
+                    ReadError {
+                        file: label.clone(),
+                        message,
+                    }
+                })?;
+                Ok(Positioned {
+                    batch,
+                    positions,
+                    end: at,
+                })
+            }),
+        ))
+    }
+
     /// [`read`] with the file's deletion vector applied.
     pub(crate) async fn read(
         &self,
@@ -126,6 +171,15 @@ impl TableFiles {
             })
             .collect()
     }
+}
+
+/// A batch of a data file's rows (deleted rows left out) with their positions in the file.
+pub(crate) struct Positioned {
+    pub(crate) batch: RecordBatch,
+    /// Per row of `batch`, its position in the file.
+    pub(crate) positions: Vec<u64>,
+    /// The position in the file after the batch (the file's rows, after its last batch).
+    pub(crate) end: u64,
 }
 
 /// The rows a deletion vector deletes, by position in the file.

@@ -48,6 +48,7 @@ pub mod status;
 pub(crate) mod testing;
 pub(crate) mod tombstones;
 pub mod watermark;
+pub(crate) mod vectors;
 pub(crate) mod widen;
 use commit::Commit;
 pub(crate) use commit::Read;
@@ -172,6 +173,26 @@ pub fn props(table: &DeltaTable) -> TableProps {
         .ok()
         .map(|s| TableProps::from_configuration(s.metadata().configuration()))
         .unwrap_or_default()
+}
+
+/// Whether merges may write deletion vectors into the table: `delta.enableDeletionVectors`
+/// is on and its protocol has the `deletionVectors` feature (reader and writer).
+pub(crate) fn writes_deletion_vectors(table: &DeltaTable) -> bool {
+    let Ok(state) = table.snapshot() else {
+        return false;
+    };
+    let protocol = state.protocol();
+    let reads = protocol
+        .reader_features()
+        .unwrap_or_default()
+        .iter()
+        .any(|f| f.to_string() == "deletionVectors");
+    let writes = protocol
+        .writer_features()
+        .unwrap_or_default()
+        .iter()
+        .any(|f| f.to_string() == "deletionVectors");
+    props(table).deletion_vectors && reads && writes
 }
 
 /// The partition columns of the loaded version.
@@ -317,6 +338,20 @@ pub(crate) async fn set_properties(
             None,
             "changeDataFeed",
             4,
+            &label,
+        )?);
+    }
+    let vectors = properties
+        .get(crate::props::DELETION_VECTORS)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if vectors {
+        // A reader-writer feature: reader version 3 / writer version 7 with the features the
+        // table's legacy versions implied listed (`upgraded`).
+        actions.extend(upgraded(
+            state.protocol(),
+            Some("deletionVectors"),
+            "deletionVectors",
+            7,
             &label,
         )?);
     }

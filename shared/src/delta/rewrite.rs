@@ -72,6 +72,8 @@ pub(crate) struct Applied {
     pub(crate) files_removed: usize,
     /// Of `files_removed`, the unchanged small files folded into a rewritten file.
     pub(crate) files_folded: usize,
+    /// Data files given a deletion vector (or a larger one) instead of being rewritten.
+    pub(crate) files_vectored: usize,
 }
 
 /// Where an update takes a column's value from.
@@ -130,6 +132,10 @@ pub(crate) struct Rewrite {
     held_bytes: usize,
     /// Whether a matched change applies whatever the row's order key.
     always: bool,
+    /// Merge-on-read: a changed data file gets a deletion vector for its replaced and
+    /// deleted rows, and only the new row versions are written (unless most of its rows
+    /// go, [`Marked::worth_a_vector`]).
+    vectors: bool,
     /// The table's schema, as its data files are read and written (`rows` has every
     /// column nullable: the constraints check its nulls, by name).
     schema: SchemaRef,
@@ -281,6 +287,7 @@ impl Rewrite {
             feed,
             held_bytes: cfg.limits.slice_bytes / 2,
             always: false,
+            vectors: false,
             schema,
             checks,
             files: String::new(),
@@ -293,6 +300,13 @@ impl Rewrite {
     /// matched on key and first order key, are written as computed).
     pub(crate) fn unconditional(mut self) -> Rewrite {
         self.always = true;
+        self
+    }
+
+    /// Merge-on-read when `on` (the table allows deletion vectors and its configuration
+    /// asks for them): see [`Rewrite::vectors`].
+    pub(crate) fn with_vectors(mut self, on: bool) -> Rewrite {
+        self.vectors = on;
         self
     }
 
@@ -309,10 +323,11 @@ impl Rewrite {
         self.sorted_keys.get(i).is_some_and(|k| k <= &hi)
     }
 
-    /// Apply the plan to a batch of a file's rows: the batch to write instead, and whether
-    /// it differs; the plan rows matched, the rows updated and deleted, and the updated
-    /// rows that leave for another partition add up in `out`.
-    fn apply(&self, b: &RecordBatch, out: &mut FileResult) -> Result<(RecordBatch, bool)> {
+    /// Apply the plan to a batch of a file's rows: the batch to write instead, whether it
+    /// differs, and which rows changed (see [`Applied1`]); the plan rows matched, the rows
+    /// updated and deleted, and the updated rows that leave for another partition add up
+    /// in `out`.
+    fn apply(&self, b: &RecordBatch, out: &mut FileResult) -> Result<Applied1> {
         let seq = self.rows.column(self.seq_column).as_string::<i32>();
         let found = self.index.lookup(b)?;
         let tseq = b.column(self.seq_column).as_string::<i32>();
@@ -369,8 +384,20 @@ impl Rewrite {
             }
         }
         if !changed {
-            return Ok((b.clone(), false));
+            return Ok(Applied1 {
+                rows: b.clone(),
+                changed: false,
+                replaced: Vec::new(),
+                versions: Vec::new(),
+            });
         }
+        let replaced: Vec<u32> = updates
+            .iter()
+            .chain(&moved_updates)
+            .map(|u| u.1 as u32)
+            .chain(gone.iter().copied())
+            .collect();
+        let versions: Vec<u32> = updates.iter().map(|u| u.0 as u32).collect();
         let moved = match moved.is_empty() {
             true => None,
             false => Some(self.merged(b, tseq, &moved, &moved_updates)?),
@@ -387,7 +414,12 @@ impl Rewrite {
                 .record(b, &merged, moved.as_ref(), (pre, post, gone))?;
         }
         out.moved.extend(moved);
-        Ok((merged, true))
+        Ok(Applied1 {
+            rows: merged,
+            changed: true,
+            replaced,
+            versions,
+        })
     }
 
     /// The partition of a file's batch (the same for every row of it), when the table is
@@ -465,23 +497,50 @@ impl Rewrite {
         let written = async {
             for (f, partition) in &files {
                 let mut r = FileResult::default();
-                let (again, unchanged) = self
-                    .first_pass(
-                        f,
-                        &table_files,
-                        &config,
-                        partition,
-                        &table,
-                        &mut r,
-                        &mut writer,
-                    )
-                    .await?;
-                if again {
-                    r = FileResult::default();
-                    let w = writer
-                        .get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
-                    self.write_pass(f, &table_files, partition, &table, &mut r, w)
+                let mut unchanged = None;
+                let mut vector = None;
+                if self.vectors {
+                    let m = self
+                        .vector_pass(f, &table_files, partition, &table, &mut r)
                         .await?;
+                    if r.changed && m.worth_a_vector() {
+                        let w = writer.get_or_insert_with(|| {
+                            DeltaWriter::new(store.clone(), config.clone())
+                        });
+                        for b in &m.versions {
+                            w.write(b).await.map_err(|e| Error::delta(&table, e))?;
+                        }
+                        vector = Some(m.all());
+                    } else if r.changed {
+                        // Most of the file changes: rewritten, as without vectors.
+                        r = FileResult::default();
+                        let w = writer.get_or_insert_with(|| {
+                            DeltaWriter::new(store.clone(), config.clone())
+                        });
+                        self.write_pass(f, &table_files, partition, &table, &mut r, w)
+                            .await?;
+                    }
+                } else {
+                    let again;
+                    (again, unchanged) = self
+                        .first_pass(
+                            f,
+                            &table_files,
+                            &config,
+                            partition,
+                            &table,
+                            &mut r,
+                            &mut writer,
+                        )
+                        .await?;
+                    if again {
+                        r = FileResult::default();
+                        let w = writer.get_or_insert_with(|| {
+                            DeltaWriter::new(store.clone(), config.clone())
+                        });
+                        self.write_pass(f, &table_files, partition, &table, &mut r, w)
+                            .await?;
+                    }
                 }
                 out.matched.extend(r.matched);
                 if r.changed {
@@ -489,7 +548,10 @@ impl Rewrite {
                     out.deleted += r.deleted;
                     out.feed.extend(r.feed);
                     out.moved.extend(r.moved);
-                    out.removes.push(f.remove_action(true));
+                    match vector {
+                        Some(deleted) => out.vectors.push((f.clone(), deleted)),
+                        None => out.removes.push(f.remove_action(true)),
+                    }
                 } else if let Some((rows, bytes)) = unchanged.filter(|_| f.size() <= FOLD_FILE) {
                     if writer.is_some() || spare_bytes + bytes <= self.held_bytes {
                         spare_bytes += bytes;
@@ -549,8 +611,9 @@ impl Rewrite {
         let mut writing = false;
         while let Some(b) = batches.next().await {
             let b = b.map_err(|e| e.into_error(table))?;
-            let (b, changed) = self.apply(&b, r)?;
-            r.changed |= changed;
+            let a = self.apply(&b, r)?;
+            let b = a.rows;
+            r.changed |= a.changed;
             if writing {
                 let w =
                     writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
@@ -576,6 +639,44 @@ impl Rewrite {
         Ok((false, (holding && !r.changed).then_some((held, held_bytes))))
     }
 
+    /// Read a file once with its rows' positions and apply the plan (merge-on-read): the
+    /// rows it replaces or deletes, the new versions of the rows it updates in place, and
+    /// the file's vector and row count. Nothing is written.
+    async fn vector_pass(
+        &self,
+        f: &LogicalFileView,
+        table_files: &crate::delta::datafile::TableFiles,
+        partition: &Partition,
+        table: &str,
+        r: &mut FileResult,
+    ) -> Result<Marked> {
+        let (old, mut batches) = table_files
+            .stream_positioned(f, &self.schema, partition)
+            .await
+            .map_err(|e| e.into_error(table))?;
+        let mut marked = roaring::RoaringTreemap::new();
+        let mut versions = Vec::new();
+        let mut rows = 0u64;
+        while let Some(p) = batches.next().await {
+            let p = p.map_err(|e| e.into_error(table))?;
+            rows = p.end;
+            let a = self.apply(&p.batch, r)?;
+            r.changed |= a.changed;
+            marked.extend(a.replaced.iter().map(|i| p.positions[*i as usize]));
+            if !a.versions.is_empty() {
+                let idx = UInt32Array::from(a.versions);
+                versions
+                    .push(arrow::compute::take_record_batch(&a.rows, &idx).map_err(Error::arrow)?);
+            }
+        }
+        Ok(Marked {
+            old,
+            marked,
+            versions,
+            rows,
+        })
+    }
+
     /// Read a file again and write all of it, changed.
     async fn write_pass(
         &self,
@@ -593,9 +694,9 @@ impl Rewrite {
             .map_err(|e| e.into_error(table))?;
         while let Some(b) = batches.next().await {
             let b = b.map_err(|e| e.into_error(table))?;
-            let (b, changed) = self.apply(&b, r)?;
-            r.changed |= changed;
-            w.write(&b).await.map_err(|e| Error::delta(table, e))?;
+            let a = self.apply(&b, r)?;
+            r.changed |= a.changed;
+            w.write(&a.rows).await.map_err(|e| Error::delta(table, e))?;
         }
         Ok(())
     }
@@ -665,6 +766,7 @@ impl Rewrite {
         let mut feed = Feed::default();
         let mut actions = Vec::new();
         let mut adds = Vec::new();
+        let mut vectors = Vec::new();
         let mut failed = None;
         while let Some(done) = tasks.join_next().await {
             let r = match done {
@@ -689,6 +791,7 @@ impl Rewrite {
             moved.extend(r.moved);
             feed.extend(r.feed);
             adds.extend(r.adds);
+            vectors.extend(r.vectors);
             applied.updated += r.updated;
             applied.deleted += r.deleted;
             applied.files_removed += r.removes.len();
@@ -759,6 +862,16 @@ impl Rewrite {
             .into_iter()
             .filter(|a| matches!(a, Action::Cdc(_)))
             .collect();
+        // The vectors last: a failure before the commit leaves at most one unreferenced
+        // `deletion_vector_*.bin`, which VACUUM removes.
+        applied.files_vectored = vectors.len();
+        match crate::delta::vectors::write(&store, label, vectors).await {
+            Ok(v) => actions.extend(v),
+            Err(e) => {
+                discard(&store, &adds).await;
+                return Err(e);
+            }
+        }
         applied.files_added = adds.len();
         if actions.is_empty() && adds.is_empty() {
             // Every change was stale or deleted an absent key: nothing to commit (the
@@ -975,6 +1088,53 @@ fn partition_index(
     Ok(Some((converter, encoded, columns)))
 }
 
+/// A data file read by [`Rewrite::vector_pass`].
+struct Marked {
+    /// The rows its deletion vector deleted before.
+    old: crate::delta::datafile::Deleted,
+    /// The rows the plan replaces or deletes.
+    marked: roaring::RoaringTreemap,
+    /// The new versions of the rows it updates in place (in the table's schema).
+    versions: Vec<RecordBatch>,
+    /// The file's rows (deleted ones included).
+    rows: u64,
+}
+
+impl Marked {
+    /// The rows the file's new vector deletes: the old vector's and the plan's.
+    fn all(&self) -> roaring::RoaringTreemap {
+        match &self.old {
+            Some(old) => &self.marked | old.as_ref(),
+            None => self.marked.clone(),
+        }
+    }
+
+    /// Whether the file keeps its rows under a vector rather than being rewritten: while at
+    /// most [`VECTOR_SHARE`] of its rows are deleted. Past that, rewriting it writes fewer
+    /// bytes than the rows it keeps would cost every reader to skip.
+    fn worth_a_vector(&self) -> bool {
+        (self.all().len() as f64) <= VECTOR_SHARE * self.rows as f64
+    }
+}
+
+/// The share of a data file's rows a deletion vector may delete before a merge rewrites the
+/// file instead (see [`Marked::worth_a_vector`]).
+const VECTOR_SHARE: f64 = 0.5;
+
+/// A batch of a file's rows with the plan applied.
+struct Applied1 {
+    /// The batch to write instead (copy-on-write).
+    rows: RecordBatch,
+    /// Whether it differs from the batch read.
+    changed: bool,
+    /// The rows of the batch read that the plan replaced (updated here or into another
+    /// partition) or deleted: what a deletion vector marks.
+    replaced: Vec<u32>,
+    /// The rows of `rows` that are new versions of rows of this partition: with a deletion
+    /// vector, the only rows written.
+    versions: Vec<u32>,
+}
+
 /// One file's outcome (within its group).
 #[derive(Default)]
 struct FileResult {
@@ -1071,6 +1231,8 @@ struct GroupResult {
     folded: usize,
     removes: Vec<deltalake::kernel::Remove>,
     adds: Vec<deltalake::kernel::Add>,
+    /// The files kept under a deletion vector, with the rows it deletes.
+    vectors: Vec<(LogicalFileView, roaring::RoaringTreemap)>,
     moved: Vec<RecordBatch>,
     matched: Vec<u32>,
     updated: usize,

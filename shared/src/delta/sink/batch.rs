@@ -109,6 +109,7 @@ impl AttemptMetrics {
         report.files_added = c.files_added + r.files_added;
         report.files_removed = c.files_removed + r.files_removed;
         report.files_folded = c.files_folded;
+        report.files_vectored = c.files_vectored;
         report.blocked_by_tombstone = self.blocked + r.blocked;
         report.skipped_stale = self.skipped_stale;
         report.version = self.version;
@@ -528,7 +529,9 @@ impl Chosen {
         }
         Ok(
             match crate::delta::rewrite::Rewrite::eligible(table, target, plan, extras)? {
-                Some(rewrite) => Chosen::Rewrite(Box::new(rewrite)),
+                Some(rewrite) => Chosen::Rewrite(Box::new(rewrite.with_vectors(
+                    table.writing.deletion_vectors && delta::writes_deletion_vectors(target),
+                ))),
                 None => Chosen::Nothing,
             },
         )
@@ -550,6 +553,7 @@ async fn prepared(
     let kinds = delta::props(&target).sequence_kinds;
     plan::recheck_kinds(batch.changes, kinds.as_deref())?;
     let target = enable_change_data_feed(table, target).await?;
+    let target = enable_deletion_vectors(table, target).await?;
     let screened: Vec<super::Screened> = batch.changes.iter().map(super::Screened::of).collect();
     super::rescreen(table, &delta::props(&target), &screened)?;
     if retried {
@@ -704,6 +708,21 @@ pub(crate) async fn adopt(table: &TableConfig, target: DeltaTable) -> Result<Del
     let mut props = TableProps::for_adoption(chrono::Utc::now());
     props.extend(crate::delta::applied::new_table_properties(table));
     delta::set_properties(target, props).await
+}
+
+/// `deletion_vectors = true` on a table that does not allow them yet: the property set and
+/// the protocol raised to reader 3 / writer 7 with `deletionVectors` (one metadata commit)
+/// before this merge. Never turned off by tributary: readers of the table need the feature
+/// while any file has a vector, and maintenance materialises them.
+pub(super) async fn enable_deletion_vectors(
+    table: &TableConfig,
+    target: DeltaTable,
+) -> Result<DeltaTable> {
+    if !table.writing.deletion_vectors || delta::writes_deletion_vectors(&target) {
+        return Ok(target);
+    }
+    tracing::info!(table = %table.name, "allowing deletion vectors (delta.enableDeletionVectors, protocol reader 3 / writer 7)");
+    delta::set_properties(target, TableProps::for_deletion_vectors()).await
 }
 
 /// `change_data_feed = true` on a table that does not have the feed on yet: turned on (a
