@@ -164,6 +164,14 @@ fn print_version_and_size(st: &TableStatus, now: DateTime<Utc>) {
         thousands(st.small_files),
         st.partitions
     );
+    if st.files_with_vectors > 0 {
+        out!(
+            "  {:<12}{} file(s) with a deletion vector, deleting {} row(s) (maintenance rewrites those past 5 %)",
+            "vectors",
+            thousands(st.files_with_vectors),
+            thousands(st.rows_deleted_by_vectors)
+        );
+    }
 }
 
 /// The newest change applied, the file it came from and how far behind it is (`-` when

@@ -34,6 +34,29 @@ async fn deliver_shuffled(fx: &Fixture, urls: &[url::Url], seed: u64) {
     }
 }
 
+/// As [`deliver_shuffled`], with maintenance (compaction, which materialises deletion
+/// vectors; checkpoint; vacuum) run between some calls.
+async fn deliver_shuffled_maintained(fx: &Fixture, urls: &[url::Url], seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut deliveries: Vec<url::Url> = Vec::new();
+    for u in urls {
+        deliveries.push(u.clone());
+        if rng.random_bool(0.4) {
+            deliveries.push(u.clone());
+        }
+    }
+    deliveries.shuffle(&mut rng);
+    let mut i = 0;
+    while i < deliveries.len() {
+        let n = rng.random_range(1..=3).min(deliveries.len() - i);
+        fx.merge_ok(&deliveries[i..i + n]).await;
+        i += n;
+        if rng.random_bool(0.25) {
+            fx.maintain().await;
+        }
+    }
+}
+
 /// As [`deliver_shuffled`], but every call under a deadline already passed
 /// (`tributary::budget`): a type widening then rewrites one slice per call, staged, and the
 /// files of that call fail with kind `widening`; they are delivered again at a random later
@@ -83,6 +106,30 @@ proptest! {
         let (load, files) = history(seed, keys, changes, max_file);
         let (urls, expected) = land(&fx, &load, &files);
         rt.block_on(deliver_shuffled(&fx, &urls, dup_seed));
+        let got = rt.block_on(fx.items_rows());
+        prop_assert_eq!(got, expected);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: (cases() / 2).max(1), max_shrink_iters: 50, ..ProptestConfig::default() })]
+
+    /// #46: with deletion vectors on (merges mark replaced and deleted rows in vectors,
+    /// extend them, rewrite files most of whose rows go), any delivery order, duplication
+    /// and grouping, and maintenance between merges materialising vectors: the same model.
+    #[test]
+    fn delivery_with_deletion_vectors_converges(
+        seed in any::<u64>(),
+        keys in 1i64..30,
+        changes in 1usize..40,
+        max_file in 1usize..6,
+        dup_seed in any::<u64>(),
+    ) {
+        let rt = runtime();
+        let fx = Fixture::new(&format!("{ITEMS_TABLE}deletion_vectors = true\nmanifests = false\n"));
+        let (load, files) = history(seed, keys, changes, max_file);
+        let (urls, expected) = land(&fx, &load, &files);
+        rt.block_on(deliver_shuffled_maintained(&fx, &urls, dup_seed));
         let got = rt.block_on(fx.items_rows());
         prop_assert_eq!(got, expected);
     }
@@ -156,10 +203,18 @@ proptest! {
 #[test]
 fn concurrent_invocations_converge() {
     let rt = runtime();
-    for seed in 0..3u64 {
-        let fx = Fixture::new(
-            &ITEMS_TABLE.replace("drop_columns", "max_commit_attempts = 200\ndrop_columns"),
-        );
+    // Seeds 3 and 4 with deletion vectors: concurrent merges extending one file's vector
+    // conflict (both remove it) and the loser plans again on the winner's vector.
+    for seed in 0..5u64 {
+        let vectors = if seed >= 3 {
+            "deletion_vectors = true\nmanifests = false\n"
+        } else {
+            ""
+        };
+        let fx = Fixture::new(&ITEMS_TABLE.replace(
+            "drop_columns",
+            &format!("max_commit_attempts = 200\n{vectors}drop_columns"),
+        ));
         let (load, files) = history(1000 + seed, 12, 80, 4);
         let (urls, expected) = land(&fx, &load, &files);
         let mut deliveries: Vec<url::Url> = urls.iter().chain(urls.iter()).cloned().collect();

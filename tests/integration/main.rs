@@ -30,6 +30,6 @@ mod onepath;
 mod reload;
 mod reupload;
 mod types;
-mod watermark;
 mod vectors;
+mod watermark;
 mod widen;

@@ -392,7 +392,7 @@ proptest! {
 /// protocol's format (the kernel's writer: version byte, size, magic number, bitmap,
 /// checksum) in a `deletion_vector_*.bin` file, an `add` of the same path with its
 /// descriptor, and the protocol raised to reader 3 / writer 7 with `deletionVectors`.
-fn delete_with_a_vector(fx: &Fixture, ids: &[i64]) {
+pub(crate) fn delete_with_a_vector(fx: &Fixture, ids: &[i64]) {
     use delta_kernel::actions::deletion_vector_writer::{
         KernelDeletionVector, StreamingDeletionVectorWriter,
     };

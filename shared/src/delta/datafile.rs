@@ -134,12 +134,11 @@ impl TableFiles {
                     }
                     _ => (first..at).collect(),
                 };
-                let batch = without_deleted(b, first, held.as_deref()).map_err(|message| {
-                    ReadError {
+                let batch =
+                    without_deleted(b, first, held.as_deref()).map_err(|message| ReadError {
                         file: label.clone(),
                         message,
-                    }
-                })?;
+                    })?;
                 Ok(Positioned {
                     batch,
                     positions,

@@ -89,6 +89,18 @@ pub struct LiveFile {
     pub size: i64,
     /// Whether a deletion vector deletes rows of it (compaction rewrites it without them).
     pub deletion_vector: bool,
+    /// The rows its deletion vector deletes (0 without one).
+    pub deleted_rows: u64,
+    /// The rows of the file (its statistics' `numRecords`, deleted rows included), if known.
+    pub rows: Option<u64>,
+}
+
+impl LiveFile {
+    /// Whether compaction rewrites the file without its deleted rows even when it is not
+    /// small: see [`crate::delta::vectors::materialise`].
+    pub fn vector_to_materialise(&self) -> bool {
+        self.deletion_vector && crate::delta::vectors::materialise(self.deleted_rows, self.rows)
+    }
 }
 
 /// Outcome of a manifest sync.
@@ -128,6 +140,10 @@ pub fn live_files(table: &DeltaTable) -> Result<Vec<LiveFile>> {
             path: f.path().into_owned(),
             size: f.size(),
             deletion_vector: f.deletion_vector_descriptor().is_some(),
+            deleted_rows: f
+                .deletion_vector_descriptor()
+                .map_or(0, |d| d.cardinality.max(0) as u64),
+            rows: f.num_records().map(|n| n as u64),
         })
         .collect();
     out.sort();
@@ -593,6 +609,8 @@ mod tests {
             path: n.into(),
             size: 1,
             deletion_vector: false,
+            deleted_rows: 0,
+            rows: None,
         };
         let before = vec![f("A", "1"), f("B", "2")];
         let after = vec![f("A", "1"), f("C", "3")];

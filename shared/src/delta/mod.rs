@@ -47,8 +47,8 @@ pub mod status;
 #[cfg(test)]
 pub(crate) mod testing;
 pub(crate) mod tombstones;
-pub mod watermark;
 pub(crate) mod vectors;
+pub mod watermark;
 pub(crate) mod widen;
 use commit::Commit;
 pub(crate) use commit::Read;

@@ -504,9 +504,8 @@ impl Rewrite {
                         .vector_pass(f, &table_files, partition, &table, &mut r)
                         .await?;
                     if r.changed && m.worth_a_vector() {
-                        let w = writer.get_or_insert_with(|| {
-                            DeltaWriter::new(store.clone(), config.clone())
-                        });
+                        let w = writer
+                            .get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
                         for b in &m.versions {
                             w.write(b).await.map_err(|e| Error::delta(&table, e))?;
                         }
@@ -514,9 +513,8 @@ impl Rewrite {
                     } else if r.changed {
                         // Most of the file changes: rewritten, as without vectors.
                         r = FileResult::default();
-                        let w = writer.get_or_insert_with(|| {
-                            DeltaWriter::new(store.clone(), config.clone())
-                        });
+                        let w = writer
+                            .get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
                         self.write_pass(f, &table_files, partition, &table, &mut r, w)
                             .await?;
                     }
@@ -535,9 +533,8 @@ impl Rewrite {
                         .await?;
                     if again {
                         r = FileResult::default();
-                        let w = writer.get_or_insert_with(|| {
-                            DeltaWriter::new(store.clone(), config.clone())
-                        });
+                        let w = writer
+                            .get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
                         self.write_pass(f, &table_files, partition, &table, &mut r, w)
                             .await?;
                     }

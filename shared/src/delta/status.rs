@@ -39,6 +39,11 @@ pub struct TableStatus {
     pub bytes: u64,
     /// Live files below the maintenance target size (`target_file_size_mb`).
     pub small_files: u64,
+    /// Live files with a deletion vector, and the rows those vectors delete (merge-on-read,
+    /// or another writer's DELETE); maintenance rewrites the files whose vectors delete more
+    /// than 5 % of their rows.
+    pub files_with_vectors: u64,
+    pub rows_deleted_by_vectors: u64,
     pub partitions: u64,
     pub freshness: Freshness,
     /// Delete tombstones kept (rows of the tombstone table: two per delete, pending and
@@ -128,6 +133,8 @@ impl TableStatus {
             files: 0,
             bytes: 0,
             small_files: 0,
+            files_with_vectors: 0,
+            rows_deleted_by_vectors: 0,
             partitions: 0,
             freshness: Freshness::default(),
             tombstones: 0,
@@ -382,6 +389,8 @@ fn file_figures(
     st.bytes = files.iter().map(|f| f.size.max(0) as u64).sum();
     let target = cfg.maintenance.target_file_size.max(1);
     st.small_files = files.iter().filter(|f| (f.size as u64) < target).count() as u64;
+    st.files_with_vectors = files.iter().filter(|f| f.deletion_vector).count() as u64;
+    st.rows_deleted_by_vectors = files.iter().map(|f| f.deleted_rows).sum();
     st.partitions = files
         .iter()
         .map(|f| &f.partition)

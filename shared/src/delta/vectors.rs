@@ -25,6 +25,18 @@ use crate::error::{Error, Result};
 /// often-changed file's moves to a file; every checkpoint carries the inline ones.
 const INLINE_BYTES: usize = 1024;
 
+/// The share of a file's rows its deletion vector may delete before maintenance rewrites
+/// the file without them: Delta's OPTIMIZE default (`maxDeletedRowsRatio`, 0.05). Below it a
+/// file that is not small keeps its vector (rewriting 100 MB to drop a few rows is the cost
+/// merge-on-read avoids); small files are compacted, and so materialised, anyway.
+pub(crate) const MATERIALISE_SHARE: f64 = 0.05;
+
+/// Whether a file of `rows` rows (unknown: yes) whose vector deletes `deleted` of them is
+/// rewritten without them by maintenance.
+pub(crate) fn materialise(deleted: u64, rows: Option<u64>) -> bool {
+    deleted > 0 && rows.is_none_or(|n| deleted as f64 > MATERIALISE_SHARE * n as f64)
+}
+
 /// The RoaringBitmapArray format's magic number (little-endian before the bitmap).
 const MAGIC: u32 = 1_681_511_377;
 
@@ -82,7 +94,10 @@ pub(crate) async fn write(
             }
         };
         actions.push(Action::Remove(f.remove_action(true)));
-        #[allow(deprecated, reason = "the file's add as logged, to re-add it with a vector")]
+        #[allow(
+            deprecated,
+            reason = "the file's add as logged, to re-add it with a vector"
+        )]
         let mut add = f.add_action();
         add.deletion_vector = Some(descriptor);
         add.data_change = true;
@@ -124,7 +139,8 @@ mod tests {
     /// number and the bitmap) to the rows written; a large one goes to a file.
     #[test]
     fn an_inline_vector_is_the_magic_number_and_the_bitmap() {
-        let deleted: roaring::RoaringTreemap = [1u64, 5, 9, 70_000, 5_000_000_000].into_iter().collect();
+        let deleted: roaring::RoaringTreemap =
+            [1u64, 5, 9, 70_000, 5_000_000_000].into_iter().collect();
         let mut data = MAGIC.to_le_bytes().to_vec();
         deleted.serialize_into(&mut data).unwrap();
         let n = data.len();
@@ -139,7 +155,10 @@ mod tests {
 
     #[test]
     fn loose_statistics_keep_the_counts_and_say_the_bounds_are_wide() {
-        let s = loose(r#"{"numRecords":10,"minValues":{"id":1},"maxValues":{"id":9},"nullCount":{"id":0}}"#).unwrap();
+        let s = loose(
+            r#"{"numRecords":10,"minValues":{"id":1},"maxValues":{"id":9},"nullCount":{"id":0}}"#,
+        )
+        .unwrap();
         let v: serde_json::Value = serde_json::from_str(&s).unwrap();
         assert_eq!(v["numRecords"], 10);
         assert_eq!(v["tightBounds"], false);

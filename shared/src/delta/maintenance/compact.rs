@@ -48,7 +48,7 @@ pub(super) fn plan(
             .collect();
     for f in snapshot.log_data().iter() {
         let size = f.size().max(0) as u64;
-        let vector = f.deletion_vector_descriptor().is_some();
+        let vector = materialise(&f);
         if size >= target && !vector {
             continue;
         }
@@ -67,9 +67,7 @@ pub(super) fn plan(
     let partitions = bins
         .into_iter()
         .filter_map(|(p, (mut b, _))| {
-            b.retain(|b| {
-                b.len() >= 2 || b.iter().any(|f| f.deletion_vector_descriptor().is_some())
-            });
+            b.retain(|b| b.len() >= 2 || b.iter().any(materialise));
             (!b.is_empty()).then_some((p, b))
         })
         .collect();
@@ -145,4 +143,15 @@ pub(super) async fn execute(
         crate::delta::commit_actions(&label, table, actions, operation, read, &[], &[guard])
             .await?;
     Ok((removed, table))
+}
+
+/// Whether a file's deletion vector deletes enough of its rows to rewrite it without them
+/// (`vectors::materialise`), when it is not small.
+fn materialise(f: &LogicalFileView) -> bool {
+    f.deletion_vector_descriptor().is_some_and(|d| {
+        crate::delta::vectors::materialise(
+            d.cardinality.max(0) as u64,
+            f.num_records().map(|n| n as u64),
+        )
+    })
 }

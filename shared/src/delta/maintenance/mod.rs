@@ -331,7 +331,8 @@ fn check_vacuum_retention(table_cfg: &TableConfig, opts: MaintenanceOptions) -> 
 }
 
 /// Compact every partition that has two or more files below the target size, or a file
-/// with a deletion vector (every compaction materialises them).
+/// whose deletion vector deletes more than [`crate::delta::vectors::MATERIALISE_SHARE`] of
+/// its rows (every compaction materialises the vectors of the files it rewrites).
 async fn compact(
     table: &mut DeltaTable,
     label: &str,
@@ -344,7 +345,8 @@ async fn compact(
     for f in files.iter().filter(|f| (f.size as u64) < target_size) {
         *small.entry(&f.partition).or_default() += 1;
     }
-    // A file with a deletion vector is rewritten without its deleted rows, even alone.
+    // A file whose vector deletes more than the share is rewritten without its deleted rows,
+    // even alone.
     let candidates: Vec<Partition> = small
         .into_iter()
         .filter(|(_, n)| *n >= 2)
@@ -352,7 +354,7 @@ async fn compact(
         .chain(
             files
                 .iter()
-                .filter(|f| f.deletion_vector)
+                .filter(|f| f.vector_to_materialise())
                 .map(|f| f.partition.clone()),
         )
         .collect::<std::collections::BTreeSet<_>>()
