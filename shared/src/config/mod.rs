@@ -942,6 +942,46 @@ primary_key = ["id"]
     }
 
     #[test]
+    /// #46: deletion vectors need the manifests off (a manifest lists whole files, its
+    /// readers would see the deleted rows), by name at start-up; defaults may set both.
+    #[test]
+    fn deletion_vectors_are_refused_with_manifests() {
+        let table = |extra: &str| {
+            format!(
+                "[[table]]\nname = \"t\"\nsource = \"s3://b/raw/\"\ntarget = \"s3://b/t\"\nprimary_key = [\"id\"]\nsequence_by = [\"ts\"]\n{extra}"
+            )
+        };
+        let e = err_of(&table("deletion_vectors = true\n"));
+        assert!(
+            e.contains("`deletion_vectors = true` needs `manifests = false`"),
+            "{e}"
+        );
+        let c = Config::from_toml(
+            &table("deletion_vectors = true\nmanifests = false\n"),
+            "cfg.toml",
+            None,
+        )
+        .unwrap();
+        assert!(c.tables[0].writing.deletion_vectors);
+        let c = Config::from_toml(
+            &format!(
+                "[defaults]\ndeletion_vectors = true\nmanifests = false\n{}",
+                table("")
+            ),
+            "cfg.toml",
+            None,
+        )
+        .unwrap();
+        assert!(c.tables[0].writing.deletion_vectors);
+        assert!(
+            !Config::from_toml(&table(""), "cfg.toml", None)
+                .unwrap()
+                .tables[0]
+                .writing
+                .deletion_vectors
+        );
+    }
+
     #[cfg(feature = "glue")]
     fn a_table_without_target_keeps_only_its_history() {
         let only = |extra: &str| {

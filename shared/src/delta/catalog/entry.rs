@@ -225,6 +225,27 @@ pub(crate) fn desired(table: &DeltaTable, name: &str, kind: EntryKind) -> Result
     let table_id = snapshot.metadata().id().to_string();
     let version = table.version().unwrap_or_default();
     let managed = (MANAGED.to_string(), "true".to_string());
+    // What a reader needs, said on the entry when the table has reader features (deletion
+    // vectors: Athena engine 3, Spark with Delta 2.3+, Trino, DuckDB, Python deltalake).
+    let protocol = snapshot.protocol();
+    let reader_features: Vec<String> = protocol
+        .reader_features()
+        .unwrap_or_default()
+        .iter()
+        .map(|f| f.to_string())
+        .collect();
+    let readers = (!reader_features.is_empty()).then(|| {
+        [
+            (
+                "delta.minReaderVersion".to_string(),
+                protocol.min_reader_version().to_string(),
+            ),
+            (
+                "delta.readerFeatures".to_string(),
+                reader_features.join(","),
+            ),
+        ]
+    });
     Ok(match kind {
         EntryKind::Delta { .. } => Desired {
             name: name.to_string(),
@@ -239,7 +260,10 @@ pub(crate) fn desired(table: &DeltaTable, name: &str, kind: EntryKind) -> Result
                 ("table_type".into(), "DELTA".into()),
                 ("spark.sql.sources.provider".into(), "delta".into()),
                 managed,
-            ],
+            ]
+            .into_iter()
+            .chain(readers.into_iter().flatten())
+            .collect(),
             serde_parameters: vec![("path".into(), location(table, None))],
             table_id,
             version,
@@ -409,6 +433,39 @@ mod tests {
             table_type: Some(TABLE_TYPE.into()),
             version_id: Some("3".into()),
         }
+    }
+
+    /// #46: the Delta entry of a table with deletion vectors says what its readers need
+    /// (reader version 3 with `deletionVectors`); a table without reader features says
+    /// nothing more than before.
+    #[tokio::test]
+    async fn the_entry_of_a_table_with_deletion_vectors_says_what_readers_need() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = url::Url::from_directory_path(dir.path()).unwrap();
+        let schema = Schema::new(vec![Field::new("id", DataType::Int64, true)]);
+        let (t, _) =
+            delta::open_or_create(&url, &HashMap::new(), "t", &schema, &[], HashMap::new())
+                .await
+                .unwrap();
+        let kind = EntryKind::Delta { history: false };
+        let before = desired(&t, "t", kind.clone()).unwrap();
+        assert!(!before
+            .parameters
+            .iter()
+            .any(|(k, _)| k.starts_with("delta.")));
+        let t = delta::set_properties(t, crate::props::TableProps::for_deletion_vectors())
+            .await
+            .unwrap();
+        let after = desired(&t, "t", kind).unwrap();
+        let p: HashMap<_, _> = after.parameters.into_iter().collect();
+        assert_eq!(
+            p.get("delta.minReaderVersion").map(String::as_str),
+            Some("3")
+        );
+        assert_eq!(
+            p.get("delta.readerFeatures").map(String::as_str),
+            Some("deletionVectors")
+        );
     }
 
     #[test]
