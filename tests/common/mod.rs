@@ -743,3 +743,15 @@ impl Lines {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }
+
+/// Whether any commit of the table `rel` (under the fixture's folder) holds `needle`, e.g.
+/// `"deletionVector"`: that a scenario run with deletion vectors on wrote some.
+pub fn log_mentions(fx: &Fixture, rel: &str, needle: &str) -> bool {
+    std::fs::read_dir(fx.path(&format!("{rel}/_delta_log")))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|s| s.contains(needle)))
+        })
+        .unwrap_or(false)
+}

@@ -32,7 +32,20 @@ async fn version(fx: &Fixture) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_is_refused_by_the_merge_path_and_applied_whole_by_reload() {
-    let fx = Fixture::items();
+    reload_scenario(ITEMS_TABLE).await;
+}
+
+/// #46: the same with deletion vectors: the rows a reload deletes are marked in vectors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_into_a_table_with_deletion_vectors_is_applied_whole() {
+    reload_scenario(&format!(
+        "{ITEMS_TABLE}deletion_vectors = true\nmanifests = false\n"
+    ))
+    .await;
+}
+
+async fn reload_scenario(config: &str) {
+    let fx = Fixture::new(config);
     let hour_ago = SystemTime::now() - Duration::from_secs(3600);
     // The first load and CDC.
     let load = fx.put_items(
@@ -122,6 +135,11 @@ async fn a_reload_is_refused_by_the_merge_path_and_applied_whole_by_reload() {
     // Running it again finds no new full load.
     let e = reload::reload(&fx.engine, "items").await.unwrap_err();
     assert!(e.to_string().contains("no new full load"), "{e}");
+    assert_eq!(
+        log_mentions(&fx, "curated/items", "\"deletionVector\":{"),
+        config.contains("deletion_vectors = true"),
+        "vectors written exactly when on"
+    );
 }
 
 /// A full-load file whose rows changed nothing is still recorded, so a later reload of it

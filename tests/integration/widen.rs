@@ -139,7 +139,22 @@ async fn versions_of(fx: &Fixture, id: &str) -> Vec<String> {
 /// CDC file failed ("cannot be represented exactly as Int32"), and so did every later one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn widened_source_columns_widen_the_table_history_and_tombstones_exactly() {
-    let fx = Fixture::new(TABLE);
+    widening(TABLE).await;
+}
+
+/// #46: the same with deletion vectors: the merges before and after the widening mark rows
+/// in vectors (the change feed's images as without), the widening's rewrite drops them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn widening_a_table_with_deletion_vectors_drops_them_and_stays_exact() {
+    widening(&TABLE.replace(
+        "change_data_feed = true\n",
+        "change_data_feed = true\ndeletion_vectors = true\nmanifests = false\n",
+    ))
+    .await;
+}
+
+async fn widening(config: &str) {
+    let fx = Fixture::new(config);
     let load = fx.put_batch(
         "t",
         "LOAD00000001.parquet",
@@ -285,6 +300,11 @@ async fn widened_source_columns_widen_the_table_history_and_tombstones_exactly()
         ]
     );
     assert_eq!(types(&fx, "curated/t", &cols).await, want);
+    assert_eq!(
+        log_mentions(&fx, "curated/t", "\"deletionVector\":{"),
+        config.contains("deletion_vectors = true"),
+        "vectors written exactly when on"
+    );
 }
 
 /// A change that is not a lossless widening — a fraction into an integer column, a decimal
