@@ -116,6 +116,13 @@ struct RunArgs {
     /// Keep manifests on (default, as shipped).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     manifests: bool,
+    /// Merge-on-read: the table's `deletion_vectors = true` (and `manifests = false`).
+    #[arg(long)]
+    deletion_vectors: bool,
+    /// Leave the table as the merges left it (no maintenance run after them): for reading
+    /// it before maintenance (`benches/readers.py`).
+    #[arg(long)]
+    no_maintain: bool,
     /// Run maintenance (compaction) on the copied base table before the merges, to
     /// measure merges against the layout maintenance leaves behind.
     #[arg(long)]
@@ -425,6 +432,12 @@ struct RunResult {
     freshness_p50_ms: f64,
     files_rewritten_per_merge: f64,
     bytes_rewritten_per_merge: f64,
+    /// Bytes each merge wrote into the table's folder: new data files (inserts, new row
+    /// versions, rewritten files) and deletion-vector files; not the log.
+    bytes_written_per_merge: f64,
+    /// Data files given a deletion vector per merge (`--deletion-vectors`).
+    files_vectored_per_merge: f64,
+    deletion_vectors: bool,
     files_added_per_merge: f64,
     table_files_after: usize,
     maintenance_ms: f64,
@@ -476,6 +489,7 @@ fn stage_work(dir: &Path, base: &Path, rows: i64, history: bool) -> Result<(Path
 fn run_config(args: &RunArgs) -> String {
     let RunArgs {
         manifests,
+        deletion_vectors,
         target_file_size_mb,
         history,
         compression,
@@ -491,10 +505,12 @@ primary_key = ["trip_id"]
 partition_by = ["route_id"]
 sequence_by = ["update_ts_dms"]
 drop_columns = ["update_ts_dms"]
-manifests = {manifests}
+manifests = {}
+deletion_vectors = {deletion_vectors}
 parquet_compression = "{compression}"
 order_key_encoding = "{order_keys}"
-"#
+"#,
+        manifests & !deletion_vectors
     );
     let config = match target_file_size_mb {
         Some(mb) => format!("{config}target_file_size_mb = {mb}\n"),
@@ -538,6 +554,8 @@ struct MergeTally {
     freshness_ms: Vec<f64>,
     files_rewritten: usize,
     bytes_rewritten: i64,
+    bytes_written: u64,
+    files_vectored: usize,
     files_added: usize,
     /// Mean milliseconds per merge phase over the run's files.
     phases_ms_mean: BTreeMap<String, f64>,
@@ -555,6 +573,11 @@ impl MergeTally {
         files: usize,
     ) -> Result<()> {
         let before = live_files(table).await?;
+        let table_dir = table
+            .state_table()?
+            .to_file_path()
+            .map_err(|()| anyhow::anyhow!("a local table"))?;
+        let vectors_before = vector_files(&table_dir)?;
         // "Landing": DMS writes the file, then the merge runs.
         let landed = Instant::now();
         let dest = raw.join(file.file_name().context("file name")?);
@@ -571,7 +594,13 @@ impl MergeTally {
         self.latency_ms.push(ms);
         let after = live_files(table).await?;
         self.count_rewritten(&before, &after);
+        self.count_written(&table_dir, &before, &after, &vectors_before)?;
         self.files_added += report.tables.iter().map(|t| t.files_added).sum::<usize>();
+        self.files_vectored += report
+            .tables
+            .iter()
+            .map(|t| t.files_vectored)
+            .sum::<usize>();
         self.add_phases(&report, files)
     }
 
@@ -585,6 +614,30 @@ impl MergeTally {
                 self.bytes_rewritten += b.size;
             }
         }
+    }
+
+    /// Counts the bytes the merge wrote: the data files of `after` that `before` did not
+    /// have, and the deletion-vector files that were not in `vectors_before`.
+    fn count_written(
+        &mut self,
+        table_dir: &Path,
+        before: &[manifest::LiveFile],
+        after: &[manifest::LiveFile],
+        vectors_before: &std::collections::HashMap<PathBuf, u64>,
+    ) -> Result<()> {
+        let before_set: std::collections::HashSet<&str> =
+            before.iter().map(|f| f.path.as_str()).collect();
+        self.bytes_written += after
+            .iter()
+            .filter(|f| !before_set.contains(f.path.as_str()))
+            .map(|f| f.size.max(0) as u64)
+            .sum::<u64>();
+        self.bytes_written += vector_files(table_dir)?
+            .into_iter()
+            .filter(|(p, _)| !vectors_before.contains_key(p))
+            .map(|(_, n)| n)
+            .sum::<u64>();
+        Ok(())
     }
 
     /// Adds each table's phase times in `report`, divided by the run's `files`, to the means.
@@ -627,6 +680,9 @@ impl MergeTally {
             freshness_p50_ms: pct(&self.freshness_ms, 0.5),
             files_rewritten_per_merge: self.files_rewritten as f64 / n,
             bytes_rewritten_per_merge: self.bytes_rewritten as f64 / n,
+            bytes_written_per_merge: self.bytes_written as f64 / n,
+            files_vectored_per_merge: self.files_vectored as f64 / n,
+            deletion_vectors: args.deletion_vectors,
             files_added_per_merge: self.files_added as f64 / n,
             table_files_after: maintained.files_after,
             maintenance_ms,
@@ -636,6 +692,19 @@ impl MergeTally {
             latency_ms: latency.iter().map(|v| (v * 10.0).round() / 10.0).collect(),
         }
     }
+}
+
+/// The deletion-vector files at a table's root, with their sizes.
+fn vector_files(table_dir: &Path) -> Result<std::collections::HashMap<PathBuf, u64>> {
+    let mut out = std::collections::HashMap::new();
+    for e in std::fs::read_dir(table_dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with("deletion_vector_") && name.ends_with(".bin") {
+            out.insert(e.path(), e.metadata()?.len());
+        }
+    }
+    Ok(out)
 }
 
 /// Copies the base table, merges the workload's files one by one, then maintains; prints
@@ -669,7 +738,10 @@ async fn run(args: RunArgs) -> Result<()> {
             .await?;
     }
     let t0 = Instant::now();
-    let m = maintain(&engine, &tcfg).await?;
+    let m = match args.no_maintain {
+        true => tributary::maintenance::MaintenanceReport::default(),
+        false => maintain(&engine, &tcfg).await?,
+    };
     let maintenance_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let r = tally.into_result(&args, &m, maintenance_ms, base_files_after_maintenance);
     println!("{}", serde_json::to_string(&r)?);

@@ -941,7 +941,6 @@ primary_key = ["id"]
         }
     }
 
-    #[test]
     /// #46: deletion vectors need the manifests off (a manifest lists whole files, its
     /// readers would see the deleted rows), by name at start-up; defaults may set both.
     #[test]
@@ -982,6 +981,7 @@ primary_key = ["id"]
         );
     }
 
+    #[test]
     #[cfg(feature = "glue")]
     fn a_table_without_target_keeps_only_its_history() {
         let only = |extra: &str| {

@@ -104,48 +104,10 @@ impl TableFiles {
         }))
     }
 
-    /// [`stream`] with the file's deletion vector applied, each batch with the positions
-    /// in the file of its rows (what a new deletion vector marks) and the position after
-    /// it; and the vector read (the rows it deletes stay deleted in the next one).
-    pub(crate) async fn stream_positioned(
-        &self,
-        f: &LogicalFileView,
-        schema: &SchemaRef,
-        partition: &Partition,
-    ) -> Result<(
-        Deleted,
-        impl futures::Stream<Item = Result<Positioned>> + Send + use<>,
-    )> {
-        use futures::StreamExt;
+    /// A data file opened for reading more than once, with its deletion vector.
+    pub(crate) async fn open(&self, f: &LogicalFileView) -> Result<OpenFile> {
         let deleted = self.deleted(f).await?;
-        let rows = stream(self.store.clone(), f, schema, partition).await?;
-        let label = f.path().to_string();
-        let mut at = 0u64;
-        let held = deleted.clone();
-        Ok((
-            deleted,
-            rows.map(move |b| {
-                let b = b?;
-                let first = at;
-                at += b.num_rows() as u64;
-                let positions: Vec<u64> = match held.as_deref() {
-                    Some(d) if d.range_cardinality(first..at) > 0 => {
-                        (first..at).filter(|i| !d.contains(*i)).collect()
-                    }
-                    _ => (first..at).collect(),
-                };
-                let batch =
-                    without_deleted(b, first, held.as_deref()).map_err(|message| ReadError {
-                        file: label.clone(),
-                        message,
-                    })?;
-                Ok(Positioned {
-                    batch,
-                    positions,
-                    end: at,
-                })
-            }),
-        ))
+        OpenFile::open(self.store.clone(), f, WHOLE_FILE, deleted).await
     }
 
     /// [`read`] with the file's deletion vector applied.
@@ -177,8 +139,6 @@ pub(crate) struct Positioned {
     pub(crate) batch: RecordBatch,
     /// Per row of `batch`, its position in the file.
     pub(crate) positions: Vec<u64>,
-    /// The position in the file after the batch (the file's rows, after its last batch).
-    pub(crate) end: u64,
 }
 
 /// The rows a deletion vector deletes, by position in the file.
@@ -216,6 +176,7 @@ const WHOLE_FILE: u64 = 4 * 1024 * 1024;
 /// file up to [`WHOLE_FILE`] in one GET and serves every range from it; a larger file's
 /// footer with a hint (one GET: tributary's footers are a few KB) and a row group's chunks
 /// with one `get_ranges` (nearby ranges coalesced, fetched concurrently).
+#[derive(Clone)]
 struct Reader {
     store: Arc<dyn ObjectStore>,
     path: object_store::path::Path,
@@ -327,44 +288,158 @@ async fn stream_fetching_whole(
     partition: &Partition,
     whole_file: u64,
 ) -> Result<impl futures::Stream<Item = Result<RecordBatch>> + Send + use<>> {
-    use futures::StreamExt;
-    use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
-    let path = f.object_store_path();
-    let label = path.to_string();
-    let reader = Reader {
-        store,
-        path,
-        size: f.size().max(0) as u64,
-        whole_file,
-        whole: None,
-    };
-    let mut reader = reader;
-    let unreadable = |e: parquet::errors::ParquetError| ReadError {
-        file: label.clone(),
-        message: e.to_string(),
-    };
-    let metadata = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-        .await
-        .map_err(unreadable)?;
-    let metadata = int96_as_micros(metadata).map_err(unreadable)?;
-    let mask = projection(&metadata, schema);
-    let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata)
+    OpenFile::open(store, f, whole_file, None)
+        .await?
+        .stream(schema, partition, None)
+}
+
+/// A data file opened to be read more than once (merge-on-read reads its key columns, then
+/// the rows they pick): its metadata read and, up to [`WHOLE_FILE`], its bytes fetched once.
+pub(crate) struct OpenFile {
+    reader: Reader,
+    metadata: ArrowReaderMetadata,
+    /// The rows its deletion vector deletes.
+    pub(crate) deleted: Deleted,
+    label: String,
+}
+
+impl OpenFile {
+    async fn open(
+        store: Arc<dyn ObjectStore>,
+        f: &LogicalFileView,
+        whole_file: u64,
+        deleted: Deleted,
+    ) -> Result<OpenFile> {
+        let path = f.object_store_path();
+        let label = path.to_string();
+        let mut reader = Reader {
+            store,
+            path,
+            size: f.size().max(0) as u64,
+            whole_file,
+            whole: None,
+        };
+        let unreadable = |e: parquet::errors::ParquetError| ReadError {
+            file: label.clone(),
+            message: e.to_string(),
+        };
+        let metadata = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+            .await
+            .map_err(unreadable)?;
+        let metadata = int96_as_micros(metadata).map_err(unreadable)?;
+        Ok(OpenFile {
+            reader,
+            metadata,
+            deleted,
+            label,
+        })
+    }
+
+    /// The file's rows (all of them, or those `selection` picks) in `schema` (only its
+    /// columns decoded), a batch at a time.
+    fn stream(
+        &self,
+        schema: &SchemaRef,
+        partition: &Partition,
+        selection: Option<parquet::arrow::arrow_reader::RowSelection>,
+    ) -> Result<impl futures::Stream<Item = Result<RecordBatch>> + Send + use<>> {
+        use futures::StreamExt;
+        use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+        let label = self.label.clone();
+        let mask = projection(&self.metadata, schema);
+        let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            self.reader.clone(),
+            self.metadata.clone(),
+        )
         .with_projection(mask)
-        .with_batch_size(8192)
-        .build()
-        .map_err(|e| ReadError {
+        .with_batch_size(8192);
+        if let Some(selection) = selection {
+            builder = builder.with_row_selection(selection);
+        }
+        let stream = builder.build().map_err(|e| ReadError {
             file: label.clone(),
             message: e.to_string(),
         })?;
-    let (schema, partition) = (schema.clone(), partition.clone());
-    Ok(stream.map(move |b| {
-        let err = |message: String| ReadError {
-            file: label.clone(),
-            message,
-        };
-        let b = b.map_err(|e| err(e.to_string()))?;
-        to_table_schema(&b, &schema, &partition).map_err(err)
-    }))
+        let (schema, partition) = (schema.clone(), partition.clone());
+        Ok(stream.map(move |b| {
+            let err = |message: String| ReadError {
+                file: label.clone(),
+                message,
+            };
+            let b = b.map_err(|e| err(e.to_string()))?;
+            to_table_schema(&b, &schema, &partition).map_err(err)
+        }))
+    }
+
+    /// The file's rows in `schema` with their positions in the file, the rows its deletion
+    /// vector deletes left out.
+    pub(crate) fn positioned(
+        &self,
+        schema: &SchemaRef,
+        partition: &Partition,
+    ) -> Result<impl futures::Stream<Item = Result<Positioned>> + Send + use<>> {
+        use futures::StreamExt;
+        let rows = self.stream(schema, partition, None)?;
+        let label = self.label.clone();
+        let mut at = 0u64;
+        let held = self.deleted.clone();
+        Ok(rows.map(move |b| {
+            let b = b?;
+            let first = at;
+            at += b.num_rows() as u64;
+            let positions: Vec<u64> = match held.as_deref() {
+                Some(d) if d.range_cardinality(first..at) > 0 => {
+                    (first..at).filter(|i| !d.contains(*i)).collect()
+                }
+                _ => (first..at).collect(),
+            };
+            let batch =
+                without_deleted(b, first, held.as_deref()).map_err(|message| ReadError {
+                    file: label.clone(),
+                    message,
+                })?;
+            Ok(Positioned { batch, positions })
+        }))
+    }
+
+    /// The file's rows (its deletion vector's included).
+    pub(crate) fn rows(&self) -> u64 {
+        self.metadata.metadata().file_metadata().num_rows().max(0) as u64
+    }
+
+    /// The rows at `positions` (ascending, none deleted) in `schema`: the pages that do
+    /// not hold one are skipped.
+    pub(crate) async fn rows_at(
+        &self,
+        schema: &SchemaRef,
+        partition: &Partition,
+        positions: &[u64],
+    ) -> Result<Vec<RecordBatch>> {
+        use futures::TryStreamExt;
+        use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+        let total = self.rows();
+        let mut selectors = Vec::new();
+        let mut at = 0u64;
+        for &p in positions {
+            if p < at || p >= total {
+                return Err(ReadError {
+                    file: self.label.clone(),
+                    message: format!("row {p} asked of a file of {total} rows, after row {at}"),
+                });
+            }
+            if p > at {
+                selectors.push(RowSelector::skip((p - at) as usize));
+            }
+            selectors.push(RowSelector::select(1));
+            at = p + 1;
+        }
+        if total > at {
+            selectors.push(RowSelector::skip((total - at) as usize));
+        }
+        self.stream(schema, partition, Some(RowSelection::from(selectors)))?
+            .try_collect()
+            .await
+    }
 }
 
 /// A data file's rows in the table's schema: columns added after it was written are null,

@@ -139,6 +139,8 @@ pub(crate) struct Rewrite {
     /// The table's schema, as its data files are read and written (`rows` has every
     /// column nullable: the constraints check its nulls, by name).
     schema: SchemaRef,
+    /// The table's key columns (merge-on-read reads them first).
+    key_schema: SchemaRef,
     /// The table's constraints, checked on every row written.
     checks: crate::delta::constraints::Checks,
     /// The files being applied, the table's label and key (for a refusal's message).
@@ -288,6 +290,16 @@ impl Rewrite {
             held_bytes: cfg.limits.slice_bytes / 2,
             always: false,
             vectors: false,
+            key_schema: Arc::new(
+                schema
+                    .project(
+                        &cfg.primary_key
+                            .iter()
+                            .map(|k| schema.index_of(k).map_err(Error::arrow))
+                            .collect::<Result<Vec<_>>>()?,
+                    )
+                    .map_err(Error::arrow)?,
+            ),
             schema,
             checks,
             files: String::new(),
@@ -323,28 +335,21 @@ impl Rewrite {
         self.sorted_keys.get(i).is_some_and(|k| k <= &hi)
     }
 
-    /// Apply the plan to a batch of a file's rows: the batch to write instead, whether it
-    /// differs, and which rows changed (see [`Applied1`]); the plan rows matched, the rows
-    /// updated and deleted, and the updated rows that leave for another partition add up
-    /// in `out`.
-    fn apply(&self, b: &RecordBatch, out: &mut FileResult) -> Result<Applied1> {
+    /// Which rows of a file's batch stay, are replaced (here or in another partition) or
+    /// deleted (see [`Picks`]); the plan rows matched and the rows updated and deleted add
+    /// up in `out`.
+    fn pick(&self, b: &RecordBatch, tseq: &StringArray, out: &mut FileResult) -> Result<Picks> {
         let seq = self.rows.column(self.seq_column).as_string::<i32>();
         let found = self.index.lookup(b)?;
-        let tseq = b.column(self.seq_column).as_string::<i32>();
         let file_partition = self.file_partition(b)?;
         let moves = |p: usize| match (&self.partitions, &file_partition) {
             (Some((_, plan, _)), Some(file)) => plan.row(p) != file.row(0),
             _ => false,
         };
-        // (0, row) keeps the file's row, (1, plan row) replaces it; the updates among them
-        // as (position in picks, file row, plan row).
-        let mut picks: Vec<(usize, usize)> = Vec::with_capacity(b.num_rows());
-        let mut updates: Vec<(usize, usize, usize)> = Vec::new();
-        let mut moved: Vec<(usize, usize)> = Vec::new();
-        let mut moved_updates: Vec<(usize, usize, usize)> = Vec::new();
-        // The file rows deleted (change data feed).
-        let mut gone: Vec<u32> = Vec::new();
-        let mut changed = false;
+        let mut k = Picks {
+            picks: Vec::with_capacity(b.num_rows()),
+            ..Picks::default()
+        };
         for (i, p) in found.into_iter().enumerate() {
             let Some(p) = p else {
                 let gone_row = self
@@ -353,10 +358,10 @@ impl Rewrite {
                     .is_some_and(|floor| tseq.is_null(i) || tseq.value(i) < floor);
                 if gone_row {
                     out.deleted += 1;
-                    changed = true;
-                    gone.push(i as u32);
+                    k.changed = true;
+                    k.gone.push(i as u32);
                 } else {
-                    picks.push((0, i));
+                    k.picks.push((0, i));
                 }
                 continue;
             };
@@ -364,25 +369,42 @@ impl Rewrite {
             let p = p as usize;
             let newer = self.always || tseq.is_null(i) || seq.value(p) > tseq.value(i);
             match (newer, self.ops[p]) {
-                (false, _) => picks.push((0, i)),
+                (false, _) => k.picks.push((0, i)),
                 (true, PlanOp::Upsert) => {
                     if moves(p) {
-                        moved_updates.push((moved.len(), i, p));
-                        moved.push((1, p));
+                        k.moved_updates.push((k.moved.len(), i, p));
+                        k.moved.push((1, p));
                     } else {
-                        updates.push((picks.len(), i, p));
-                        picks.push((1, p));
+                        k.updates.push((k.picks.len(), i, p));
+                        k.picks.push((1, p));
                     }
                     out.updated += 1;
-                    changed = true;
+                    k.changed = true;
                 }
                 (true, PlanOp::Delete) => {
                     out.deleted += 1;
-                    changed = true;
-                    gone.push(i as u32);
+                    k.changed = true;
+                    k.gone.push(i as u32);
                 }
             }
         }
+        Ok(k)
+    }
+
+    /// Apply the plan to a batch of a file's rows: the batch to write instead, whether it
+    /// differs, and which rows changed (see [`Applied1`]); the plan rows matched, the rows
+    /// updated and deleted, and the updated rows that leave for another partition add up
+    /// in `out`.
+    fn apply(&self, b: &RecordBatch, out: &mut FileResult) -> Result<Applied1> {
+        let tseq = b.column(self.seq_column).as_string::<i32>();
+        let Picks {
+            picks,
+            updates,
+            moved,
+            moved_updates,
+            gone,
+            changed,
+        } = self.pick(b, tseq, out)?;
         if !changed {
             return Ok(Applied1 {
                 rows: b.clone(),
@@ -487,7 +509,6 @@ impl Rewrite {
         config: WriterConfig,
         table: String,
     ) -> Result<GroupResult> {
-        let store = table_files.store.clone();
         let mut out = GroupResult::default();
         let mut writer: Option<DeltaWriter> = None;
         // Unchanged small files read whole before the group had an output (`FOLD_FILE`),
@@ -496,49 +517,9 @@ impl Rewrite {
         let mut spare_bytes = 0usize;
         let written = async {
             for (f, partition) in &files {
-                let mut r = FileResult::default();
-                let mut unchanged = None;
-                let mut vector = None;
-                if self.vectors {
-                    let m = self
-                        .vector_pass(f, &table_files, partition, &table, &mut r)
-                        .await?;
-                    if r.changed && m.worth_a_vector() {
-                        let w = writer
-                            .get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
-                        for b in &m.versions {
-                            w.write(b).await.map_err(|e| Error::delta(&table, e))?;
-                        }
-                        vector = Some(m.all());
-                    } else if r.changed {
-                        // Most of the file changes: rewritten, as without vectors.
-                        r = FileResult::default();
-                        let w = writer
-                            .get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
-                        self.write_pass(f, &table_files, partition, &table, &mut r, w)
-                            .await?;
-                    }
-                } else {
-                    let again;
-                    (again, unchanged) = self
-                        .first_pass(
-                            f,
-                            &table_files,
-                            &config,
-                            partition,
-                            &table,
-                            &mut r,
-                            &mut writer,
-                        )
-                        .await?;
-                    if again {
-                        r = FileResult::default();
-                        let w = writer
-                            .get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
-                        self.write_pass(f, &table_files, partition, &table, &mut r, w)
-                            .await?;
-                    }
-                }
+                let (r, unchanged, vector) = self
+                    .read_file(f, &table_files, &config, partition, &table, &mut writer)
+                    .await?;
                 out.matched.extend(r.matched);
                 if r.changed {
                     out.updated += r.updated;
@@ -579,6 +560,57 @@ impl Rewrite {
             out.adds = w.close().await.map_err(|e| Error::delta(&table, e))?;
         }
         Ok(out)
+    }
+
+    /// Read one file of a group and apply the plan: what changed, and the file's rows when
+    /// it did not change and all of them were held (copy-on-write, for folding), or its new
+    /// deletion vector (merge-on-read); rewritten rows go to the group's `writer`.
+    async fn read_file(
+        &self,
+        f: &LogicalFileView,
+        table_files: &crate::delta::datafile::TableFiles,
+        config: &WriterConfig,
+        partition: &Partition,
+        table: &str,
+        writer: &mut Option<DeltaWriter>,
+    ) -> Result<FileRead> {
+        let store = &table_files.store;
+        let mut r = FileResult::default();
+        let mut unchanged = None;
+        let mut vector = None;
+        if self.vectors {
+            let m = self
+                .vector_pass(f, table_files, partition, table, &mut r)
+                .await?;
+            if r.changed && m.worth_a_vector() {
+                let w =
+                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
+                for b in &m.versions {
+                    w.write(b).await.map_err(|e| Error::delta(table, e))?;
+                }
+                vector = Some(m.all());
+            } else if r.changed {
+                // Most of the file changes: rewritten, as without vectors.
+                r = FileResult::default();
+                let w =
+                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
+                self.write_pass(f, table_files, partition, table, &mut r, w)
+                    .await?;
+            }
+        } else {
+            let again;
+            (again, unchanged) = self
+                .first_pass(f, table_files, config, partition, table, &mut r, writer)
+                .await?;
+            if again {
+                r = FileResult::default();
+                let w =
+                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
+                self.write_pass(f, table_files, partition, table, &mut r, w)
+                    .await?;
+            }
+        }
+        Ok((r, unchanged, vector))
     }
 
     /// The first read of a file (see [`Self::rewrite_group`]): true when it must be read
@@ -636,9 +668,12 @@ impl Rewrite {
         Ok((false, (holding && !r.changed).then_some((held, held_bytes))))
     }
 
-    /// Read a file once with its rows' positions and apply the plan (merge-on-read): the
-    /// rows it replaces or deletes, the new versions of the rows it updates in place, and
-    /// the file's vector and row count. Nothing is written.
+    /// Apply the plan to a file under merge-on-read: the rows it replaces or deletes, the
+    /// new versions of the rows it updates in place, and the file's vector and row count.
+    /// Nothing is written. The file's key columns are read first, and then only the rows
+    /// whose key the plan has (a spread-out merge changes a few rows of each file: decoding
+    /// every column of every row was most of its time); a reload, which deletes rows no
+    /// change matches, reads every row.
     async fn vector_pass(
         &self,
         f: &LogicalFileView,
@@ -647,31 +682,69 @@ impl Rewrite {
         table: &str,
         r: &mut FileResult,
     ) -> Result<Marked> {
-        let (old, mut batches) = table_files
-            .stream_positioned(f, &self.schema, partition)
-            .await
-            .map_err(|e| e.into_error(table))?;
-        let mut marked = roaring::RoaringTreemap::new();
-        let mut versions = Vec::new();
-        let mut rows = 0u64;
-        while let Some(p) = batches.next().await {
-            let p = p.map_err(|e| e.into_error(table))?;
-            rows = p.end;
-            let a = self.apply(&p.batch, r)?;
-            r.changed |= a.changed;
-            marked.extend(a.replaced.iter().map(|i| p.positions[*i as usize]));
-            if !a.versions.is_empty() {
-                let idx = UInt32Array::from(a.versions);
-                versions
-                    .push(arrow::compute::take_record_batch(&a.rows, &idx).map_err(Error::arrow)?);
+        let read_err = |e: crate::delta::datafile::ReadError| e.into_error(table);
+        let file = table_files.open(f).await.map_err(read_err)?;
+        let mut marked = Marked {
+            old: file.deleted.clone(),
+            marked: roaring::RoaringTreemap::new(),
+            versions: Vec::new(),
+            rows: file.rows(),
+        };
+        if self.reload.is_some() {
+            let mut batches = file.positioned(&self.schema, partition).map_err(read_err)?;
+            while let Some(p) = batches.next().await {
+                let p = p.map_err(read_err)?;
+                self.mark(&p.batch, &p.positions, r, &mut marked)?;
+            }
+            return Ok(marked);
+        }
+        let mut keys = file
+            .positioned(&self.key_schema, partition)
+            .map_err(read_err)?;
+        let mut hits: Vec<u64> = Vec::new();
+        while let Some(p) = keys.next().await {
+            let p = p.map_err(read_err)?;
+            for (i, found) in self.index.lookup(&p.batch)?.into_iter().enumerate() {
+                if found.is_some() {
+                    hits.push(p.positions[i]);
+                }
             }
         }
-        Ok(Marked {
-            old,
-            marked,
-            versions,
-            rows,
-        })
+        if hits.is_empty() {
+            return Ok(marked);
+        }
+        let mut at = 0;
+        for b in file
+            .rows_at(&self.schema, partition, &hits)
+            .await
+            .map_err(read_err)?
+        {
+            let positions = &hits[at..at + b.num_rows()];
+            at += b.num_rows();
+            self.mark(&b, positions, r, &mut marked)?;
+        }
+        Ok(marked)
+    }
+
+    /// Apply the plan to rows of a file at `positions`, adding to `m` what it replaces and
+    /// the new versions.
+    fn mark(
+        &self,
+        b: &RecordBatch,
+        positions: &[u64],
+        r: &mut FileResult,
+        m: &mut Marked,
+    ) -> Result<()> {
+        let a = self.apply(b, r)?;
+        r.changed |= a.changed;
+        m.marked
+            .extend(a.replaced.iter().map(|i| positions[*i as usize]));
+        if !a.versions.is_empty() {
+            let idx = UInt32Array::from(a.versions);
+            m.versions
+                .push(arrow::compute::take_record_batch(&a.rows, &idx).map_err(Error::arrow)?);
+        }
+        Ok(())
     }
 
     /// Read a file again and write all of it, changed.
@@ -1117,6 +1190,30 @@ impl Marked {
 /// The share of a data file's rows a deletion vector may delete before a merge rewrites the
 /// file instead (see [`Marked::worth_a_vector`]).
 const VECTOR_SHARE: f64 = 0.5;
+
+/// A file read by [`Rewrite::read_file`]: what changed; its rows, when unchanged and all
+/// held; its new deletion vector.
+type FileRead = (
+    FileResult,
+    Option<(Vec<RecordBatch>, usize)>,
+    Option<roaring::RoaringTreemap>,
+);
+
+/// What the plan does to a batch of a file's rows ([`Rewrite::pick`]).
+#[derive(Default)]
+struct Picks {
+    /// Per row written in the file's place: (0, file row) keeps it, (1, plan row) replaces
+    /// it.
+    picks: Vec<(usize, usize)>,
+    /// The updates among `picks`: (position in `picks`, file row, plan row).
+    updates: Vec<(usize, usize, usize)>,
+    /// The rows that move to another partition (as `picks`), and their updates.
+    moved: Vec<(usize, usize)>,
+    moved_updates: Vec<(usize, usize, usize)>,
+    /// The file rows deleted.
+    gone: Vec<u32>,
+    changed: bool,
+}
 
 /// A batch of a file's rows with the plan applied.
 struct Applied1 {

@@ -448,7 +448,7 @@ mod tests {
                 .await
                 .unwrap();
         let kind = EntryKind::Delta { history: false };
-        let before = desired(&t, "t", kind.clone()).unwrap();
+        let before = desired(&t, "t", kind).unwrap();
         assert!(!before
             .parameters
             .iter()
