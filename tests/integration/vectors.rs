@@ -362,3 +362,57 @@ async fn a_composite_key_with_the_partition_column_finds_its_rows() {
     got.sort();
     assert_eq!(got, want.into_iter().collect::<Vec<_>>());
 }
+
+/// A column the changes do not carry keeps each updated row's value: merge-on-read reads
+/// it from the file for the rows it replaces (and only the columns it needs), and writes
+/// the new version with it; the columns left unread never reach a written row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_the_changes_lack_keeps_the_rows_value_in_the_new_version() {
+    use std::sync::Arc;
+    use tributary::deltalake::arrow::array::Int64Array;
+    let fx = Fixture::new(&vectors_table());
+    let n = 30i64;
+    let ids: Vec<i64> = (1..=n).collect();
+    let notes: Vec<String> = ids.iter().map(|i| format!("note {i}")).collect();
+    let load = batch(vec![
+        ("ts", strings(&vec![ts(0).as_str(); n as usize])),
+        ("id", Arc::new(Int64Array::from(ids.clone()))),
+        ("part", strings(&vec!["a"; n as usize])),
+        ("val", Arc::new(Int64Array::from(ids.clone()))),
+        (
+            "note",
+            strings(&notes.iter().map(String::as_str).collect::<Vec<_>>()),
+        ),
+    ]);
+    let url = fx.put_batch("shop/items", "LOAD00000001.parquet", &load);
+    fx.merge_ok(&[url]).await;
+    // The changes without `note`: two updates, a delete, an insert.
+    let changes = [
+        c('U', &ts(1), 4, "a", 40),
+        c('U', &ts(1), 9, "a", 90),
+        c('D', &ts(1), 5, "a", 0),
+        c('I', &ts(1), 31, "a", 31),
+    ];
+    let u = fx.put_items("2024/01/01/20240101-0000000001.parquet", &changes);
+    let r = fx.merge_ok(&[u]).await;
+    assert_eq!(r.tables[0].files_vectored, 1, "{:?}", r.tables);
+    let rows = fx
+        .rows("curated/items", &["id", "val", "note"], &["id"])
+        .await;
+    let get = |id: &str| rows.iter().find(|r| r[0] == id).cloned();
+    assert_eq!(
+        get("4"),
+        Some(vec!["4".into(), "40".into(), "note 4".into()])
+    );
+    assert_eq!(
+        get("9"),
+        Some(vec!["9".into(), "90".into(), "note 9".into()])
+    );
+    assert_eq!(get("5"), None);
+    assert_eq!(
+        get("6"),
+        Some(vec!["6".into(), "6".into(), "note 6".into()])
+    );
+    assert_eq!(get("31").map(|r| r[1].clone()), Some("31".to_string()));
+    assert_eq!(rows.len(), 30);
+}

@@ -290,7 +290,7 @@ async fn stream_fetching_whole(
 ) -> Result<impl futures::Stream<Item = Result<RecordBatch>> + Send + use<>> {
     OpenFile::open(store, f, whole_file, None)
         .await?
-        .stream(schema, partition, None)
+        .stream(schema, schema, partition, None)
 }
 
 /// A data file opened to be read more than once (merge-on-read reads its key columns, then
@@ -335,10 +335,11 @@ impl OpenFile {
         })
     }
 
-    /// The file's rows (all of them, or those `selection` picks) in `schema` (only its
-    /// columns decoded), a batch at a time.
+    /// The file's rows (all of them, or those `selection` picks) in `schema`, a batch at a
+    /// time: only the columns of `read` decoded, the others null.
     fn stream(
         &self,
+        read: &SchemaRef,
         schema: &SchemaRef,
         partition: &Partition,
         selection: Option<parquet::arrow::arrow_reader::RowSelection>,
@@ -346,7 +347,7 @@ impl OpenFile {
         use futures::StreamExt;
         use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
         let label = self.label.clone();
-        let mask = projection(&self.metadata, schema);
+        let mask = projection(&self.metadata, read);
         let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
             self.reader.clone(),
             self.metadata.clone(),
@@ -379,7 +380,7 @@ impl OpenFile {
         partition: &Partition,
     ) -> Result<impl futures::Stream<Item = Result<Positioned>> + Send + use<>> {
         use futures::StreamExt;
-        let rows = self.stream(schema, partition, None)?;
+        let rows = self.stream(schema, schema, partition, None)?;
         let label = self.label.clone();
         let mut at = 0u64;
         let held = self.deleted.clone();
@@ -407,10 +408,11 @@ impl OpenFile {
         self.metadata.metadata().file_metadata().num_rows().max(0) as u64
     }
 
-    /// The rows at `positions` (ascending, none deleted) in `schema`: the pages that do
-    /// not hold one are skipped.
+    /// The rows at `positions` (ascending, none deleted) in `schema`, only the columns of
+    /// `read` read (the others null): the pages that hold none of them are skipped.
     pub(crate) async fn rows_at(
         &self,
+        read: &SchemaRef,
         schema: &SchemaRef,
         partition: &Partition,
         positions: &[u64],
@@ -436,7 +438,7 @@ impl OpenFile {
         if total > at {
             selectors.push(RowSelector::skip((total - at) as usize));
         }
-        self.stream(schema, partition, Some(RowSelection::from(selectors)))?
+        self.stream(read, schema, partition, Some(RowSelection::from(selectors)))?
             .try_collect()
             .await
     }

@@ -141,6 +141,11 @@ pub(crate) struct Rewrite {
     schema: SchemaRef,
     /// The table's key columns (merge-on-read reads them first).
     key_schema: SchemaRef,
+    /// What merge-on-read reads of the rows the plan changes: the key, the order key, the
+    /// partition columns, the columns whose value an update may keep ([`Keep`]); every
+    /// column when the change data feed needs the rows' pre-images. The other columns are
+    /// left null: only the new versions are written, from the plan's values.
+    changed_rows_schema: SchemaRef,
     /// The table's constraints, checked on every row written.
     checks: crate::delta::constraints::Checks,
     /// The files being applied, the table's label and key (for a refusal's message).
@@ -275,6 +280,21 @@ impl Rewrite {
             e => e,
         })?;
         let partitions = partition_index(&rows, partition_columns)?;
+        let changed_rows_schema = {
+            let read: Vec<usize> = schema
+                .fields()
+                .iter()
+                .enumerate()
+                .filter(|(c, f)| {
+                    feed || *c == seq_column
+                        || cfg.primary_key.contains(f.name())
+                        || partition_columns.contains(f.name())
+                        || !matches!(keep[*c], Keep::Never)
+                })
+                .map(|(c, _)| c)
+                .collect();
+            Arc::new(schema.project(&read).map_err(Error::arrow)?)
+        };
         Ok(Some(Rewrite {
             ops: plan.ops()?,
             rows,
@@ -300,6 +320,7 @@ impl Rewrite {
                     )
                     .map_err(Error::arrow)?,
             ),
+            changed_rows_schema,
             schema,
             checks,
             files: String::new(),
@@ -391,11 +412,12 @@ impl Rewrite {
         Ok(k)
     }
 
-    /// Apply the plan to a batch of a file's rows: the batch to write instead, whether it
-    /// differs, and which rows changed (see [`Applied1`]); the plan rows matched, the rows
+    /// Apply the plan to a batch of a file's rows: the batch to write instead (`only_new`:
+    /// only the new versions of its rows updated in place), whether it differs, and which
+    /// rows changed (see [`Applied1`]); the plan rows matched, the rows
     /// updated and deleted, and the updated rows that leave for another partition add up
     /// in `out`.
-    fn apply(&self, b: &RecordBatch, out: &mut FileResult) -> Result<Applied1> {
+    fn apply(&self, b: &RecordBatch, out: &mut FileResult, only_new: bool) -> Result<Applied1> {
         let tseq = b.column(self.seq_column).as_string::<i32>();
         let Picks {
             picks,
@@ -419,11 +441,24 @@ impl Rewrite {
             .map(|u| u.1 as u32)
             .chain(gone.iter().copied())
             .collect();
-        let versions: Vec<u32> = updates.iter().map(|u| u.0 as u32).collect();
         let moved = match moved.is_empty() {
             true => None,
             false => Some(self.merged(b, tseq, &moved, &moved_updates)?),
         };
+        // Merge-on-read writes only the new versions: the batch built of them alone (the
+        // rows kept stay in the file, and may have columns left unread, see `vector_pass`).
+        let (picks, updates) = match only_new {
+            true => (
+                updates.iter().map(|u| (1, u.2)).collect(),
+                updates
+                    .iter()
+                    .enumerate()
+                    .map(|(at, u)| (at, u.1, u.2))
+                    .collect(),
+            ),
+            false => (picks, updates),
+        };
+        let versions: Vec<u32> = updates.iter().map(|u| u.0 as u32).collect();
         let merged = self.merged(b, tseq, &picks, &updates)?;
         if self.feed {
             let pre: Vec<u32> = updates
@@ -640,7 +675,7 @@ impl Rewrite {
         let mut writing = false;
         while let Some(b) = batches.next().await {
             let b = b.map_err(|e| e.into_error(table))?;
-            let a = self.apply(&b, r)?;
+            let a = self.apply(&b, r, false)?;
             let b = a.rows;
             r.changed |= a.changed;
             if writing {
@@ -715,7 +750,7 @@ impl Rewrite {
         }
         let mut at = 0;
         for b in file
-            .rows_at(&self.schema, partition, &hits)
+            .rows_at(&self.changed_rows_schema, &self.schema, partition, &hits)
             .await
             .map_err(read_err)?
         {
@@ -735,7 +770,7 @@ impl Rewrite {
         r: &mut FileResult,
         m: &mut Marked,
     ) -> Result<()> {
-        let a = self.apply(b, r)?;
+        let a = self.apply(b, r, true)?;
         r.changed |= a.changed;
         m.marked
             .extend(a.replaced.iter().map(|i| positions[*i as usize]));
@@ -764,7 +799,7 @@ impl Rewrite {
             .map_err(|e| e.into_error(table))?;
         while let Some(b) = batches.next().await {
             let b = b.map_err(|e| e.into_error(table))?;
-            let a = self.apply(&b, r)?;
+            let a = self.apply(&b, r, false)?;
             r.changed |= a.changed;
             w.write(&a.rows).await.map_err(|e| Error::delta(table, e))?;
         }
