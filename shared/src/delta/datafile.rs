@@ -137,8 +137,21 @@ impl TableFiles {
 /// A batch of a data file's rows (deleted rows left out) with their positions in the file.
 pub(crate) struct Positioned {
     pub(crate) batch: RecordBatch,
-    /// Per row of `batch`, its position in the file.
-    pub(crate) positions: Vec<u64>,
+    /// The position in the file of the batch's first row read.
+    first: u64,
+    /// Per row of `batch`, its position in the file, when its deletion vector left rows of
+    /// it out (else row `i` is at `first + i`).
+    kept: Option<Vec<u64>>,
+}
+
+impl Positioned {
+    /// The position in the file of row `i` of the batch.
+    pub(crate) fn position(&self, i: usize) -> u64 {
+        match &self.kept {
+            Some(kept) => kept[i],
+            None => self.first + i as u64,
+        }
+    }
 }
 
 /// The rows a deletion vector deletes, by position in the file.
@@ -388,18 +401,18 @@ impl OpenFile {
             let b = b?;
             let first = at;
             at += b.num_rows() as u64;
-            let positions: Vec<u64> = match held.as_deref() {
+            let kept: Option<Vec<u64>> = match held.as_deref() {
                 Some(d) if d.range_cardinality(first..at) > 0 => {
-                    (first..at).filter(|i| !d.contains(*i)).collect()
+                    Some((first..at).filter(|i| !d.contains(*i)).collect())
                 }
-                _ => (first..at).collect(),
+                _ => None,
             };
             let batch =
                 without_deleted(b, first, held.as_deref()).map_err(|message| ReadError {
                     file: label.clone(),
                     message,
                 })?;
-            Ok(Positioned { batch, positions })
+            Ok(Positioned { batch, first, kept })
         }))
     }
 

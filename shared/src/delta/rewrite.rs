@@ -729,7 +729,8 @@ impl Rewrite {
             let mut batches = file.positioned(&self.schema, partition).map_err(read_err)?;
             while let Some(p) = batches.next().await {
                 let p = p.map_err(read_err)?;
-                self.mark(&p.batch, &p.positions, r, &mut marked)?;
+                let positions: Vec<u64> = (0..p.batch.num_rows()).map(|i| p.position(i)).collect();
+                self.mark(&p.batch, &positions, r, &mut marked)?;
             }
             return Ok(marked);
         }
@@ -741,7 +742,7 @@ impl Rewrite {
             let p = p.map_err(read_err)?;
             for (i, found) in self.index.lookup(&p.batch)?.into_iter().enumerate() {
                 if found.is_some() {
-                    hits.push(p.positions[i]);
+                    hits.push(p.position(i));
                 }
             }
         }
