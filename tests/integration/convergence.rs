@@ -17,26 +17,12 @@ fn cases() -> u32 {
 
 /// Every file delivered once, some twice (40 %), shuffled, in calls of one to three files.
 async fn deliver_shuffled(fx: &Fixture, urls: &[url::Url], seed: u64) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut deliveries: Vec<url::Url> = Vec::new();
-    for u in urls {
-        deliveries.push(u.clone());
-        if rng.random_bool(0.4) {
-            deliveries.push(u.clone());
-        }
-    }
-    deliveries.shuffle(&mut rng);
-    let mut i = 0;
-    while i < deliveries.len() {
-        let n = rng.random_range(1..=3).min(deliveries.len() - i);
-        fx.merge_ok(&deliveries[i..i + n]).await;
-        i += n;
-    }
+    deliver_shuffled_maintained(fx, urls, seed, 0.0).await;
 }
 
 /// As [`deliver_shuffled`], with maintenance (compaction, which materialises deletion
-/// vectors; checkpoint; vacuum) run between some calls.
-async fn deliver_shuffled_maintained(fx: &Fixture, urls: &[url::Url], seed: u64) {
+/// vectors; checkpoint; vacuum) run after a call with probability `maintain`.
+async fn deliver_shuffled_maintained(fx: &Fixture, urls: &[url::Url], seed: u64, maintain: f64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut deliveries: Vec<url::Url> = Vec::new();
     for u in urls {
@@ -51,7 +37,7 @@ async fn deliver_shuffled_maintained(fx: &Fixture, urls: &[url::Url], seed: u64)
         let n = rng.random_range(1..=3).min(deliveries.len() - i);
         fx.merge_ok(&deliveries[i..i + n]).await;
         i += n;
-        if rng.random_bool(0.25) {
+        if maintain > 0.0 && rng.random_bool(maintain) {
             fx.maintain().await;
         }
     }
@@ -129,7 +115,7 @@ proptest! {
         let fx = Fixture::new(&format!("{ITEMS_TABLE}deletion_vectors = true\nmanifests = false\n"));
         let (load, files) = history(seed, keys, changes, max_file);
         let (urls, expected) = land(&fx, &load, &files);
-        rt.block_on(deliver_shuffled_maintained(&fx, &urls, dup_seed));
+        rt.block_on(deliver_shuffled_maintained(&fx, &urls, dup_seed, 0.25));
         let got = rt.block_on(fx.items_rows());
         prop_assert_eq!(got, expected);
     }

@@ -609,41 +609,42 @@ impl Rewrite {
         table: &str,
         writer: &mut Option<DeltaWriter>,
     ) -> Result<FileRead> {
-        let store = &table_files.store;
         let mut r = FileResult::default();
         let mut unchanged = None;
         let mut vector = None;
+        let mut whole = false;
+        let w = |writer: &mut Option<DeltaWriter>| {
+            let store = table_files.store.clone();
+            writer
+                .take()
+                .unwrap_or_else(|| DeltaWriter::new(store, config.clone()))
+        };
         if self.vectors {
             let m = self
                 .vector_pass(f, table_files, partition, table, &mut r)
                 .await?;
             if r.changed && m.worth_a_vector() {
-                let w =
-                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
+                let mut out = w(writer);
                 for b in &m.versions {
-                    w.write(b).await.map_err(|e| Error::delta(table, e))?;
+                    out.write(b).await.map_err(|e| Error::delta(table, e))?;
                 }
+                *writer = Some(out);
                 vector = Some(m.all());
-            } else if r.changed {
+            } else {
                 // Most of the file changes: rewritten, as without vectors.
-                r = FileResult::default();
-                let w =
-                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
-                self.write_pass(f, table_files, partition, table, &mut r, w)
-                    .await?;
+                whole = r.changed;
             }
         } else {
-            let again;
-            (again, unchanged) = self
+            (whole, unchanged) = self
                 .first_pass(f, table_files, config, partition, table, &mut r, writer)
                 .await?;
-            if again {
-                r = FileResult::default();
-                let w =
-                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
-                self.write_pass(f, table_files, partition, table, &mut r, w)
-                    .await?;
-            }
+        }
+        if whole {
+            r = FileResult::default();
+            let mut out = w(writer);
+            self.write_pass(f, table_files, partition, table, &mut r, &mut out)
+                .await?;
+            *writer = Some(out);
         }
         Ok((r, unchanged, vector))
     }
