@@ -416,3 +416,41 @@ async fn a_column_the_changes_lack_keeps_the_rows_value_in_the_new_version() {
     assert_eq!(get("31").map(|r| r[1].clone()), Some("31".to_string()));
     assert_eq!(rows.len(), 30);
 }
+
+/// Vectors turned off and the manifests on again (a table that Spectrum must read): the
+/// next maintenance rewrites every file with a vector, whatever its share (manifests
+/// cannot leave deleted rows out), and writes the manifests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_manifests_back_on_maintenance_materialises_every_vector() {
+    let fx = Fixture::new(&format!("{}target_file_size_mb = 0.001\n", vectors_table()));
+    let mut all = loaded(&fx, 1000).await;
+    let few = vec![c('D', &ts(1), 7, "a", 0), c('U', &ts(1), 8, "a", 80)];
+    let u = fx.put_items("2024/01/01/20240101-0000000001.parquet", &few);
+    fx.merge_ok(&[u]).await;
+    all.extend(few);
+    fx.maintain().await;
+    assert_eq!(
+        files(&fx).await.iter().filter(|f| f.1.is_some()).count(),
+        1,
+        "0.2 %: kept under its vector"
+    );
+    std::fs::write(
+        fx.path("tributary.toml"),
+        format!("{ITEMS_TABLE}target_file_size_mb = 0.001\n"),
+    )
+    .unwrap();
+    let engine = fx.another_engine();
+    let r = tributary::maintenance::maintain(
+        &engine.config().tables[0],
+        engine.storage(),
+        engine.storage_options(),
+        Default::default(),
+    )
+    .await
+    .expect("maintenance");
+    assert!(files(&fx).await.iter().all(|f| f.1.is_none()), "{r:?}");
+    assert_eq!(fx.items_rows().await, model(&all));
+    assert!(fx
+        .path("curated/items/_symlink_format_manifest/part=a/manifest")
+        .exists());
+}

@@ -29,14 +29,20 @@ impl CompactionPlan {
     }
 }
 
-/// The files smaller than `target` in each of `partitions`, and those with a deletion
-/// vector, binned greedily (in log order) up to `target` bytes; bins of one file without a
-/// vector are dropped (nothing to gain), and so are partitions left without a bin.
+/// The files smaller than `target` in each of `partitions`, and those whose deletion vector
+/// is to be materialised (`every_vector`: any vector, as the manifests need; else past
+/// `vectors::MATERIALISE_SHARE`), binned greedily (in log order) up to `target` bytes; bins
+/// of one file without such a vector are dropped (nothing to gain), and so are partitions
+/// left without a bin.
 pub(super) fn plan(
     table: &DeltaTable,
     partitions: &[Partition],
     target: u64,
+    every_vector: bool,
 ) -> Result<CompactionPlan> {
+    let materialise = |f: &LogicalFileView| {
+        f.deletion_vector_descriptor().is_some() && (every_vector || materialise(f))
+    };
     let label = table.table_url().to_string();
     let snapshot = table.snapshot().map_err(|e| Error::delta(&label, e))?;
     let columns = snapshot.metadata().partition_columns().to_vec();
@@ -67,7 +73,7 @@ pub(super) fn plan(
     let partitions = bins
         .into_iter()
         .filter_map(|(p, (mut b, _))| {
-            b.retain(|b| b.len() >= 2 || b.iter().any(materialise));
+            b.retain(|b| b.len() >= 2 || b.iter().any(&materialise));
             (!b.is_empty()).then_some((p, b))
         })
         .collect();

@@ -332,7 +332,8 @@ fn check_vacuum_retention(table_cfg: &TableConfig, opts: MaintenanceOptions) -> 
 
 /// Compact every partition that has two or more files below the target size, or a file
 /// whose deletion vector deletes more than [`crate::delta::vectors::MATERIALISE_SHARE`] of
-/// its rows (every compaction materialises the vectors of the files it rewrites).
+/// its rows — any vector, when the table keeps manifests (every compaction materialises
+/// the vectors of the files it rewrites).
 async fn compact(
     table: &mut DeltaTable,
     label: &str,
@@ -354,7 +355,9 @@ async fn compact(
         .chain(
             files
                 .iter()
-                .filter(|f| f.vector_to_materialise())
+                .filter(|f| {
+                    f.deletion_vector && (table_cfg.writing.manifests || f.vector_to_materialise())
+                })
                 .map(|f| f.partition.clone()),
         )
         .collect::<std::collections::BTreeSet<_>>()
@@ -419,7 +422,8 @@ async fn compact_table(
             if n > 1 {
                 update(&mut table, label).await?;
             }
-            let plan = compact::plan(&table, partitions, target_size)?;
+            // Manifests cannot express deleted rows: with them on, every vector goes.
+            let plan = compact::plan(&table, partitions, target_size, table_cfg.writing.manifests)?;
             let compacted = plan.len();
             #[cfg(test)]
             crate::delta::testing::global()
