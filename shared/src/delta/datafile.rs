@@ -167,9 +167,21 @@ fn without_deleted(
     let Some(deleted) = deleted.filter(|d| d.range_cardinality(first..end) > 0) else {
         return Ok(b);
     };
-    let keep: arrow::array::BooleanArray =
-        (first..end).map(|i| Some(!deleted.contains(i))).collect();
+    let keep = arrow::array::BooleanArray::from(kept_mask(first, end, deleted));
     arrow::compute::filter_record_batch(&b, &keep).map_err(|e| e.to_string())
+}
+
+/// Per row `first..end` of a file, whether `deleted` does not hold it: the vector's rows in
+/// the range visited once (asking the treemap row by row was a sixth of a merge-on-read
+/// merge's time once most files had a vector).
+fn kept_mask(first: u64, end: u64, deleted: &roaring::RoaringTreemap) -> Vec<bool> {
+    let mut keep = vec![true; (end - first) as usize];
+    let mut rows = deleted.iter();
+    rows.advance_to(first);
+    for d in rows.take_while(|d| *d < end) {
+        keep[(d - first) as usize] = false;
+    }
+    keep
 }
 
 /// Bytes read from the end of a data file for its metadata in the first request.
@@ -401,18 +413,33 @@ impl OpenFile {
             let b = b?;
             let first = at;
             at += b.num_rows() as u64;
-            let kept: Option<Vec<u64>> = match held.as_deref() {
-                Some(d) if d.range_cardinality(first..at) > 0 => {
-                    Some((first..at).filter(|i| !d.contains(*i)).collect())
-                }
-                _ => None,
+            let Some(d) = held
+                .as_deref()
+                .filter(|d| d.range_cardinality(first..at) > 0)
+            else {
+                return Ok(Positioned {
+                    batch: b,
+                    first,
+                    kept: None,
+                });
             };
+            let mask = kept_mask(first, at, d);
+            let kept: Vec<u64> = (first..at)
+                .zip(&mask)
+                .filter(|(_, k)| **k)
+                .map(|(i, _)| i)
+                .collect();
             let batch =
-                without_deleted(b, first, held.as_deref()).map_err(|message| ReadError {
-                    file: label.clone(),
-                    message,
-                })?;
-            Ok(Positioned { batch, first, kept })
+                arrow::compute::filter_record_batch(&b, &arrow::array::BooleanArray::from(mask))
+                    .map_err(|e| ReadError {
+                        file: label.clone(),
+                        message: e.to_string(),
+                    })?;
+            Ok(Positioned {
+                batch,
+                first,
+                kept: Some(kept),
+            })
         }))
     }
 
@@ -582,6 +609,20 @@ fn partition_column(
 mod tests {
     use super::*;
     use crate::delta::testing::Counting;
+
+    /// The mask of the rows a vector keeps, in a range that starts inside the vector's rows
+    /// and ends before its last.
+    #[test]
+    fn the_kept_mask_leaves_out_exactly_the_vectors_rows_in_range() {
+        let deleted: roaring::RoaringTreemap = [1u64, 5, 9, 10, 70_000, 5_000_000_000]
+            .into_iter()
+            .collect();
+        let mask = kept_mask(5, 12, &deleted);
+        assert_eq!(mask, [false, true, true, true, false, false, true]);
+        let far = kept_mask(4_999_999_999, 5_000_000_001, &deleted);
+        assert_eq!(far, [true, false]);
+        assert_eq!(kept_mask(11, 11, &deleted), Vec::<bool>::new());
+    }
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use futures::TryStreamExt;
