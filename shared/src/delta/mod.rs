@@ -181,18 +181,23 @@ pub(crate) fn writes_deletion_vectors(table: &DeltaTable) -> bool {
     let Ok(state) = table.snapshot() else {
         return false;
     };
-    let protocol = state.protocol();
-    let reads = protocol
-        .reader_features()
-        .unwrap_or_default()
-        .iter()
-        .any(|f| f.to_string() == "deletionVectors");
-    let writes = protocol
-        .writer_features()
-        .unwrap_or_default()
-        .iter()
-        .any(|f| f.to_string() == "deletionVectors");
-    props(table).deletion_vectors && reads && writes
+    let (readers, writers) = feature_names(state.protocol());
+    let has = |f: &[String]| f.iter().any(|f| f == "deletionVectors");
+    props(table).deletion_vectors && has(&readers) && has(&writers)
+}
+
+/// A protocol's reader and writer features, by name (none for a legacy protocol).
+pub(crate) fn feature_names(protocol: &deltalake::kernel::Protocol) -> (Vec<String>, Vec<String>) {
+    fn names<T: std::fmt::Display>(f: Option<&[T]>) -> Vec<String> {
+        f.unwrap_or_default()
+            .iter()
+            .map(|f| f.to_string())
+            .collect()
+    }
+    (
+        names(protocol.reader_features()),
+        names(protocol.writer_features()),
+    )
 }
 
 /// The partition columns of the loaded version.
@@ -371,15 +376,8 @@ fn upgraded(
     legacy_writer: i32,
     label: &str,
 ) -> Result<Option<Action>> {
-    fn names<T: std::fmt::Display>(f: Option<&[T]>) -> Vec<String> {
-        f.unwrap_or_default()
-            .iter()
-            .map(|f| f.to_string())
-            .collect()
-    }
     let (r, w) = (protocol.min_reader_version(), protocol.min_writer_version());
-    let mut readers = names(protocol.reader_features());
-    let mut writers = names(protocol.writer_features());
+    let (mut readers, mut writers) = feature_names(protocol);
     if writers.iter().any(|f| f == writer) && reader.is_none_or(|f| readers.iter().any(|x| x == f))
     {
         return Ok(None);
@@ -830,18 +828,13 @@ pub(crate) fn refuse_unwritable(table: &DeltaTable, label: &str) -> Result<()> {
         way_forward: format!("nothing was written; {way_forward}"),
     };
     let protocol = state.protocol();
-    let unknown: Vec<String> = protocol
-        .reader_features()
-        .unwrap_or_default()
-        .iter()
-        .map(|f| f.to_string())
+    let (readers, writers) = feature_names(protocol);
+    let unknown: Vec<String> = readers
+        .into_iter()
         .filter(|f| !READER_FEATURES.contains(&f.as_str()))
         .chain(
-            protocol
-                .writer_features()
-                .unwrap_or_default()
-                .iter()
-                .map(|f| f.to_string())
+            writers
+                .into_iter()
                 .filter(|f| !WRITER_FEATURES.contains(&f.as_str())),
         )
         .collect();

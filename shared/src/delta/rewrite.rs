@@ -134,7 +134,7 @@ pub(crate) struct Rewrite {
     always: bool,
     /// Merge-on-read: a changed data file gets a deletion vector for its replaced and
     /// deleted rows, and only the new row versions are written (unless most of its rows
-    /// go, [`Marked::worth_a_vector`]).
+    /// go, [`Marked::vector`]).
     vectors: bool,
     /// The table's schema, as its data files are read and written (`rows` has every
     /// column nullable: the constraints check its nulls, by name).
@@ -623,16 +623,17 @@ impl Rewrite {
             let m = self
                 .vector_pass(f, table_files, partition, table, &mut r)
                 .await?;
-            if r.changed && m.worth_a_vector() {
-                let mut out = w(writer);
-                for b in &m.versions {
-                    out.write(b).await.map_err(|e| Error::delta(table, e))?;
+            match r.changed.then(|| m.vector()).flatten() {
+                Some(deleted) => {
+                    let mut out = w(writer);
+                    for b in &m.versions {
+                        out.write(b).await.map_err(|e| Error::delta(table, e))?;
+                    }
+                    *writer = Some(out);
+                    vector = Some(deleted);
                 }
-                *writer = Some(out);
-                vector = Some(m.all());
-            } else {
-                // Most of the file changes: rewritten, as without vectors.
-                whole = r.changed;
+                // Unchanged, or most of the file changes: rewritten, as without vectors.
+                None => whole = r.changed,
             }
         } else {
             (whole, unchanged) = self
@@ -1208,24 +1209,21 @@ struct Marked {
 }
 
 impl Marked {
-    /// The rows the file's new vector deletes: the old vector's and the plan's.
-    fn all(&self) -> roaring::RoaringTreemap {
-        match &self.old {
+    /// The file's new vector (the old vector's rows and the plan's), when the file keeps its
+    /// rows under one rather than being rewritten: while at most [`VECTOR_SHARE`] of its rows
+    /// are deleted. Past that, rewriting it writes fewer bytes than the rows it keeps would
+    /// cost every reader to skip.
+    fn vector(&self) -> Option<roaring::RoaringTreemap> {
+        let all = match &self.old {
             Some(old) => &self.marked | old.as_ref(),
             None => self.marked.clone(),
-        }
-    }
-
-    /// Whether the file keeps its rows under a vector rather than being rewritten: while at
-    /// most [`VECTOR_SHARE`] of its rows are deleted. Past that, rewriting it writes fewer
-    /// bytes than the rows it keeps would cost every reader to skip.
-    fn worth_a_vector(&self) -> bool {
-        (self.all().len() as f64) <= VECTOR_SHARE * self.rows as f64
+        };
+        ((all.len() as f64) <= VECTOR_SHARE * self.rows as f64).then_some(all)
     }
 }
 
 /// The share of a data file's rows a deletion vector may delete before a merge rewrites the
-/// file instead (see [`Marked::worth_a_vector`]).
+/// file instead (see [`Marked::vector`]).
 const VECTOR_SHARE: f64 = 0.5;
 
 /// A file read by [`Rewrite::read_file`]: what changed; its rows, when unchanged and all

@@ -228,12 +228,7 @@ pub(crate) fn desired(table: &DeltaTable, name: &str, kind: EntryKind) -> Result
     // What a reader needs, said on the entry when the table has reader features (deletion
     // vectors: Athena engine 3, Spark with Delta 2.3+, Trino, DuckDB, Python deltalake).
     let protocol = snapshot.protocol();
-    let reader_features: Vec<String> = protocol
-        .reader_features()
-        .unwrap_or_default()
-        .iter()
-        .map(|f| f.to_string())
-        .collect();
+    let (reader_features, _) = delta::feature_names(protocol);
     let readers = (!reader_features.is_empty()).then(|| {
         [
             (
