@@ -77,6 +77,23 @@ impl Spec {
         }
     }
 
+    /// Whether a file's column is never looked at, so need not be decoded: a dropped column
+    /// (by its name after `rename_columns`, as settings name columns) that is not the
+    /// operation, a sequence column or a before-image.
+    pub(crate) fn unread_column(&self, column: &str) -> bool {
+        let column = self
+            .rename_columns
+            .get(column)
+            .map_or(column, String::as_str);
+        self.drop_columns.iter().any(|c| c == column)
+            && column != self.op_column
+            && !self.sequence_by.iter().any(|c| c == column)
+            && !self
+                .before_image_prefix
+                .as_deref()
+                .is_some_and(|p| column.starts_with(p))
+    }
+
     /// Whether a file's column is written to the table: not the operation, not a dropped
     /// column, not a before-image.
     pub(crate) fn keeps_column(&self, column: &str) -> bool {
@@ -122,22 +139,36 @@ impl FileCounts {
     }
 }
 
-/// Rows decoded at a time (at most; fewer with a smaller slice); slices are made of whole
-/// decode batches.
-const DECODE_ROWS: usize = 64 * 1024;
+/// CSV rows decoded at a time (at most; fewer with a smaller slice); slices are made of
+/// whole decode batches. A Parquet file is decoded a slice at a time ([`parquet::Decode`]).
+const CSV_DECODE_ROWS: usize = 64 * 1024;
 
 /// A file's decoded record batches (raw columns, before curation).
 pub(crate) type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 
 /// `batches`, or one empty batch of `schema` when there are none (an empty file is a
-/// change set of no rows, not nothing).
+/// change set of no rows, not nothing). Lazy: opening a file decodes nothing.
 fn at_least_one(schema: SchemaRef, batches: Batches) -> Batches {
-    let mut batches = batches.peekable();
-    if batches.peek().is_some() {
-        Box::new(batches)
-    } else {
-        Box::new(std::iter::once(Ok(RecordBatch::new_empty(schema))))
+    struct AtLeastOne {
+        batches: Batches,
+        empty: Option<RecordBatch>,
     }
+    impl Iterator for AtLeastOne {
+        type Item = Result<RecordBatch>;
+        fn next(&mut self) -> Option<Self::Item> {
+            match self.batches.next() {
+                Some(b) => {
+                    self.empty = None;
+                    Some(b)
+                }
+                None => self.empty.take().map(Ok),
+            }
+        }
+    }
+    Box::new(AtLeastOne {
+        batches,
+        empty: Some(RecordBatch::new_empty(schema)),
+    })
 }
 
 /// What reading a file gave.
@@ -325,11 +356,17 @@ impl Slices {
         let file_name = storage::file_name(file);
         let convention = convention::of(&cfg);
         let kind = convention.kind(&file_name);
-        // Decode batches of at most a quarter of a slice (rows, and bytes as estimated).
-        let decode_rows = DECODE_ROWS.min(slice_rows.max(1));
-        let decode_bytes = (slice_bytes / 4).max(1);
         let (batches, total_rows) = match &cfg.format {
-            Format::Parquet => parquet::batches(&name, &raw.body, decode_rows, decode_bytes)?,
+            // A slice decoded as one batch when the rows are as wide as measured.
+            Format::Parquet => parquet::batches(
+                &name,
+                &raw.body,
+                &parquet::Decode {
+                    rows: slice_rows.max(1),
+                    bytes: slice_bytes.max(1),
+                    skip: &|c| cfg.unread_column(c),
+                },
+            )?,
             Format::Csv(opts) => (
                 csv::batches(
                     csv::Input {
@@ -341,8 +378,11 @@ impl Slices {
                     kind,
                     &cfg,
                     table_schema,
-                    // CSV rows are assumed to decode to at most 4 KB.
-                    decode_rows.min((decode_bytes / 4096).max(1024)),
+                    // Batches of at most a quarter of a slice; CSV rows are assumed to
+                    // decode to at most 4 KB.
+                    CSV_DECODE_ROWS
+                        .min(slice_rows.max(1))
+                        .min((slice_bytes / 4 / 4096).max(1024)),
                 )?,
                 None,
             ),
@@ -1013,6 +1053,55 @@ mod tests {
         slices
             .next_slice()?
             .ok_or_else(|| Error::internal("no slice"))
+    }
+
+    /// A slice is bounded by its rows' decoded size, measured: a column of long repeated
+    /// strings is a few bytes per row in the file (a dictionary), a kilobyte once decoded.
+    /// (Sized from the file's own figures, the whole file was one slice.)
+    #[test]
+    fn slices_follow_the_decoded_size_of_the_rows() {
+        let cfg = table("drop_columns = [\"unread\", \"b\"]\nrename_columns = { a = \"b\" }");
+        let n = 20_000;
+        let b = batch(vec![
+            ("id", Arc::new(Int64Array::from_iter_values(0..n))),
+            (
+                "v",
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| format!("{:>1000}", i % 3)),
+                )),
+            ),
+            ("unread", Arc::new(Int64Array::from_iter_values(0..n))),
+        ]);
+        let raw = RawFile {
+            body: Body::Memory(crate::demo::to_parquet(&b).unwrap()),
+            last_modified: None,
+            digest: None,
+        };
+        let file = url("s3://r/t/LOAD00000001.parquet");
+        let spec = Spec::of(&cfg);
+        assert!(spec.unread_column("unread") && !spec.unread_column("v"));
+        // Settings name the table's columns: `a` is read as `b`, which is dropped.
+        assert!(spec.unread_column("a") && spec.unread_column("b"));
+        let mut slices = Slices::open(
+            &file,
+            &raw,
+            spec,
+            None,
+            &TableProps::default(),
+            1_000_000,
+            4 << 20,
+        )
+        .unwrap();
+        let mut sizes = Vec::new();
+        while let Some(cs) = slices.next_slice().unwrap() {
+            sizes.push(cs.data.num_rows());
+        }
+        // About 4 MB of 1 KB rows per slice.
+        assert!(
+            sizes.len() >= 4 && sizes.iter().all(|&s| s <= 5_000),
+            "{sizes:?}"
+        );
+        assert_eq!(sizes.iter().sum::<usize>(), 20_000);
     }
 
     fn floats_dict(keys: Vec<i32>, values: Vec<f64>) -> ArrayRef {

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
+use parquet::arrow::ProjectionMask;
 use parquet::basic::Type as PhysicalType;
 use parquet::column::reader::ColumnReader;
 use parquet::data_type::Int96;
@@ -23,8 +24,7 @@ use crate::error::{Error, Location, Result};
 pub(super) fn batches(
     name: &str,
     body: &Body,
-    decode_rows: usize,
-    decode_bytes: usize,
+    decode: &Decode<'_>,
 ) -> Result<(Batches, Option<usize>)> {
     let open = |path: &std::path::Path| {
         std::fs::File::open(path).map_err(|e| Error::Io {
@@ -55,26 +55,39 @@ pub(super) fn batches(
     match body {
         Body::Memory(b) => {
             check_int96(name, Bytes::clone(b))?;
-            build(name, Bytes::clone(b), decode_rows, decode_bytes)
+            build(name, || Ok(Bytes::clone(b)), decode)
         }
         Body::Disk { path, .. } => {
             check_int96(name, open(path)?)?;
-            build(name, open(path)?, decode_rows, decode_bytes)
+            build(name, || open(path), decode)
         }
     }
 }
 
+/// How a file is decoded: batches of at most `rows` rows and about `bytes` decoded bytes,
+/// without the top-level columns `skip` names (dropped columns nothing else reads: they are
+/// never decoded).
+pub(super) struct Decode<'a> {
+    pub(super) rows: usize,
+    pub(super) bytes: usize,
+    pub(super) skip: &'a dyn Fn(&str) -> bool,
+}
+
+/// Rows decoded to measure how wide the file's rows are once decoded.
+const PROBE_ROWS: usize = 4096;
+
+/// The file's batches (`src` opens it; it is read once, and its first rows once more when
+/// [`PROBE_ROWS`] are decoded to measure them).
 fn build<T: ChunkReader + 'static>(
     name: &str,
-    src: T,
-    decode_rows: usize,
-    decode_bytes: usize,
+    src: impl Fn() -> Result<T>,
+    decode: &Decode<'_>,
 ) -> Result<(Batches, Option<usize>)> {
     let bad = |m: String| Error::bad_input(name, Location::File, m);
     let unreadable =
         |e: parquet::errors::ParquetError| bad(format!("not a readable Parquet file: {e}"));
     let metadata =
-        ArrowReaderMetadata::load(&src, ArrowReaderOptions::new()).map_err(unreadable)?;
+        ArrowReaderMetadata::load(&src()?, ArrowReaderOptions::new()).map_err(unreadable)?;
     let metadata = match crate::coerce::int96_as_micros(&metadata) {
         Some(schema) => ArrowReaderMetadata::try_new(
             metadata.metadata().clone(),
@@ -83,22 +96,41 @@ fn build<T: ChunkReader + 'static>(
         .map_err(unreadable)?,
         None => metadata,
     };
-    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(src, metadata);
-    let schema = builder.schema().clone();
-    let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
-    // Rows per batch from the uncompressed size the row groups declare (wide rows, fewer).
-    let bytes: i64 = builder
+    let read: Vec<usize> = (0..metadata.schema().fields().len())
+        .filter(|&i| !(decode.skip)(metadata.schema().field(i).name()))
+        .collect();
+    let mask = ProjectionMask::roots(metadata.metadata().file_metadata().schema_descr(), read);
+    let rows = usize::try_from(metadata.metadata().file_metadata().num_rows()).unwrap_or(0);
+    let reader = |batch: usize, limit: Option<usize>| {
+        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(src()?, metadata.clone())
+            .with_projection(mask.clone())
+            .with_batch_size(batch);
+        match limit {
+            Some(l) => b.with_limit(l),
+            None => b,
+        }
+        .build()
+        .map_err(|e| bad(format!("cannot read Parquet data: {e}")))
+    };
+    // Bytes per row once decoded: the larger of the row groups' uncompressed size (an
+    // encoded size: a dictionary of short strings is far smaller than its decoded column)
+    // and the decoded size of the first rows. A slice is then one decode batch, not
+    // batches copied together.
+    let encoded: i64 = metadata
         .metadata()
         .row_groups()
         .iter()
         .map(|rg| rg.total_byte_size())
         .sum();
-    let per_row = (usize::try_from(bytes).unwrap_or(0) / rows.max(1)).max(1);
-    let by_bytes = (decode_bytes / per_row).max(1024);
-    let reader = builder
-        .with_batch_size(decode_rows.min(by_bytes).min(rows.max(1)))
-        .build()
-        .map_err(|e| bad(format!("cannot read Parquet data: {e}")))?;
+    let mut per_row = usize::try_from(encoded).unwrap_or(0) / rows.max(1);
+    if rows > PROBE_ROWS && decode.rows > PROBE_ROWS {
+        if let Some(Ok(b)) = reader(PROBE_ROWS, Some(PROBE_ROWS))?.next() {
+            per_row = per_row.max(b.get_array_memory_size() / b.num_rows().max(1));
+        }
+    }
+    let by_bytes = (decode.bytes / per_row.max(1)).max(1024);
+    let reader = reader(decode.rows.min(by_bytes).min(rows.max(1)), None)?;
+    let schema = arrow::record_batch::RecordBatchReader::schema(&reader);
     let name = name.to_string();
     let batches: Batches = Box::new(reader.map(move |b| {
         b.map_err(|e| Error::bad_input(&name, Location::File, format!("corrupt Parquet data: {e}")))
