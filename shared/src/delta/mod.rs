@@ -50,6 +50,7 @@ pub(crate) mod tombstones;
 pub(crate) mod vectors;
 pub mod watermark;
 pub(crate) mod widen;
+pub(crate) mod writer;
 use commit::Commit;
 pub(crate) use commit::Read;
 pub use engine::{Engine, EngineBuilder};
@@ -496,7 +497,7 @@ pub(crate) fn writer_config(
     snapshot: &deltalake::table::state::DeltaTableState,
     properties: Option<WriterProperties>,
     target_file_size: Option<std::num::NonZeroU64>,
-) -> deltalake::datafile::writer::WriterConfig {
+) -> writer::FileLayout {
     writer_config_for(
         snapshot,
         snapshot.snapshot().arrow_schema(),
@@ -512,12 +513,13 @@ pub(crate) fn writer_config_for(
     schema: SchemaRef,
     properties: Option<WriterProperties>,
     target_file_size: Option<std::num::NonZeroU64>,
-) -> deltalake::datafile::writer::WriterConfig {
+) -> writer::FileLayout {
     use deltalake::table::config::TablePropertiesExt;
     let props = snapshot.table_config();
-    deltalake::datafile::writer::WriterConfig::new(
+    let partition_columns = snapshot.metadata().partition_columns().to_vec();
+    let config = deltalake::datafile::writer::WriterConfig::new(
         schema,
-        snapshot.metadata().partition_columns().to_vec(),
+        partition_columns.clone(),
         properties,
         target_file_size,
         None,
@@ -526,7 +528,11 @@ pub(crate) fn writer_config_for(
             .data_skipping_stats_columns
             .as_ref()
             .map(|v| v.iter().map(|c| c.to_string()).collect()),
-    )
+    );
+    writer::FileLayout {
+        config,
+        partition_columns: partition_columns.into(),
+    }
 }
 
 /// Parquet settings of the data files tributary writes (MERGE, appends, compaction, the
@@ -944,7 +950,6 @@ pub(crate) async fn write_rows(
     plan: &MergePlan,
     files: &str,
 ) -> Result<Vec<deltalake::kernel::Action>> {
-    use deltalake::datafile::writer::DeltaWriter;
     use deltalake::kernel::Action;
     let label = cfg.name.as_str();
     let delta_err = |e| Error::delta(label, e);
@@ -981,7 +986,7 @@ pub(crate) async fn write_rows(
     let batch =
         RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).map_err(Error::arrow)?;
     let config = writer_config(snapshot, Some(writer_properties(cfg)), None);
-    let mut writer = DeltaWriter::new(table.log_store().object_store(None), config);
+    let mut writer = writer::Writer::new(table.log_store().object_store(None), config);
     writer.write(&batch).await.map_err(delta_err)?;
     Ok(writer
         .close()
@@ -1004,7 +1009,6 @@ pub(crate) async fn append_rows(
     properties: Option<WriterProperties>,
     files: &[String],
 ) -> Result<DeltaTable> {
-    use deltalake::datafile::writer::DeltaWriter;
     use deltalake::kernel::Action;
     let delta_err = |e| Error::delta(label, e);
     let table = add_new_columns_as(label, table, &rows.schema()).await?;
@@ -1029,7 +1033,7 @@ pub(crate) async fn append_rows(
         .collect::<Result<Vec<_>>>()?;
     let batch = RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow)?;
     let config = writer_config(snapshot, properties, None);
-    let mut writer = DeltaWriter::new(table.log_store().object_store(None), config);
+    let mut writer = writer::Writer::new(table.log_store().object_store(None), config);
     writer.write(&batch).await.map_err(delta_err)?;
     let adds: Vec<Action> = writer
         .close()
@@ -1073,7 +1077,6 @@ pub(crate) async fn rewrite_rows(
     operation: DeltaOperation,
     txns: &[Transaction],
 ) -> Result<(DeltaTable, usize)> {
-    use deltalake::datafile::writer::DeltaWriter;
     use deltalake::kernel::Action;
     use futures::StreamExt;
     let delta_err = |e| Error::delta(label, e);
@@ -1082,7 +1085,7 @@ pub(crate) async fn rewrite_rows(
     let partition_columns = snapshot.metadata().partition_columns().to_vec();
     let files = crate::delta::datafile::TableFiles::of(&table);
     let config = writer_config(snapshot, properties, None);
-    let mut writer: Option<DeltaWriter> = None;
+    let mut writer: Option<writer::Writer> = None;
     let mut actions = Vec::new();
     let mut changed = 0usize;
     for f in snapshot.log_data().iter() {
@@ -1102,7 +1105,8 @@ pub(crate) async fn rewrite_rows(
             continue;
         }
         changed += n;
-        let w = writer.get_or_insert_with(|| DeltaWriter::new(files.store.clone(), config.clone()));
+        let w =
+            writer.get_or_insert_with(|| writer::Writer::new(files.store.clone(), config.clone()));
         for b in out.iter().filter(|b| b.num_rows() > 0) {
             w.write(b).await.map_err(delta_err)?;
         }

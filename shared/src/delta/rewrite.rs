@@ -38,11 +38,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::delta::writer::{FileLayout, Writer};
 use arrow::array::{
     new_null_array, Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array,
 };
 use arrow::datatypes::{DataType, SchemaRef};
-use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
@@ -541,11 +541,11 @@ impl Rewrite {
         self: Arc<Self>,
         files: Group,
         table_files: Arc<crate::delta::datafile::TableFiles>,
-        config: WriterConfig,
+        config: FileLayout,
         table: String,
     ) -> Result<GroupResult> {
         let mut out = GroupResult::default();
-        let mut writer: Option<DeltaWriter> = None;
+        let mut writer: Option<Writer> = None;
         // Unchanged small files read whole before the group had an output (`FOLD_FILE`),
         // held up to `held_bytes` of rows: folded in if a later file changes.
         let mut spare: Vec<(deltalake::kernel::Remove, Vec<RecordBatch>)> = Vec::new();
@@ -604,20 +604,20 @@ impl Rewrite {
         &self,
         f: &LogicalFileView,
         table_files: &crate::delta::datafile::TableFiles,
-        config: &WriterConfig,
+        config: &FileLayout,
         partition: &Partition,
         table: &str,
-        writer: &mut Option<DeltaWriter>,
+        writer: &mut Option<Writer>,
     ) -> Result<FileRead> {
         let mut r = FileResult::default();
         let mut unchanged = None;
         let mut vector = None;
         let mut whole = false;
-        let w = |writer: &mut Option<DeltaWriter>| {
+        let w = |writer: &mut Option<Writer>| {
             let store = table_files.store.clone();
             writer
                 .take()
-                .unwrap_or_else(|| DeltaWriter::new(store, config.clone()))
+                .unwrap_or_else(|| Writer::new(store, config.clone()))
         };
         if self.vectors {
             let m = self
@@ -658,11 +658,11 @@ impl Rewrite {
         &self,
         f: &LogicalFileView,
         table_files: &crate::delta::datafile::TableFiles,
-        config: &WriterConfig,
+        config: &FileLayout,
         partition: &Partition,
         table: &str,
         r: &mut FileResult,
-        writer: &mut Option<DeltaWriter>,
+        writer: &mut Option<Writer>,
     ) -> Result<(bool, Option<(Vec<RecordBatch>, usize)>)> {
         let delta_err = |e| Error::delta(table, e);
         let store = &table_files.store;
@@ -681,14 +681,12 @@ impl Rewrite {
             let b = a.rows;
             r.changed |= a.changed;
             if writing {
-                let w =
-                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
+                let w = writer.get_or_insert_with(|| Writer::new(store.clone(), config.clone()));
                 w.write(&b).await.map_err(delta_err)?;
             } else if r.changed && !holding {
                 return Ok((true, None));
             } else if r.changed {
-                let w =
-                    writer.get_or_insert_with(|| DeltaWriter::new(store.clone(), config.clone()));
+                let w = writer.get_or_insert_with(|| Writer::new(store.clone(), config.clone()));
                 for b in held.drain(..).chain(std::iter::once(b)) {
                     w.write(&b).await.map_err(delta_err)?;
                 }
@@ -793,7 +791,7 @@ impl Rewrite {
         partition: &Partition,
         table: &str,
         r: &mut FileResult,
-        w: &mut DeltaWriter,
+        w: &mut Writer,
     ) -> Result<()> {
         let schema = self.schema.clone();
         let mut batches = table_files
@@ -936,7 +934,7 @@ impl Rewrite {
         let written = async {
             let mut out = Vec::new();
             if !apart.is_empty() {
-                let mut writer = DeltaWriter::new(store.clone(), config);
+                let mut writer = Writer::new(store.clone(), config);
                 for b in &apart {
                     writer.write(b).await.map_err(delta_err)?;
                 }
@@ -1051,13 +1049,13 @@ fn feed_schema(table: &SchemaRef) -> SchemaRef {
 /// rooted at `_change_data`, so the paths are prefixed back (as delta-rs's writer does).
 async fn write_feed(
     store: &Arc<dyn deltalake::ObjectStore>,
-    config: WriterConfig,
+    config: FileLayout,
     rows: &[RecordBatch],
 ) -> deltalake::DeltaResult<Vec<Action>> {
     let feed_store: Arc<dyn deltalake::ObjectStore> = Arc::new(
         object_store::prefix::PrefixStore::new(store.clone(), "_change_data"),
     );
-    let mut writer = DeltaWriter::new(feed_store, config);
+    let mut writer = Writer::new(feed_store, config);
     for b in rows {
         writer.write(b).await?;
     }

@@ -29,8 +29,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::delta::writer::Writer;
 use arrow::datatypes::{Field, Schema, SchemaRef};
-use deltalake::datafile::writer::DeltaWriter;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::{Action, Add, MetadataExt, StructField, StructType};
 use deltalake::protocol::{DeltaOperation, SaveMode};
@@ -266,7 +266,7 @@ impl WidenPlan {
                 Some(properties.clone()),
                 None,
             );
-            let writer = DeltaWriter::new(store.clone(), config);
+            let writer = Writer::new(store.clone(), config);
             let slice = self
                 .rewrite_slice(label, &table_files, writer, &partition, files)
                 .await?;
@@ -304,7 +304,7 @@ impl WidenPlan {
         &self,
         label: &str,
         table_files: &crate::delta::datafile::TableFiles,
-        mut writer: DeltaWriter,
+        mut writer: Writer,
         partition: &Partition,
         files: Vec<&deltalake::kernel::LogicalFileView>,
     ) -> Result<Slice> {

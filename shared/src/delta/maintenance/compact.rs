@@ -9,7 +9,7 @@
 //! and the [`super::MAINTENANCE_APP_ID`] transaction id, so that two compactions based on
 //! the same version conflict, and a compaction that lost a file to a merge conflicts too.
 
-use deltalake::datafile::writer::DeltaWriter;
+use crate::delta::writer::Writer;
 use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
@@ -112,7 +112,7 @@ pub(super) async fn execute(
             Some(props.clone()),
             std::num::NonZeroU64::new(target),
         );
-        let mut writer = DeltaWriter::new(store.clone(), config);
+        let mut writer = Writer::new(store.clone(), config);
         for f in bin {
             let batches =
                 table_files
