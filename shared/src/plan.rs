@@ -403,10 +403,20 @@ struct Rows<'a> {
 pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePlan> {
     let rows = combine(changes)?;
     let enc = KeyEncoder::new(&rows.all.schema(), &table.primary_key)?;
+    let n = rows.all.num_rows();
     let chosen = latest_per_key(&rows, &enc.rows(&rows.all)?);
-    let idx: Vec<u32> = chosen.iter().map(|(i, _)| *i as u32).collect();
+    let idx: Vec<u32> = match &chosen {
+        Some(c) => c.iter().map(|(i, _)| *i as u32).collect(),
+        None => (0..n as u32).collect(),
+    };
     // Every row chosen, in row order (a full load, a file of distinct keys): no copy.
-    let identity = idx.len() == rows.all.num_rows();
+    let identity = idx.len() == n;
+    // With sparse columns, a key's rows (every row its own key when each is chosen).
+    let chosen = match (chosen, rows.present.is_empty()) {
+        (Some(c), _) => c,
+        (None, true) => Vec::new(),
+        (None, false) => (0..n).map(|i| (i, vec![i])).collect(),
+    };
     let indices = UInt32Array::from(idx.clone());
     let mut fields: Vec<Field> = rows
         .all
@@ -470,21 +480,14 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
 
 /// Latest change per key (the largest order key; order keys are unique in a batch) with, when
 /// sparse columns need their history, all the key's rows; in row order of the batch
-/// (deterministic output).
-fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<usize>)> {
+/// (deterministic output). `None`: every row is its own key, so each is chosen — told
+/// without a map when the keys ascend, as a full load's usually do (the source's
+/// primary-key order), or when the map has a key per row.
+fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Option<Vec<(usize, Vec<usize>)>> {
     use std::collections::hash_map::Entry;
     let n = keys.num_rows();
-    // Every row its own key, in row order: each is chosen (with the sparse columns, a key's
-    // rows are that row). Told without a map when the keys ascend, as a full load's
-    // usually do (the source's primary-key order), or when the map has a key per row.
-    let every_row = || -> Vec<(usize, Vec<usize>)> {
-        match rows.present.is_empty() {
-            true => (0..n).map(|i| (i, Vec::new())).collect(),
-            false => (0..n).map(|i| (i, vec![i])).collect(),
-        }
-    };
     if (1..n).all(|i| keys.row(i - 1) < keys.row(i)) {
-        return every_row();
+        return None;
     }
     let later = |a: usize, b: usize| rows.order[a] > rows.order[b];
     let mut chosen: Vec<(usize, Vec<usize>)> = if rows.present.is_empty() {
@@ -502,7 +505,7 @@ fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<u
             }
         }
         if best.len() == n {
-            return every_row();
+            return None;
         }
         best.into_values().map(|i| (i, Vec::new())).collect()
     } else {
@@ -524,7 +527,7 @@ fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Vec<(usize, Vec<u
             .collect()
     };
     chosen.sort_unstable_by_key(|(i, _)| *i);
-    chosen
+    Some(chosen)
 }
 
 /// Concatenate the change sets (columns in first-seen order; a file without a column gets

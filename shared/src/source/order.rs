@@ -25,6 +25,7 @@ use arrow::datatypes::{DataType, Date32Type, Date64Type, Int64Type, TimeUnit, UI
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 
 use crate::model::FileKind;
+use std::fmt::Write as _;
 
 pub use crate::model::SeqKind;
 
@@ -279,38 +280,61 @@ pub(crate) fn order_keys(
         FileKind::FullLoad => format!("{prefix}0 "),
         FileKind::Cdc => format!("{prefix}1"),
     };
-    let mut number = [0u8; 20];
-    let mut value = String::new();
+    let mut number = RowNumber::new(first_row + 1);
+    // Each value written into the builder's buffer in parts, then ended.
+    let part = |out: &mut StringBuilder, s: &str| {
+        // Appending to the builder's buffer cannot fail.
+        let _ = out.write_str(s);
+    };
     for i in 0..rows {
-        // Each value built in one buffer and appended once.
-        value.clear();
-        value.push_str(&head);
+        part(&mut out, &head);
         if kind == FileKind::Cdc {
             for s in sequences {
-                value.push(' ');
-                value.push_str(&s.values[i]);
+                part(&mut out, " ");
+                part(&mut out, &s.values[i]);
             }
-            value.push(' ');
+            part(&mut out, " ");
         }
-        value.push_str(file_name);
-        value.push(' ');
-        value.push_str(row_number(first_row + i + 1, &mut number));
-        out.append_value(&value);
+        part(&mut out, file_name);
+        part(&mut out, " ");
+        part(&mut out, number.as_str());
+        out.append_value("");
+        number.advance();
     }
     out.finish()
 }
 
-/// `n` in decimal with at least ten digits (`format!("{n:010}")`), written without the
-/// formatter: one per row of every file, it was a tenth of a full load's reading time.
-fn row_number(mut n: usize, buf: &mut [u8; 20]) -> &str {
-    let mut start = buf.len();
-    while n > 0 || buf.len() - start < 10 {
-        start -= 1;
-        buf[start] = b'0' + (n % 10) as u8;
-        n /= 10;
+/// A row number in decimal with at least ten digits (`format!("{n:010}")`), counted up one
+/// at a time: one per row of every file, formatting each (ten divisions, then checking the
+/// digits are text) was a tenth of a full load's reading time.
+struct RowNumber(String);
+
+impl RowNumber {
+    fn new(n: usize) -> RowNumber {
+        RowNumber(format!("{n:010}"))
     }
-    // ASCII digits only.
-    std::str::from_utf8(&buf[start..]).unwrap_or_default()
+
+    fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The next number: trailing nines become zeros and the digit before them goes up one
+    /// (a new leading one when every digit was a nine).
+    fn advance(&mut self) {
+        const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+        let nines = self.0.bytes().rev().take_while(|&b| b == b'9').count();
+        let len = self.0.len();
+        if nines == len {
+            self.0 = format!("1{}", "0".repeat(len));
+            return;
+        }
+        let at = len - nines - 1;
+        let digit = usize::from(self.0.as_bytes()[at] - b'0');
+        self.0.replace_range(at..=at, DIGITS[digit + 1]);
+        if nines > 0 {
+            self.0.replace_range(at + 1.., &"0".repeat(nines));
+        }
+    }
 }
 
 /// When DMS wrote a CDC file, from its name (`20221025-2105000000.parquet`: date, time,
@@ -392,19 +416,27 @@ mod tests {
 
     #[test]
     fn row_numbers_are_written_as_the_formatter_pads_them() {
-        let mut buf = [0u8; 20];
-        for n in [
+        // Counted up from each start across carries, as `format!` pads them.
+        for start in [
             0,
             1,
-            9,
-            10,
-            1_234_567_890,
-            9_999_999_999,
-            12_345_678_901,
-            usize::MAX,
+            8,
+            98,
+            999,
+            1_234_567_889,
+            9_999_999_990,
+            99_999_999_990,
         ] {
-            assert_eq!(row_number(n, &mut buf), format!("{n:010}"));
+            let mut n = RowNumber::new(start);
+            for k in start..start + 25 {
+                assert_eq!(n.as_str(), format!("{k:010}"));
+                n.advance();
+            }
         }
+        assert_eq!(
+            RowNumber::new(usize::MAX).as_str(),
+            format!("{}", usize::MAX)
+        );
     }
 
     #[test]
