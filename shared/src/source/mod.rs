@@ -1104,6 +1104,58 @@ mod tests {
         assert_eq!(sizes.iter().sum::<usize>(), 20_000);
     }
 
+    /// Rows that widen later in the file: the first rows are short, a later row group holds
+    /// kilobyte values. The slices follow the widest row group, not the file's average.
+    #[test]
+    fn slices_follow_the_widest_row_group() {
+        let cfg = table("");
+        let n = 20_000;
+        let b = batch(vec![
+            ("id", Arc::new(Int64Array::from_iter_values(0..n))),
+            (
+                "v",
+                Arc::new(StringArray::from_iter_values((0..n).map(|i| {
+                    match i < 10_000 {
+                        true => String::new(),
+                        false => format!("{i:>1000}"),
+                    }
+                }))),
+            ),
+        ]);
+        let props = ::parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(10_000))
+            .build();
+        let mut buf = Vec::new();
+        let mut w =
+            ::parquet::arrow::ArrowWriter::try_new(&mut buf, b.schema(), Some(props)).unwrap();
+        w.write(&b).unwrap();
+        w.close().unwrap();
+        let raw = RawFile {
+            body: Body::Memory(Bytes::from(buf)),
+            last_modified: None,
+            digest: None,
+        };
+        let file = url("s3://r/t/LOAD00000001.parquet");
+        let mut slices = Slices::open(
+            &file,
+            &raw,
+            Spec::of(&cfg),
+            None,
+            &TableProps::default(),
+            1_000_000,
+            4 << 20,
+        )
+        .unwrap();
+        let mut rows = 0;
+        while let Some(cs) = slices.next_slice().unwrap() {
+            rows += cs.data.num_rows();
+            // About 4 MB of values per slice (the file's average row would make 8 MB ones).
+            let v = cs.data.column_by_name("v").unwrap().as_string::<i32>();
+            assert!(v.value_data().len() < 5_000_000, "{}", cs.data.num_rows());
+        }
+        assert_eq!(rows, 20_000);
+    }
+
     fn floats_dict(keys: Vec<i32>, values: Vec<f64>) -> ArrayRef {
         Arc::new(
             DictionaryArray::<Int32Type>::try_new(

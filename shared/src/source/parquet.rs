@@ -112,17 +112,20 @@ fn build<T: ChunkReader + 'static>(
         .build()
         .map_err(|e| bad(format!("cannot read Parquet data: {e}")))
     };
-    // Bytes per row once decoded: the larger of the row groups' uncompressed size (an
-    // encoded size: a dictionary of short strings is far smaller than its decoded column)
-    // and the decoded size of the first rows. A slice is then one decode batch, not
+    // Bytes per row once decoded: the larger of the widest row group's uncompressed size per
+    // row (an encoded size: a dictionary of short strings is far smaller than its decoded
+    // column) and the decoded size of the first rows. A slice is then one decode batch, not
     // batches copied together.
-    let encoded: i64 = metadata
+    let mut per_row = metadata
         .metadata()
         .row_groups()
         .iter()
-        .map(|rg| rg.total_byte_size())
-        .sum();
-    let mut per_row = usize::try_from(encoded).unwrap_or(0) / rows.max(1);
+        .map(|rg| {
+            let bytes = usize::try_from(rg.total_byte_size()).unwrap_or(0);
+            bytes / usize::try_from(rg.num_rows()).unwrap_or(0).max(1)
+        })
+        .max()
+        .unwrap_or(0);
     if rows > PROBE_ROWS && decode.rows > PROBE_ROWS {
         if let Some(Ok(b)) = reader(PROBE_ROWS, Some(PROBE_ROWS))?.next() {
             per_row = per_row.max(b.get_array_memory_size() / b.num_rows().max(1));
