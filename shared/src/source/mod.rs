@@ -333,6 +333,8 @@ pub(crate) struct Slices {
     convention: &'static dyn Convention,
     slice_rows: usize,
     slice_bytes: usize,
+    /// Each decode batch is a slice (Parquet: decoded a slice at a time).
+    one_batch: bool,
     batches: std::iter::Peekable<Batches>,
     next_row: usize,
     /// Rows in the file, when the format says (Parquet).
@@ -356,6 +358,7 @@ impl Slices {
         let file_name = storage::file_name(file);
         let convention = convention::of(&cfg);
         let kind = convention.kind(&file_name);
+        let one_batch = matches!(cfg.format, Format::Parquet);
         let (batches, total_rows) = match &cfg.format {
             // A slice decoded as one batch when the rows are as wide as measured.
             Format::Parquet => parquet::batches(
@@ -405,6 +408,7 @@ impl Slices {
             convention,
             slice_rows: slice_rows.max(1),
             slice_bytes: slice_bytes.max(1),
+            one_batch,
             batches: batches.peekable(),
             next_row: 0,
             total_rows,
@@ -415,7 +419,10 @@ impl Slices {
     pub(crate) fn next_slice(&mut self) -> Result<Option<ChangeSet>> {
         let mut parts = Vec::new();
         let (mut rows, mut bytes) = (0, 0);
-        while (rows < self.slice_rows && bytes < self.slice_bytes) || parts.is_empty() {
+        // A Parquet decode batch is a slice already; CSV batches are gathered.
+        while parts.is_empty()
+            || (!self.one_batch && rows < self.slice_rows && bytes < self.slice_bytes)
+        {
             match self.batches.next() {
                 Some(b) => {
                     let b = b?;
