@@ -1035,6 +1035,24 @@ mod tests {
         .unwrap()
     }
 
+    /// Open a file of `body` in slices of `rows` rows and `bytes` decoded bytes.
+    fn open_slices(
+        name: &str,
+        body: Bytes,
+        cfg: &TableConfig,
+        table: Option<&Schema>,
+        (rows, bytes): (usize, usize),
+    ) -> Result<Slices> {
+        let raw = RawFile {
+            body: Body::Memory(body),
+            last_modified: None,
+            digest: None,
+        };
+        let file = url(&format!("s3://r/t/{name}"));
+        let props = TableProps::default();
+        Slices::open(&file, &raw, Spec::of(cfg), table, &props, rows, bytes)
+    }
+
     /// Read a file of `body` as the engine does (whole, one slice).
     fn read(
         name: &str,
@@ -1042,22 +1060,7 @@ mod tests {
         cfg: &TableConfig,
         table: Option<&Schema>,
     ) -> Result<ChangeSet> {
-        let raw = RawFile {
-            body: Body::Memory(body),
-            last_modified: None,
-            digest: None,
-        };
-        let file = url(&format!("s3://r/t/{name}"));
-        let mut slices = Slices::open(
-            &file,
-            &raw,
-            Spec::of(cfg),
-            table,
-            &TableProps::default(),
-            1_000,
-            1 << 20,
-        )?;
-        slices
+        open_slices(name, body, cfg, table, (1_000, 1 << 20))?
             .next_slice()?
             .ok_or_else(|| Error::internal("no slice"))
     }
@@ -1079,24 +1082,17 @@ mod tests {
             ),
             ("unread", Arc::new(Int64Array::from_iter_values(0..n))),
         ]);
-        let raw = RawFile {
-            body: Body::Memory(crate::demo::to_parquet(&b).unwrap()),
-            last_modified: None,
-            digest: None,
-        };
-        let file = url("s3://r/t/LOAD00000001.parquet");
         let spec = Spec::of(&cfg);
         assert!(spec.unread_column("unread") && !spec.unread_column("v"));
         // Settings name the table's columns: `a` is read as `b`, which is dropped.
         assert!(spec.unread_column("a") && spec.unread_column("b"));
-        let mut slices = Slices::open(
-            &file,
-            &raw,
-            spec,
+        let body = crate::demo::to_parquet(&b).unwrap();
+        let mut slices = open_slices(
+            "LOAD00000001.parquet",
+            body,
+            &cfg,
             None,
-            &TableProps::default(),
-            1_000_000,
-            4 << 20,
+            (1_000_000, 4 << 20),
         )
         .unwrap();
         let mut sizes = Vec::new();
@@ -1137,20 +1133,12 @@ mod tests {
             ::parquet::arrow::ArrowWriter::try_new(&mut buf, b.schema(), Some(props)).unwrap();
         w.write(&b).unwrap();
         w.close().unwrap();
-        let raw = RawFile {
-            body: Body::Memory(Bytes::from(buf)),
-            last_modified: None,
-            digest: None,
-        };
-        let file = url("s3://r/t/LOAD00000001.parquet");
-        let mut slices = Slices::open(
-            &file,
-            &raw,
-            Spec::of(&cfg),
+        let mut slices = open_slices(
+            "LOAD00000001.parquet",
+            Bytes::from(buf),
+            &cfg,
             None,
-            &TableProps::default(),
-            1_000_000,
-            4 << 20,
+            (1_000_000, 4 << 20),
         )
         .unwrap();
         let mut rows = 0;
