@@ -276,63 +276,76 @@ pub(crate) fn order_keys(
 ) -> StringArray {
     let prefix = generation_prefix(generation);
     let mut out = StringBuilder::with_capacity(rows, rows * (prefix.len() + file_name.len() + 40));
-    let head = match kind {
-        FileKind::FullLoad => format!("{prefix}0 "),
-        FileKind::Cdc => format!("{prefix}1"),
-    };
-    let mut number = RowNumber::new(first_row + 1);
-    // Each value written into the builder's buffer in parts, then ended.
-    let part = |out: &mut StringBuilder, s: &str| {
-        // Appending to the builder's buffer cannot fail.
-        let _ = out.write_str(s);
-    };
-    for i in 0..rows {
-        part(&mut out, &head);
-        if kind == FileKind::Cdc {
-            for s in sequences {
-                part(&mut out, " ");
-                part(&mut out, &s.values[i]);
+    match kind {
+        // Keys that differ only in their row number: the whole key kept, its number
+        // counted up in place.
+        FileKind::FullLoad => {
+            let mut key = Numbered::new(format!("{prefix}0 {file_name} "), first_row + 1);
+            for _ in 0..rows {
+                out.append_value(key.as_str());
+                key.advance();
             }
-            part(&mut out, " ");
         }
-        part(&mut out, file_name);
-        part(&mut out, " ");
-        part(&mut out, number.as_str());
-        out.append_value("");
-        number.advance();
+        FileKind::Cdc => {
+            let head = format!("{prefix}1");
+            let tail = format!(" {file_name} ");
+            let mut number = Numbered::new(String::new(), first_row + 1);
+            // Each value written into the builder's buffer in parts, then ended.
+            let part = |out: &mut StringBuilder, s: &str| {
+                // Appending to the builder's buffer cannot fail.
+                let _ = out.write_str(s);
+            };
+            for i in 0..rows {
+                part(&mut out, &head);
+                for s in sequences {
+                    part(&mut out, " ");
+                    part(&mut out, &s.values[i]);
+                }
+                part(&mut out, &tail);
+                part(&mut out, number.as_str());
+                out.append_value("");
+                number.advance();
+            }
+        }
     }
     out.finish()
 }
 
-/// A row number in decimal with at least ten digits (`format!("{n:010}")`), counted up one
-/// at a time: one per row of every file, formatting each (ten divisions, then checking the
-/// digits are text) was a tenth of a full load's reading time.
-struct RowNumber(String);
+/// Text ending in a row number in decimal with at least ten digits (`format!("{n:010}")`),
+/// counted up one at a time: one per row of every file, formatting each (ten divisions, then
+/// checking the digits are text) was a tenth of a full load's reading time.
+struct Numbered {
+    text: String,
+    /// Where the number starts.
+    at: usize,
+}
 
-impl RowNumber {
-    fn new(n: usize) -> RowNumber {
-        RowNumber(format!("{n:010}"))
+impl Numbered {
+    fn new(prefix: String, n: usize) -> Numbered {
+        let at = prefix.len();
+        let mut text = prefix;
+        // Writing to a String cannot fail.
+        let _ = write!(text, "{n:010}");
+        Numbered { text, at }
     }
 
     fn as_str(&self) -> &str {
-        &self.0
+        &self.text
     }
 
-    /// The next number: trailing nines become zeros and the digit before them goes up one
-    /// (a new leading one when every digit was a nine).
+    /// The next number: a last digit below nine goes up one; a nine becomes a zero after the
+    /// digits before it go up (a new leading one when every digit was a nine). In place.
     fn advance(&mut self) {
-        const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-        let nines = self.0.bytes().rev().take_while(|&b| b == b'9').count();
-        let len = self.0.len();
-        if nines == len {
-            self.0 = format!("1{}", "0".repeat(len));
+        if self.text.len() == self.at {
+            self.text.push('1');
             return;
         }
-        let at = len - nines - 1;
-        let digit = usize::from(self.0.as_bytes()[at] - b'0');
-        self.0.replace_range(at..=at, DIGITS[digit + 1]);
-        if nines > 0 {
-            self.0.replace_range(at + 1.., &"0".repeat(nines));
+        match self.text.pop() {
+            Some(d @ '0'..='8') => self.text.push(char::from(d as u8 + 1)),
+            _ => {
+                self.advance();
+                self.text.push('0');
+            }
         }
     }
 }
@@ -416,25 +429,28 @@ mod tests {
 
     #[test]
     fn row_numbers_are_written_as_the_formatter_pads_them() {
-        // Counted up from each start across carries, as `format!` pads them.
-        for start in [
-            0,
-            1,
-            8,
-            98,
-            999,
-            1_234_567_889,
-            9_999_999_990,
-            99_999_999_990,
-        ] {
-            let mut n = RowNumber::new(start);
-            for k in start..start + 25 {
-                assert_eq!(n.as_str(), format!("{k:010}"));
-                n.advance();
+        // Counted up from each start across carries, as `format!` pads them, after the text
+        // before the number (which a carry out of every digit leaves alone).
+        for prefix in ["", "0 LOAD00000001.parquet "] {
+            for start in [
+                0,
+                1,
+                8,
+                98,
+                999,
+                1_234_567_889,
+                9_999_999_990,
+                99_999_999_990,
+            ] {
+                let mut n = Numbered::new(prefix.to_string(), start);
+                for k in start..start + 25 {
+                    assert_eq!(n.as_str(), format!("{prefix}{k:010}"));
+                    n.advance();
+                }
             }
         }
         assert_eq!(
-            RowNumber::new(usize::MAX).as_str(),
+            Numbered::new(String::new(), usize::MAX).as_str(),
             format!("{}", usize::MAX)
         );
     }
