@@ -275,23 +275,31 @@ pub(crate) struct KeyRange {
     pub(crate) hi: KeyBound,
 }
 
+/// The range of an integer key column (`None` when it has no value).
+fn int_range<T>(a: &arrow::array::PrimitiveArray<T>) -> Option<KeyRange>
+where
+    T: arrow::datatypes::ArrowNumericType,
+    T::Native: Into<i64>,
+{
+    match (arrow::compute::min(a), arrow::compute::max(a)) {
+        (Some(lo), Some(hi)) => Some(KeyRange {
+            lo: KeyBound::Int(lo.into()),
+            hi: KeyBound::Int(hi.into()),
+        }),
+        _ => None,
+    }
+}
+
 impl KeyRange {
     /// The range of `keys`; none for other types or no keys.
     pub(crate) fn of(keys: &ArrayRef) -> Result<Option<KeyRange>> {
         use arrow::array::AsArray;
-        use arrow::datatypes::{DataType, Int64Type};
+        use arrow::datatypes::{DataType, Int16Type, Int32Type, Int64Type, Int8Type};
         Ok(match keys.data_type() {
-            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
-                let a = arrow::compute::cast(keys, &DataType::Int64).map_err(Error::arrow)?;
-                let a = a.as_primitive::<Int64Type>();
-                match (arrow::compute::min(a), arrow::compute::max(a)) {
-                    (Some(lo), Some(hi)) => Some(KeyRange {
-                        lo: KeyBound::Int(lo),
-                        hi: KeyBound::Int(hi),
-                    }),
-                    _ => None,
-                }
-            }
+            DataType::Int8 => int_range(keys.as_primitive::<Int8Type>()),
+            DataType::Int16 => int_range(keys.as_primitive::<Int16Type>()),
+            DataType::Int32 => int_range(keys.as_primitive::<Int32Type>()),
+            DataType::Int64 => int_range(keys.as_primitive::<Int64Type>()),
             DataType::Utf8 => {
                 let a = keys.as_string::<i32>();
                 match (arrow::compute::min_string(a), arrow::compute::max_string(a)) {
@@ -349,5 +357,37 @@ mod tests {
             hi: KeyBound::Text("w".into()),
         };
         assert!(!any_in_range(&text, &trange).unwrap());
+    }
+
+    #[test]
+    fn a_key_columns_range_is_its_smallest_and_largest_value_of_any_integer_width() {
+        use arrow::array::{Int16Array, Int32Array, Int64Array, Int8Array};
+        use std::sync::Arc;
+        let bounds = |a: ArrayRef| {
+            KeyRange::of(&a).unwrap().map(|r| match (r.lo, r.hi) {
+                (KeyBound::Int(lo), KeyBound::Int(hi)) => (lo, hi),
+                _ => panic!("integer bounds expected"),
+            })
+        };
+        assert_eq!(
+            bounds(Arc::new(Int8Array::from(vec![Some(-128), None, Some(127)]))),
+            Some((-128, 127))
+        );
+        assert_eq!(
+            bounds(Arc::new(Int16Array::from(vec![7, -300, 2]))),
+            Some((-300, 7))
+        );
+        assert_eq!(
+            bounds(Arc::new(Int32Array::from(vec![i32::MAX, 0, i32::MIN]))),
+            Some((i64::from(i32::MIN), i64::from(i32::MAX)))
+        );
+        assert_eq!(
+            bounds(Arc::new(Int64Array::from(vec![i64::MIN, 1]))),
+            Some((i64::MIN, 1))
+        );
+        assert_eq!(
+            bounds(Arc::new(Int32Array::from(vec![None::<i32>, None]))),
+            None
+        );
     }
 }
