@@ -404,7 +404,10 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
     let rows = combine(changes)?;
     let enc = KeyEncoder::new(&rows.all.schema(), &table.primary_key)?;
     let n = rows.all.num_rows();
-    let chosen = latest_per_key(&rows, &enc.rows(&rows.all)?);
+    let chosen = match ascending(&rows.all, &table.primary_key) {
+        true => None,
+        false => latest_per_key(&rows, &enc.rows(&rows.all)?),
+    };
     let idx: Vec<u32> = match &chosen {
         Some(c) => c.iter().map(|(i, _)| *i as u32).collect(),
         None => (0..n as u32).collect(),
@@ -417,7 +420,7 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
         (None, true) => Vec::new(),
         (None, false) => (0..n).map(|i| (i, vec![i])).collect(),
     };
-    let indices = UInt32Array::from(idx.clone());
+    let indices = (!identity).then(|| UInt32Array::from(idx.clone()));
     let mut fields: Vec<Field> = rows
         .all
         .schema()
@@ -427,10 +430,11 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
         .collect();
     let mut cols = Vec::with_capacity(fields.len() + 2 + rows.present.len());
     for (c, f) in rows.all.columns().iter().zip(&fields) {
-        if rows.present.iter().any(|(n, _)| n == f.name()) || identity {
-            cols.push(c.clone()); // sparse: replaced below
-        } else {
-            cols.push(take(c, &indices, None).map_err(Error::arrow)?);
+        match &indices {
+            Some(indices) if !rows.present.iter().any(|(n, _)| n == f.name()) => {
+                cols.push(take(c, indices, None).map_err(Error::arrow)?);
+            }
+            _ => cols.push(c.clone()), // every row, or sparse: replaced below
         }
     }
     fields.push(Field::new(
@@ -458,16 +462,9 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
             seq_column,
         });
     }
-    let ops: Vec<PlanOp> = idx
-        .iter()
-        .map(|&i| match rows.ops[i as usize] {
-            ChangeOp::Delete => PlanOp::Delete,
-            _ => PlanOp::Upsert,
-        })
-        .collect();
+    let (ops, deletes) = op_column(idx.iter().map(|&i| rows.ops[i as usize]));
     fields.push(Field::new(OP_COLUMN, DataType::Utf8, false));
-    cols.push(string_array(ops.iter().map(|o| o.marker())));
-    let deletes = ops.iter().filter(|o| **o == PlanOp::Delete).count();
+    cols.push(ops);
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(Error::arrow)?;
     Ok(MergePlan {
         upserts: idx.len() - deletes,
@@ -476,6 +473,53 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
         batch,
         sparse,
     })
+}
+
+/// The plan's operation column for the chosen rows' changes, and how many are deletes.
+fn op_column(changes: impl Iterator<Item = ChangeOp>) -> (ArrayRef, usize) {
+    let ops: Vec<PlanOp> = changes
+        .map(|c| match c {
+            ChangeOp::Delete => PlanOp::Delete,
+            _ => PlanOp::Upsert,
+        })
+        .collect();
+    let deletes = ops.iter().filter(|o| **o == PlanOp::Delete).count();
+    let column = match deletes {
+        // Every row an upsert (a full load): one marker repeated.
+        0 => Arc::new(StringArray::new_repeated(
+            PlanOp::Upsert.marker(),
+            ops.len(),
+        )),
+        _ => string_array(ops.iter().map(|o| o.marker())),
+    };
+    (column, deletes)
+}
+
+/// Whether the batch's keys strictly ascend, told from the key column itself when it is one
+/// column of integers or strings without nulls (a full load in the source's primary-key
+/// order): then every row is its own key, without encoding the keys as rows. `false` when
+/// they do not, or when it cannot be told this way.
+fn ascending(batch: &RecordBatch, key: &[String]) -> bool {
+    use arrow::datatypes::{Int16Type, Int32Type, Int64Type};
+    let [key] = key else {
+        return false;
+    };
+    let Some(c) = batch.column_by_name(key).filter(|c| c.null_count() == 0) else {
+        return false;
+    };
+    fn rising<T: PartialOrd>(v: &[T]) -> bool {
+        v.windows(2).all(|w| w[0] < w[1])
+    }
+    match c.data_type() {
+        DataType::Int16 => rising(c.as_primitive::<Int16Type>().values()),
+        DataType::Int32 => rising(c.as_primitive::<Int32Type>().values()),
+        DataType::Int64 => rising(c.as_primitive::<Int64Type>().values()),
+        DataType::Utf8 => {
+            let s = c.as_string::<i32>();
+            (1..s.len()).all(|i| s.value(i - 1) < s.value(i))
+        }
+        _ => false,
+    }
 }
 
 /// Latest change per key (the largest order key; order keys are unique in a batch) with, when

@@ -248,10 +248,12 @@ impl ColumnBytes<'_> {
     /// A value of at most 15 bytes as a number: its bytes, then its length.
     fn key(&self, row: usize) -> u128 {
         let b = self.bytes(row);
-        let mut k = [0u8; 16];
-        k[..b.len()].copy_from_slice(b);
-        k[15] = b.len() as u8;
-        u128::from_le_bytes(k)
+        // Byte by byte: a copy of a few bytes of unknown length is a call to `memcpy`.
+        b.iter()
+            .enumerate()
+            .fold((b.len() as u128) << 120, |k, (i, &v)| {
+                k | u128::from(v) << (8 * i)
+            })
     }
 }
 

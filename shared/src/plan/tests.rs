@@ -339,4 +339,20 @@ fn distinct_keys_are_each_chosen_in_file_order_and_a_repeat_is_still_folded() {
         column_text(&p, &cfg().writing.sequence_column),
         vec![Some("1 a".into()), Some("1 c".into()), Some("1 d".into())]
     );
+    // Text keys, told ascending from the strings themselves: a repeat is folded too.
+    for (keys, kept, superseded) in [
+        (["a", "b", "c", "d"], vec!["a", "b", "c", "d"], 0),
+        (["a", "b", "b", "c"], vec!["a", "b", "c"], 1),
+    ] {
+        let mut c = cs("20240101-1.parquet", &rows, vec![]);
+        c.data = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, true)])),
+            vec![Arc::new(StringArray::from(keys.to_vec()))],
+        )
+        .unwrap();
+        let p = plan(&cfg(), &[c]).unwrap();
+        let kept: Vec<_> = kept.iter().map(|k| Some(k.to_string())).collect();
+        assert_eq!(ids(&p), kept);
+        assert_eq!(p.superseded, superseded);
+    }
 }
