@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::plan;
 use crate::props::TableProps;
 use crate::sink::{Sink, View, Whole};
-use crate::source::{self, ChangeSet, FileClass};
+use crate::source::{self, ChangeSet, FileClass, FileKind};
 use crate::storage::{self, Storage};
 use crate::tuning::Tuning;
 
@@ -501,12 +501,13 @@ impl<S> Engine<S> {
             true => (table.limits.slice_rows, table.limits.slice_bytes),
             false => (usize::MAX, usize::MAX),
         };
-        let raw = self
-            .storage
-            .get_file(f)
-            .await?
-            .with_digest(&storage::display(f))
-            .await?;
+        let raw = self.storage.get_file(f).await?;
+        // Only a CDC file's contents are recorded as applied (`delta::applied`); a full
+        // load is told by its last-modified time, and hashing it would only delay it.
+        let raw = match source::file_kind(table, &storage::file_name(f)) {
+            FileKind::Cdc => raw.with_digest(&storage::display(f)).await?,
+            FileKind::FullLoad => raw,
+        };
         let read =
             source::Slices::open(f, &raw, source::Spec::of(table), schema, props, rows, bytes)?
                 .whole_or_large()?;

@@ -180,6 +180,31 @@ async fn a_full_load_larger_than_a_slice_is_merged_in_slices_before_the_cdc_file
     assert_eq!(row(4999), Some(vec!["4999".into(), "49990".into()]));
 }
 
+/// Only a CDC file's contents are hashed when read (the digest is what records it as
+/// applied); a full load is told by its last-modified time, and hashing a large one
+/// delayed its first slice.
+#[tokio::test]
+async fn only_cdc_files_are_hashed_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = memory_engine(dir.path(), "sequence_by = [\"ts\"]");
+    let table = engine.config().tables[0].clone();
+    let storage = Storage::new();
+    for (name, op, hashed) in [
+        ("LOAD00000001.parquet", None, false),
+        ("20240102-000000000.parquet", Some("I"), true),
+    ] {
+        let url = table.source.join(name).unwrap();
+        let rows = [(op, "2024-01-01 00:00:00", 1, 10)];
+        storage.put(&url, parquet_rows(&rows, 10)).await.unwrap();
+        let props = crate::props::TableProps::default();
+        let (_, raw) = engine
+            .read_file(&table, &url, None, &props, true)
+            .await
+            .unwrap();
+        assert_eq!(raw.digest.is_some(), hashed, "{name}");
+    }
+}
+
 /// Routing: a file outside every table's source is ignored, and a folder marker too; an
 /// engine told to fail unowned files (a newer configuration does not load) fails the first
 /// with `unowned`, retryably, and still ignores the marker. Nothing reaches the sink.
