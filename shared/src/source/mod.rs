@@ -1151,6 +1151,51 @@ mod tests {
         assert_eq!(rows, 20_000);
     }
 
+    /// A file of at least four slices starts with smaller ones (about a quarter, then half
+    /// of one, each whole row groups) and goes on with full ones; every row is read once,
+    /// in order. A smaller file is not ramped.
+    #[test]
+    fn a_large_file_starts_with_smaller_slices() {
+        let cfg = table("");
+        let n = 2_000;
+        let b = batch(vec![("id", Arc::new(Int64Array::from_iter_values(0..n)))]);
+        let props = ::parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(10))
+            .build();
+        let mut buf = Vec::new();
+        let mut w =
+            ::parquet::arrow::ArrowWriter::try_new(&mut buf, b.schema(), Some(props)).unwrap();
+        w.write(&b).unwrap();
+        w.close().unwrap();
+        let body = Bytes::from(buf);
+        for (slice, expected) in [
+            (200, [vec![50, 100], vec![200; 9], vec![50]].concat()),
+            (600, vec![600, 600, 600, 200]),
+        ] {
+            let mut slices = open_slices(
+                "LOAD00000001.parquet",
+                body.clone(),
+                &cfg,
+                None,
+                (slice, 1 << 30),
+            )
+            .unwrap();
+            let (mut sizes, mut ids) = (Vec::new(), Vec::new());
+            while let Some(cs) = slices.next_slice().unwrap() {
+                sizes.push(cs.data.num_rows());
+                let id = cs.data.column_by_name("id").unwrap();
+                ids.extend(
+                    id.as_primitive::<arrow::datatypes::Int64Type>()
+                        .values()
+                        .iter()
+                        .copied(),
+                );
+            }
+            assert_eq!(sizes, expected, "slices of {slice} rows");
+            assert_eq!(ids, (0..n).collect::<Vec<_>>());
+        }
+    }
+
     fn floats_dict(keys: Vec<i32>, values: Vec<f64>) -> ArrayRef {
         Arc::new(
             DictionaryArray::<Int32Type>::try_new(

@@ -132,13 +132,69 @@ fn build<T: ChunkReader + 'static>(
         }
     }
     let by_bytes = (decode.bytes / per_row.max(1)).max(1024);
-    let reader = reader(decode.rows.min(by_bytes).min(rows.max(1)), None)?;
-    let schema = arrow::record_batch::RecordBatchReader::schema(&reader);
+    let batch = decode.rows.min(by_bytes).min(rows.max(1));
+    let groups: Vec<usize> = metadata
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|rg| usize::try_from(rg.num_rows()).unwrap_or(0))
+        .collect();
+    let leading = match rows >= RAMP_SLICES * batch {
+        true => ramp(&groups, batch),
+        false => Vec::new(),
+    };
+    let rest = leading.last().map_or(0, |r| r.end);
+    let mut readers = Vec::with_capacity(leading.len() + 1);
+    for part in leading
+        .into_iter()
+        .chain(std::iter::once(rest..groups.len()))
+    {
+        let size = match part.end == groups.len() {
+            true => batch,
+            false => groups[part.clone()].iter().sum(),
+        };
+        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(src()?, metadata.clone())
+            .with_projection(mask.clone())
+            .with_batch_size(size.max(1))
+            .with_row_groups(part.collect())
+            .build()
+            .map_err(|e| bad(format!("cannot read Parquet data: {e}")))?;
+        readers.push(b);
+    }
+    let schema = match readers.first() {
+        Some(r) => arrow::record_batch::RecordBatchReader::schema(r),
+        None => return Err(Error::internal("no Parquet reader built")),
+    };
     let name = name.to_string();
-    let batches: Batches = Box::new(reader.map(move |b| {
+    let batches: Batches = Box::new(readers.into_iter().flatten().map(move |b| {
         b.map_err(|e| Error::bad_input(&name, Location::File, format!("corrupt Parquet data: {e}")))
     }));
     Ok((at_least_one(schema, batches), Some(rows)))
+}
+
+/// Files of at least this many slices start with smaller ones ([`ramp`]).
+const RAMP_SLICES: usize = 4;
+
+/// The row groups of a large file's first, smaller slices: about a quarter of a slice, then
+/// half, each whole row groups. The first slice is read, planned and only then written
+/// while the next is read: a quarter-size one starts both cores working sooner (measured
+/// on a 5M-row full load: 0.865 → 0.81 s, docs/benchmarks.md), at the cost of two more
+/// slices' files. None when a row group is larger than the part it would start.
+fn ramp(groups: &[usize], batch: usize) -> Vec<std::ops::Range<usize>> {
+    let mut parts = Vec::new();
+    let mut next = 0;
+    for target in [batch / 4, batch / 2] {
+        let (start, mut rows) = (next, 0);
+        while next < groups.len() && rows + groups[next] <= target {
+            rows += groups[next];
+            next += 1;
+        }
+        if next == start {
+            break;
+        }
+        parts.push(start..next);
+    }
+    parts
 }
 
 /// Julian day of 1970-01-01.
