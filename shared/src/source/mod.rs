@@ -77,6 +77,26 @@ impl Spec {
         }
     }
 
+    /// The file columns read only for their first value: a full load's sequence columns
+    /// that are dropped, in a table without a history. Their values do not order a full
+    /// load; the first one tells their kind (recorded when the load creates the table), and
+    /// decoding a whole column of timestamps for it was a twentieth of a load's work.
+    pub(crate) fn sampled_sequence_columns(&self, kind: FileKind) -> Vec<String> {
+        if kind != FileKind::FullLoad || self.starts || !matches!(self.format, Format::Parquet) {
+            return Vec::new();
+        }
+        // A column `rename_columns` names either way is decoded as before (the file must
+        // not carry both names: `dms::renamed_columns` checks the decoded columns).
+        let renamed = |s: &String| {
+            self.rename_columns.contains_key(s) || self.rename_columns.values().any(|t| t == s)
+        };
+        self.sequence_by
+            .iter()
+            .filter(|s| self.drop_columns.contains(s) && !renamed(s))
+            .cloned()
+            .collect()
+    }
+
     /// Whether a file's column is never looked at, so need not be decoded: a dropped column
     /// (by its name after `rename_columns`, as settings name columns) that is not the
     /// operation, a sequence column or a before-image.
@@ -339,6 +359,8 @@ pub(crate) struct Slices {
     next_row: usize,
     /// Rows in the file, when the format says (Parquet).
     pub(crate) total_rows: Option<usize>,
+    /// The first value of each column read only for it ([`Spec::sampled_sequence_columns`]).
+    sampled: Vec<(String, ArrayRef)>,
 }
 
 impl Slices {
@@ -359,7 +381,8 @@ impl Slices {
         let convention = convention::of(&cfg);
         let kind = convention.kind(&file_name);
         let one_batch = matches!(cfg.format, Format::Parquet);
-        let (batches, total_rows) = match &cfg.format {
+        let sample = cfg.sampled_sequence_columns(kind);
+        let (batches, total_rows, first) = match &cfg.format {
             // A slice decoded as one batch when the rows are as wide as measured.
             Format::Parquet => parquet::batches(
                 &name,
@@ -368,6 +391,7 @@ impl Slices {
                     rows: slice_rows.max(1),
                     bytes: slice_bytes.max(1),
                     skip: &|c| cfg.unread_column(c),
+                    sample: &sample,
                 },
             )?,
             Format::Csv(opts) => (
@@ -388,8 +412,10 @@ impl Slices {
                         .min((slice_bytes / 4 / 4096).max(1024)),
                 )?,
                 None,
+                Vec::new(),
             ),
         };
+
         convention.check_orderable(&name, &file_name, kind, &cfg)?;
         let written = match kind {
             FileKind::Cdc => convention.name_time(&file_name).or(raw.last_modified),
@@ -412,6 +438,7 @@ impl Slices {
             batches: batches.peekable(),
             next_row: 0,
             total_rows,
+            sampled: first,
         })
     }
 
@@ -464,6 +491,7 @@ impl Slices {
             file_name: &self.file_name,
             kind: self.kind,
             generation: self.generation,
+            sampled: &self.sampled,
         };
         let mut cs = to_change_set(self.convention, &info, batch, &self.cfg, first_row)
             .map_err(|e| e.shift_rows(first_row))?;
@@ -485,6 +513,8 @@ struct FileInfo<'a> {
     file_name: &'a str,
     kind: FileKind,
     generation: u32,
+    /// The file's first value of each column not decoded in its batches.
+    sampled: &'a [(String, ArrayRef)],
 }
 
 /// One batch of a file (its rows from `first_row` on) as a change set: the convention's
@@ -844,7 +874,16 @@ fn order_keys(
             };
             let loaded: Vec<Option<order::SeqColumn>> = sequence
                 .iter()
-                .map(|s| column(raw, s).and_then(|a| order::sequence_column(&sample(a)).ok()))
+                .map(|s| {
+                    column(raw, s)
+                        .or_else(|| {
+                            f.sampled
+                                .iter()
+                                .find(|(c, _)| c == s)
+                                .map(|(_, v)| v.clone())
+                        })
+                        .and_then(|a| order::sequence_column(&sample(a)).ok())
+                })
                 .collect();
             let starts = match loaded.first() {
                 _ if !history => Vec::new(),
@@ -1196,6 +1235,67 @@ mod tests {
         }
     }
 
+    /// A full load's dropped sequence column is not decoded with its rows (it orders
+    /// nothing in a full load) but its first value still tells every slice its kind — even a
+    /// slice whose own values are all null; the same file with the column kept, or with a
+    /// history table (which keeps each row's start), reads it in full as before.
+    #[test]
+    fn a_full_loads_dropped_sequence_column_is_sampled_not_decoded() {
+        let n = 4_000;
+        let ts = StringArray::from_iter((0..n).map(|i| match i < 2_500 {
+            true => None,
+            false => Some("2024-01-01 00:00:00.000000"),
+        }));
+        let b = batch(vec![
+            ("id", Arc::new(Int64Array::from_iter_values(0..n))),
+            ("ts", Arc::new(ts)),
+        ]);
+        let props = ::parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1_000))
+            .build();
+        let mut buf = Vec::new();
+        let mut w =
+            ::parquet::arrow::ArrowWriter::try_new(&mut buf, b.schema(), Some(props)).unwrap();
+        w.write(&b).unwrap();
+        w.close().unwrap();
+        let body = Bytes::from(buf);
+        let sampled = "sequence_by = [\"ts\"]\ndrop_columns = [\"ts\"]";
+        let history = "sequence_by = [\"ts\"]\ndrop_columns = [\"ts\"]\n[table.history]\ntarget = \"s3://c/t_history\"";
+        let kept = "sequence_by = [\"ts\"]";
+        for (extra, columns, first_kind) in [
+            (sampled, vec!["ts".to_string()], Some(SeqKind::Timestamp)),
+            (kept, Vec::new(), None),
+        ] {
+            let cfg = table(extra);
+            let spec = Spec::of(&cfg);
+            assert_eq!(spec.sampled_sequence_columns(FileKind::FullLoad), columns);
+            assert!(spec.sampled_sequence_columns(FileKind::Cdc).is_empty());
+            let mut slices = open_slices(
+                "LOAD00000001.parquet",
+                body.clone(),
+                &cfg,
+                None,
+                (1_000, 1 << 30),
+            )
+            .unwrap();
+            let mut kinds = Vec::new();
+            while let Some(cs) = slices.next_slice().unwrap() {
+                kinds.push(cs.seq_kinds[0]);
+            }
+            // Slices of 1,000 rows, the first two (and half of the third) without a value.
+            assert_eq!(kinds[0], first_kind, "{extra}");
+            assert_eq!(kinds[3], Some(SeqKind::Timestamp), "{extra}");
+        }
+        let spec = Spec::of(&table(history));
+        assert!(spec.sampled_sequence_columns(FileKind::FullLoad).is_empty());
+        let renamed = table(
+            "sequence_by = [\"ts\"]\ndrop_columns = [\"ts\"]\nrename_columns = { t = \"ts\" }",
+        );
+        assert!(Spec::of(&renamed)
+            .sampled_sequence_columns(FileKind::FullLoad)
+            .is_empty());
+    }
+
     fn floats_dict(keys: Vec<i32>, values: Vec<f64>) -> ArrayRef {
         Arc::new(
             DictionaryArray::<Int32Type>::try_new(
@@ -1263,6 +1363,7 @@ mod tests {
             file_name: "LOAD00000001.parquet",
             kind: FileKind::FullLoad,
             generation: 1,
+            sampled: &[],
         };
         let change_set = |id: ArrayRef| {
             to_change_set(

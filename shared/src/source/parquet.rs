@@ -7,9 +7,11 @@
 //! microsecond, so the raw values are checked first ([`check_int96`]): such digits fail the
 //! file, as any timestamp they would be truncated from does.
 
+use arrow::array::{Array, ArrayRef};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
 use parquet::basic::Type as PhysicalType;
@@ -20,12 +22,8 @@ use parquet::file::reader::{ChunkReader, FileReader, SerializedFileReader};
 use super::{at_least_one, Batches, Body};
 use crate::error::{Error, Location, Result};
 
-/// The file's batches and its row count.
-pub(super) fn batches(
-    name: &str,
-    body: &Body,
-    decode: &Decode<'_>,
-) -> Result<(Batches, Option<usize>)> {
+/// The file's batches, its row count and the sampled columns' first values ([`Opened`]).
+pub(super) fn batches(name: &str, body: &Body, decode: &Decode<'_>) -> Result<Opened> {
     let open = |path: &std::path::Path| {
         std::fs::File::open(path).map_err(|e| Error::Io {
             path: name.to_string(),
@@ -71,7 +69,13 @@ pub(super) struct Decode<'a> {
     pub(super) rows: usize,
     pub(super) bytes: usize,
     pub(super) skip: &'a dyn Fn(&str) -> bool,
+    /// Top-level columns decoded only until their first value (not in the batches).
+    pub(super) sample: &'a [String],
 }
+
+/// A file's batches, its row count (when the footer says) and the first non-null value of
+/// each [`Decode::sample`] column that has one (a one-row array, by the file's column name).
+pub(super) type Opened = (Batches, Option<usize>, Vec<(String, ArrayRef)>);
 
 /// Rows decoded to measure how wide the file's rows are once decoded.
 const PROBE_ROWS: usize = 4096;
@@ -82,7 +86,7 @@ fn build<T: ChunkReader + 'static>(
     name: &str,
     src: impl Fn() -> Result<T>,
     decode: &Decode<'_>,
-) -> Result<(Batches, Option<usize>)> {
+) -> Result<Opened> {
     let bad = |m: String| Error::bad_input(name, Location::File, m);
     let unreadable =
         |e: parquet::errors::ParquetError| bad(format!("not a readable Parquet file: {e}"));
@@ -96,38 +100,39 @@ fn build<T: ChunkReader + 'static>(
         .map_err(unreadable)?,
         None => metadata,
     };
-    let read: Vec<usize> = (0..metadata.schema().fields().len())
-        .filter(|&i| !(decode.skip)(metadata.schema().field(i).name()))
+    let fields = metadata.schema().fields().len();
+    let name_of = |i: usize| metadata.schema().field(i).name().as_str();
+    let sampled = |c: &str| decode.sample.iter().any(|s| s == c);
+    let read: Vec<usize> = (0..fields)
+        .filter(|&i| !(decode.skip)(name_of(i)) && !sampled(name_of(i)))
         .collect();
+    let sample: Vec<usize> = (0..fields).filter(|&i| sampled(name_of(i))).collect();
     let mask = ProjectionMask::roots(metadata.metadata().file_metadata().schema_descr(), read);
     let rows = usize::try_from(metadata.metadata().file_metadata().num_rows()).unwrap_or(0);
-    let reader = |batch: usize, limit: Option<usize>| {
-        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(src()?, metadata.clone())
-            .with_projection(mask.clone())
-            .with_batch_size(batch);
-        match limit {
-            Some(l) => b.with_limit(l),
-            None => b,
-        }
-        .build()
-        .map_err(|e| bad(format!("cannot read Parquet data: {e}")))
-    };
+    // A reader of the columns `mask` selects, in batches of `batch` rows, of the row groups
+    // `groups` (all when `None`), the first `limit` rows (all when `None`).
+    let reader =
+        |mask: &ProjectionMask, batch: usize, groups: Option<Vec<usize>>, limit: Option<usize>| {
+            let mut b =
+                ParquetRecordBatchReaderBuilder::new_with_metadata(src()?, metadata.clone())
+                    .with_projection(mask.clone())
+                    .with_batch_size(batch.max(1));
+            if let Some(g) = groups {
+                b = b.with_row_groups(g);
+            }
+            if let Some(l) = limit {
+                b = b.with_limit(l);
+            }
+            b.build()
+                .map_err(|e| bad(format!("cannot read Parquet data: {e}")))
+        };
     // Bytes per row once decoded: the larger of the widest row group's uncompressed size per
     // row (an encoded size: a dictionary of short strings is far smaller than its decoded
     // column) and the decoded size of the first rows. A slice is then one decode batch, not
     // batches copied together.
-    let mut per_row = metadata
-        .metadata()
-        .row_groups()
-        .iter()
-        .map(|rg| {
-            let bytes = usize::try_from(rg.total_byte_size()).unwrap_or(0);
-            bytes / usize::try_from(rg.num_rows()).unwrap_or(0).max(1)
-        })
-        .max()
-        .unwrap_or(0);
+    let mut per_row = widest_row(&metadata);
     if rows > PROBE_ROWS && decode.rows > PROBE_ROWS {
-        if let Some(Ok(b)) = reader(PROBE_ROWS, Some(PROBE_ROWS))?.next() {
+        if let Some(Ok(b)) = reader(&mask, PROBE_ROWS, None, Some(PROBE_ROWS))?.next() {
             per_row = per_row.max(b.get_array_memory_size() / b.num_rows().max(1));
         }
     }
@@ -139,37 +144,74 @@ fn build<T: ChunkReader + 'static>(
         .iter()
         .map(|rg| usize::try_from(rg.num_rows()).unwrap_or(0))
         .collect();
-    let leading = match rows >= RAMP_SLICES * batch {
-        true => ramp(&groups, batch),
-        false => Vec::new(),
-    };
-    let rest = leading.last().map_or(0, |r| r.end);
-    let mut readers = Vec::with_capacity(leading.len() + 1);
-    for part in leading
+    let readers = reading_order(&groups, rows, batch)
         .into_iter()
-        .chain(std::iter::once(rest..groups.len()))
-    {
-        let size = match part.end == groups.len() {
-            true => batch,
-            false => groups[part.clone()].iter().sum(),
-        };
-        let b = ParquetRecordBatchReaderBuilder::new_with_metadata(src()?, metadata.clone())
-            .with_projection(mask.clone())
-            .with_batch_size(size.max(1))
-            .with_row_groups(part.collect())
-            .build()
-            .map_err(|e| bad(format!("cannot read Parquet data: {e}")))?;
-        readers.push(b);
-    }
+        .map(|(part, size)| reader(&mask, size, Some(part.collect()), None))
+        .collect::<Result<Vec<_>>>()?;
     let schema = match readers.first() {
         Some(r) => arrow::record_batch::RecordBatchReader::schema(r),
         None => return Err(Error::internal("no Parquet reader built")),
+    };
+    let first = match sample.is_empty() {
+        true => Vec::new(),
+        false => {
+            let schema = metadata.metadata().file_metadata().schema_descr();
+            let r = reader(
+                &ProjectionMask::roots(schema, sample),
+                PROBE_ROWS,
+                None,
+                None,
+            )?;
+            first_values(r).map_err(|e| bad(format!("corrupt Parquet data: {e}")))?
+        }
     };
     let name = name.to_string();
     let batches: Batches = Box::new(readers.into_iter().flatten().map(move |b| {
         b.map_err(|e| Error::bad_input(&name, Location::File, format!("corrupt Parquet data: {e}")))
     }));
-    Ok((at_least_one(schema, batches), Some(rows)))
+    Ok((at_least_one(schema, batches), Some(rows), first))
+}
+
+/// The widest row group's uncompressed bytes per row.
+fn widest_row(metadata: &ArrowReaderMetadata) -> usize {
+    metadata
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|rg| {
+            let bytes = usize::try_from(rg.total_byte_size()).unwrap_or(0);
+            bytes / usize::try_from(rg.num_rows()).unwrap_or(0).max(1)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The first non-null value of each of the reader's columns that has one (a one-row
+/// array, with its column's name), reading no further than needed.
+fn first_values(
+    reader: ParquetRecordBatchReader,
+) -> std::result::Result<Vec<(String, ArrayRef)>, arrow::error::ArrowError> {
+    let schema = arrow::record_batch::RecordBatchReader::schema(&reader);
+    let mut first: Vec<Option<ArrayRef>> = vec![None; schema.fields().len()];
+    for batch in reader {
+        let batch = batch?;
+        for (slot, column) in first.iter_mut().zip(batch.columns()) {
+            if slot.is_none() {
+                *slot = (0..column.len())
+                    .find(|&i| column.is_valid(i))
+                    .map(|i| column.slice(i, 1));
+            }
+        }
+        if first.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    Ok(schema
+        .fields()
+        .iter()
+        .zip(first)
+        .filter_map(|(f, v)| Some((f.name().clone(), v?)))
+        .collect())
 }
 
 /// Files of at least this many slices start with smaller ones ([`ramp`]).
@@ -195,6 +237,29 @@ fn ramp(groups: &[usize], batch: usize) -> Vec<std::ops::Range<usize>> {
         parts.push(start..next);
     }
     parts
+}
+
+/// The file read as readers of consecutive row groups, each with its batch size: the
+/// [`ramp`]'s smaller leading slices (a file of at least [`RAMP_SLICES`] slices), then the
+/// rest in slices of `batch` rows.
+fn reading_order(
+    groups: &[usize],
+    rows: usize,
+    batch: usize,
+) -> Vec<(std::ops::Range<usize>, usize)> {
+    let leading = match rows >= RAMP_SLICES * batch {
+        true => ramp(groups, batch),
+        false => Vec::new(),
+    };
+    let rest = leading.last().map_or(0, |r| r.end);
+    leading
+        .into_iter()
+        .map(|part| {
+            let size = groups[part.clone()].iter().sum();
+            (part, size)
+        })
+        .chain(std::iter::once((rest..groups.len(), batch)))
+        .collect()
 }
 
 /// Julian day of 1970-01-01.
