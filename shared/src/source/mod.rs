@@ -1074,6 +1074,19 @@ mod tests {
         .unwrap()
     }
 
+    /// `b` as a Parquet file in row groups of `rows` rows.
+    fn in_row_groups(b: &RecordBatch, rows: usize) -> Vec<u8> {
+        let props = ::parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(rows))
+            .build();
+        let mut buf = Vec::new();
+        let mut w =
+            ::parquet::arrow::ArrowWriter::try_new(&mut buf, b.schema(), Some(props)).unwrap();
+        w.write(b).unwrap();
+        w.close().unwrap();
+        buf
+    }
+
     /// Open a file of `body` in slices of `rows` rows and `bytes` decoded bytes.
     fn open_slices(
         name: &str,
@@ -1164,14 +1177,7 @@ mod tests {
                 }))),
             ),
         ]);
-        let props = ::parquet::file::properties::WriterProperties::builder()
-            .set_max_row_group_row_count(Some(10_000))
-            .build();
-        let mut buf = Vec::new();
-        let mut w =
-            ::parquet::arrow::ArrowWriter::try_new(&mut buf, b.schema(), Some(props)).unwrap();
-        w.write(&b).unwrap();
-        w.close().unwrap();
+        let buf = in_row_groups(&b, 10_000);
         let mut slices = open_slices(
             "LOAD00000001.parquet",
             Bytes::from(buf),
@@ -1198,14 +1204,7 @@ mod tests {
         let cfg = table("");
         let n = 2_000;
         let b = batch(vec![("id", Arc::new(Int64Array::from_iter_values(0..n)))]);
-        let props = ::parquet::file::properties::WriterProperties::builder()
-            .set_max_row_group_row_count(Some(10))
-            .build();
-        let mut buf = Vec::new();
-        let mut w =
-            ::parquet::arrow::ArrowWriter::try_new(&mut buf, b.schema(), Some(props)).unwrap();
-        w.write(&b).unwrap();
-        w.close().unwrap();
+        let buf = in_row_groups(&b, 10);
         let body = Bytes::from(buf);
         for (slice, expected) in [
             (200, [vec![50, 100], vec![200; 9], vec![50]].concat()),
@@ -1250,14 +1249,7 @@ mod tests {
             ("id", Arc::new(Int64Array::from_iter_values(0..n))),
             ("ts", Arc::new(ts)),
         ]);
-        let props = ::parquet::file::properties::WriterProperties::builder()
-            .set_max_row_group_row_count(Some(1_000))
-            .build();
-        let mut buf = Vec::new();
-        let mut w =
-            ::parquet::arrow::ArrowWriter::try_new(&mut buf, b.schema(), Some(props)).unwrap();
-        w.write(&b).unwrap();
-        w.close().unwrap();
+        let buf = in_row_groups(&b, 1_000);
         let body = Bytes::from(buf);
         let sampled = "sequence_by = [\"ts\"]\ndrop_columns = [\"ts\"]";
         let history = "sequence_by = [\"ts\"]\ndrop_columns = [\"ts\"]\n[table.history]\ntarget = \"s3://c/t_history\"";
