@@ -197,9 +197,10 @@ impl Storage {
             .map_err(|e| Error::storage(display(url), e))
     }
 
-    /// Fetch an object with its last-modified time: in memory up to [`SPILL_BYTES`], larger
-    /// ones streamed to a local temporary file (`TMPDIR`; Lambda's ephemeral storage), and
-    /// local files read where they are — so that memory never holds a large file whole.
+    /// Fetch an object with its last-modified time: a local file (`file://`) read where it
+    /// is; a remote object in memory up to [`SPILL_BYTES`], a larger one streamed to a local
+    /// temporary file (`TMPDIR`; Lambda's ephemeral storage) — so that memory never holds a
+    /// large file whole.
     pub(crate) async fn get_file(&self, url: &Url) -> Result<RawFile> {
         let store = self.store(url)?;
         let path = object_path(url)?;
@@ -209,7 +210,10 @@ impl Storage {
             .map_err(|e| Error::storage(display(url), e))?;
         let last_modified = Some(res.meta.last_modified);
         let size = res.meta.size;
-        if size <= self.spill_bytes.unwrap_or(SPILL_BYTES) {
+        // A local file is read where it is, whatever its size: reading it into memory first
+        // only delays the first slice (and the footer says which byte ranges are needed).
+        let local = matches!(res.payload, GetResultPayload::File(..));
+        if !local && size <= self.spill_bytes.unwrap_or(SPILL_BYTES) {
             let bytes = res
                 .bytes()
                 .await
@@ -501,6 +505,57 @@ mod tests {
         }
         let u = s3_url("raw", "dms/x/2024%2001.parquet").unwrap();
         assert_eq!(file_name(&u), "2024%2001.parquet");
+    }
+
+    #[tokio::test]
+    async fn a_local_file_is_read_where_it_is_a_remote_one_fetched() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = Url::from_directory_path(dir.path()).unwrap();
+        let s = Storage::with_tuning(&Tuning {
+            spill_bytes: Some(8),
+            ..Tuning::default()
+        });
+        // A local file, small or large: its own path, nothing copied.
+        for (name, body) in [("small.csv", "I,1\n"), ("large.csv", "I,1\nI,2\nI,3\n")] {
+            let url = join(&base, name);
+            s.put(&url, Bytes::from(body)).await.unwrap();
+            let raw = s.get_file(&url).await.unwrap();
+            assert!(raw.last_modified.is_some());
+            match &raw.body {
+                Body::Disk {
+                    path,
+                    _spilled: None,
+                } => assert_eq!(path, &dir.path().join(name)),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        // A remote object (an in-memory store in S3's place): in memory up to the limit,
+        // larger ones copied to a temporary file.
+        s.stores.lock().unwrap().insert(
+            "s3://raw".to_string(),
+            Arc::new(object_store::memory::InMemory::new()),
+        );
+        for (key, body) in [("small.csv", "I,1\n"), ("large.csv", "I,1\nI,2\nI,3\n")] {
+            let url = s3_url("raw", key).unwrap();
+            s.put(&url, Bytes::from(body)).await.unwrap();
+            let raw = s.get_file(&url).await.unwrap();
+            let mut read = String::new();
+            std::io::Read::read_to_string(&mut raw.body.reader(key).unwrap(), &mut read).unwrap();
+            assert_eq!(read, body);
+            match (&raw.body, body.len() > 8) {
+                (Body::Memory(_), false) => {}
+                (
+                    Body::Disk {
+                        path,
+                        _spilled: Some(_),
+                    },
+                    true,
+                ) => {
+                    assert!(!path.starts_with(dir.path()), "{path:?}")
+                }
+                (other, _) => panic!("{key}: {other:?}"),
+            }
+        }
     }
 
     #[tokio::test]
