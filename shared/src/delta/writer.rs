@@ -51,27 +51,24 @@ impl Writer {
         if self.partition_columns.is_empty() {
             return self.inner.write(batch).await;
         }
-        if batch.num_rows() == 0 {
-            return Ok(());
+        let parts = Partitioned::of(batch, &self.partition_columns)?;
+        self.write_partitioned(&parts).await
+    }
+
+    /// [`Self::write`] for the partitions of a batch already split ([`Partitioned`]; of a
+    /// table with these partition columns).
+    pub(crate) async fn write_partitioned(&mut self, parts: &Partitioned) -> DeltaResult<()> {
+        if self.partition_columns.is_empty() {
+            return self.inner.write(&parts.batch).await;
         }
-        let partition: Vec<ArrayRef> = self
-            .partition_columns
-            .iter()
-            .map(|c| {
-                batch.column_by_name(c).cloned().ok_or_else(|| {
-                    DeltaTableError::generic(format!("partition column `{c}` missing from batch"))
-                })
-            })
-            .collect::<DeltaResult<_>>()?;
-        let groups = groups(&partition)?;
-        for rows in &groups {
-            let values = rows.values(&self.partition_columns, &partition)?;
+        for rows in &parts.groups {
+            let values = rows.values(&self.partition_columns, &parts.partition)?;
             let columns = self
                 .file_schema
                 .fields()
                 .iter()
                 .map(|f| {
-                    let c = batch.column_by_name(f.name()).ok_or_else(|| {
+                    let c = parts.batch.column_by_name(f.name()).ok_or_else(|| {
                         DeltaTableError::generic(format!(
                             "column `{}` missing from batch",
                             f.name()
@@ -100,7 +97,86 @@ impl Writer {
     }
 }
 
+/// A batch's rows split by partition (see the module documentation), to be written by one
+/// writer or shared among several ([`Partitioned::shares`]).
+#[derive(Clone)]
+pub(crate) struct Partitioned {
+    batch: RecordBatch,
+    /// The partition columns (none: an unpartitioned table).
+    partition: Vec<ArrayRef>,
+    groups: Vec<Group>,
+}
+
+impl Partitioned {
+    /// `batch`'s rows grouped by the values of `partition_columns`.
+    pub(crate) fn of(batch: &RecordBatch, partition_columns: &[String]) -> DeltaResult<Self> {
+        let partition: Vec<ArrayRef> = partition_columns
+            .iter()
+            .map(|c| {
+                batch.column_by_name(c).cloned().ok_or_else(|| {
+                    DeltaTableError::generic(format!("partition column `{c}` missing from batch"))
+                })
+            })
+            .collect::<DeltaResult<_>>()?;
+        let groups = match (partition.is_empty(), batch.num_rows()) {
+            (_, 0) => Vec::new(),
+            (true, _) => vec![Group {
+                first: 0,
+                rows: None,
+            }],
+            (false, _) => groups(&partition)?,
+        };
+        Ok(Partitioned {
+            batch: batch.clone(),
+            partition,
+            groups,
+        })
+    }
+
+    /// The partitions dealt into at most `n` shares of about the same number of rows (the
+    /// largest partition first, each to the share with the fewest rows so far), for `n`
+    /// writers to write at once: each partition whole in one share, so a batch makes the
+    /// same files however many write it. No empty share.
+    pub(crate) fn shares(self, n: usize) -> Vec<Partitioned> {
+        let rows = |g: &Group| g.rows.as_ref().map_or(self.batch.num_rows(), |r| r.len());
+        let n = n.clamp(1, self.groups.len().max(1));
+        let mut order: Vec<usize> = (0..self.groups.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(rows(&self.groups[i])));
+        let mut dealt: Vec<(usize, Vec<usize>)> = vec![(0, Vec::new()); n];
+        for i in order {
+            let Some(least) = dealt.iter_mut().min_by_key(|(r, _)| *r) else {
+                break;
+            };
+            least.0 += rows(&self.groups[i]);
+            least.1.push(i);
+        }
+        dealt
+            .into_iter()
+            .filter(|(_, members)| !members.is_empty())
+            .map(|(_, mut members)| {
+                // Partitions keep the batch's order within a share.
+                members.sort_unstable();
+                Partitioned {
+                    batch: self.batch.clone(),
+                    partition: self.partition.clone(),
+                    groups: members.iter().map(|&i| self.groups[i].clone()).collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// The rows of the batch in the share.
+    #[cfg(test)]
+    fn num_rows(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| g.rows.as_ref().map_or(self.batch.num_rows(), |r| r.len()))
+            .sum()
+    }
+}
+
 /// The rows of one partition.
+#[derive(Clone)]
 struct Group {
     /// A row of the partition (its values).
     first: usize,
@@ -425,6 +501,70 @@ mod tests {
         }
         let one = vec![Arc::new(StringArray::from_iter_values(["a", "a"])) as ArrayRef];
         assert!(groups(&one).unwrap()[0].rows.is_none());
+    }
+
+    #[test]
+    fn partitions_are_dealt_whole_into_shares_of_about_equal_rows() {
+        use arrow::datatypes::{Field, Schema};
+        let batch = |parts: &[(&str, usize)]| {
+            let values: Vec<&str> = (0..parts.iter().map(|p| p.1).max().unwrap_or(0))
+                .flat_map(|i| parts.iter().filter(move |p| i < p.1).map(|p| p.0))
+                .collect();
+            let n = values.len() as i32;
+            RecordBatch::try_new(
+                Arc::new(Schema::new(vec![
+                    Field::new("id", DataType::Int32, false),
+                    Field::new("p", DataType::Utf8, true),
+                ])),
+                vec![
+                    Arc::new(Int32Array::from_iter_values(0..n)),
+                    Arc::new(StringArray::from(values)),
+                ],
+            )
+            .unwrap()
+        };
+        let names = |p: &Partitioned| -> Vec<String> {
+            p.groups
+                .iter()
+                .map(|g| p.partition[0].as_string::<i32>().value(g.first).to_string())
+                .collect()
+        };
+        let parts = ["p".to_string()];
+        // Interleaved rows of partitions of 50, 30, 20, 20 and 5 rows, dealt to two writers.
+        let b = batch(&[("a", 5), ("b", 50), ("c", 20), ("d", 30), ("e", 20)]);
+        let shares = Partitioned::of(&b, &parts).unwrap().shares(2);
+        let dealt: Vec<(Vec<String>, usize)> =
+            shares.iter().map(|s| (names(s), s.num_rows())).collect();
+        assert_eq!(
+            dealt,
+            vec![
+                (vec!["b".to_string(), "e".to_string()], 70),
+                (vec!["a".into(), "c".into(), "d".into()], 55)
+            ]
+        );
+        // Each partition's rows whole, in batch order, in exactly one share.
+        let whole = Partitioned::of(&b, &parts).unwrap();
+        for share in &shares {
+            for g in &share.groups {
+                let all = whole.groups.iter().find(|w| w.first == g.first).unwrap();
+                assert_eq!(g.rows, all.rows);
+            }
+        }
+        // More writers than partitions: one partition each; one partition or no partition
+        // column: one share, the batch whole; no rows: nothing to write.
+        let few = batch(&[("a", 3), ("b", 1)]);
+        assert_eq!(Partitioned::of(&few, &parts).unwrap().shares(4).len(), 2);
+        let one = batch(&[("a", 3)]);
+        let shares = Partitioned::of(&one, &parts).unwrap().shares(2);
+        assert_eq!((shares.len(), shares[0].num_rows()), (1, 3));
+        assert!(shares[0].groups[0].rows.is_none());
+        let unpartitioned = Partitioned::of(&b, &[]).unwrap().shares(2);
+        assert_eq!(unpartitioned.len(), 1);
+        assert_eq!(unpartitioned[0].num_rows(), 125);
+        assert!(Partitioned::of(&b.slice(0, 0), &parts)
+            .unwrap()
+            .shares(2)
+            .is_empty());
     }
 
     #[test]
