@@ -393,10 +393,25 @@ fn unify(
 /// columns it carries.
 struct Rows<'a> {
     all: RecordBatch,
-    ops: Vec<ChangeOp>,
-    order: Vec<&'a str>,
+    ops: std::borrow::Cow<'a, [ChangeOp]>,
+    changes: &'a [ChangeSet],
+    /// Each row's order key, listed when first needed (a full load planned as it is never
+    /// needs them: its own order-key column is the plan's).
+    order: std::cell::OnceCell<Vec<&'a str>>,
     /// Per sparse column: whether each row's file had it.
     present: Vec<(String, Vec<bool>)>,
+}
+
+impl<'a> Rows<'a> {
+    /// Each row's order key.
+    fn order(&self) -> &[&'a str] {
+        self.order.get_or_init(|| {
+            self.changes
+                .iter()
+                .flat_map(|c| (0..c.order.len()).map(|i| c.order.value(i)))
+                .collect()
+        })
+    }
 }
 
 /// Build the plan from admitted change sets (same type per column, see [`admit`]).
@@ -408,19 +423,19 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
         true => None,
         false => latest_per_key(&rows, &enc.rows(&rows.all)?),
     };
-    let idx: Vec<u32> = match &chosen {
-        Some(c) => c.iter().map(|(i, _)| *i as u32).collect(),
-        None => (0..n as u32).collect(),
-    };
-    // Every row chosen, in row order (a full load, a file of distinct keys): no copy.
-    let identity = idx.len() == n;
+    // `None`: every row chosen, in row order (a full load, a file of distinct keys): no copy.
+    let idx: Option<Vec<u32>> = chosen
+        .as_ref()
+        .map(|c| c.iter().map(|(i, _)| *i as u32).collect())
+        .filter(|idx: &Vec<u32>| idx.len() != n);
+    let chosen_rows = idx.as_ref().map_or(n, Vec::len);
     // With sparse columns, a key's rows (every row its own key when each is chosen).
     let chosen = match (chosen, rows.present.is_empty()) {
         (Some(c), _) => c,
         (None, true) => Vec::new(),
         (None, false) => (0..n).map(|i| (i, vec![i])).collect(),
     };
-    let indices = (!identity).then(|| UInt32Array::from(idx.clone()));
+    let indices = idx.as_ref().map(|idx| UInt32Array::from(idx.clone()));
     let mut fields: Vec<Field> = rows
         .all
         .schema()
@@ -442,9 +457,13 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
         DataType::Utf8,
         false,
     ));
-    match changes {
-        [one] if identity => cols.push(Arc::new(one.order.clone())),
-        _ => cols.push(string_array(idx.iter().map(|&i| rows.order[i as usize]))),
+    match (changes, &idx) {
+        ([one], None) => cols.push(Arc::new(one.order.clone())),
+        (_, None) => cols.push(string_array(rows.order().iter().copied())),
+        (_, Some(idx)) => {
+            let order = rows.order();
+            cols.push(string_array(idx.iter().map(|&i| order[i as usize])));
+        }
     }
     let mut sparse = Vec::new();
     for (n, (column, present)) in rows.present.iter().enumerate() {
@@ -462,14 +481,17 @@ pub(crate) fn plan(table: &TableConfig, changes: &[ChangeSet]) -> Result<MergePl
             seq_column,
         });
     }
-    let (ops, deletes) = op_column(idx.iter().map(|&i| rows.ops[i as usize]));
+    let (ops, deletes) = match &idx {
+        None => op_column(rows.ops.iter().copied()),
+        Some(idx) => op_column(idx.iter().map(|&i| rows.ops[i as usize])),
+    };
     fields.push(Field::new(OP_COLUMN, DataType::Utf8, false));
     cols.push(ops);
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(Error::arrow)?;
     Ok(MergePlan {
-        upserts: idx.len() - deletes,
+        upserts: chosen_rows - deletes,
         deletes,
-        superseded: rows.all.num_rows() - idx.len(),
+        superseded: n - chosen_rows,
         batch,
         sparse,
     })
@@ -533,7 +555,8 @@ fn latest_per_key(rows: &Rows<'_>, keys: &arrow::row::Rows) -> Option<Vec<(usize
     if (1..n).all(|i| keys.row(i - 1) < keys.row(i)) {
         return None;
     }
-    let later = |a: usize, b: usize| rows.order[a] > rows.order[b];
+    let order = rows.order();
+    let later = |a: usize, b: usize| order[a] > order[b];
     let mut chosen: Vec<(usize, Vec<usize>)> = if rows.present.is_empty() {
         let mut best: HashMap<arrow::row::Row<'_>, usize, foldhash::fast::RandomState> =
             HashMap::with_capacity_and_hasher(n, Default::default());
@@ -591,7 +614,11 @@ fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
     let mut present = Vec::new();
     for f in &fields {
         let mut parts: Vec<ArrayRef> = Vec::with_capacity(changes.len());
-        let mut has = Vec::with_capacity(total);
+        // Whether each row's file has the column: listed only when one lacks it for a row.
+        let sparse = changes.iter().any(|c| {
+            c.data.column_by_name(f.name()).is_none() || c.absent.iter().any(|(n, _)| n == f.name())
+        });
+        let mut has = Vec::with_capacity(if sparse { total } else { 0 });
         for c in changes {
             let part = match c.data.column_by_name(f.name()) {
                 Some(a) if a.data_type() == f.data_type() => a.clone(),
@@ -605,6 +632,10 @@ fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
                 }
                 None => arrow::array::new_null_array(f.data_type(), c.data.num_rows()),
             };
+            parts.push(part);
+            if !sparse {
+                continue;
+            }
             let start = has.len();
             has.extend(std::iter::repeat_n(
                 c.data.column_by_name(f.name()).is_some(),
@@ -617,9 +648,8 @@ fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
                     *h &= !*a;
                 }
             }
-            parts.push(part);
         }
-        if has.iter().any(|p| !p) {
+        if sparse && has.iter().any(|p| !p) {
             present.push((f.name().clone(), has));
         }
         match parts.as_slice() {
@@ -638,11 +668,12 @@ fn combine(changes: &[ChangeSet]) -> Result<Rows<'_>> {
     .map_err(Error::arrow)?;
     Ok(Rows {
         all,
-        ops: changes.iter().flat_map(|c| c.ops.iter().copied()).collect(),
-        order: changes
-            .iter()
-            .flat_map(|c| (0..c.order.len()).map(|i| c.order.value(i)))
-            .collect(),
+        ops: match changes {
+            [one] => std::borrow::Cow::Borrowed(&one.ops[..]),
+            _ => changes.iter().flat_map(|c| c.ops.iter().copied()).collect(),
+        },
+        changes,
+        order: std::cell::OnceCell::new(),
         present,
     })
 }
@@ -660,16 +691,17 @@ fn fold_sparse(
     let mut seqs: Vec<Option<&str>> = Vec::with_capacity(chosen.len());
     for (_, group) in chosen {
         let mut g: Vec<usize> = group.clone();
-        g.sort_by(|a, b| rows.order[*a].cmp(rows.order[*b]));
+        let order = rows.order();
+        g.sort_by(|a, b| order[*a].cmp(order[*b]));
         let mut value: Option<u32> = None;
         let mut set_by: Option<&str> = None;
         for i in g {
             if rows.ops[i] == ChangeOp::Delete {
                 value = None;
-                set_by = Some(rows.order[i]);
+                set_by = Some(order[i]);
             } else if present[i] {
                 value = Some(i as u32);
-                set_by = Some(rows.order[i]);
+                set_by = Some(order[i]);
             }
         }
         take_rows.push(value);
