@@ -778,3 +778,47 @@ async fn a_cdc_file_appended_whole_commits_its_watermark_with_it() {
         "one commit: the rows and the watermark"
     );
 }
+
+/// The rows of a full-load file share one order key, the file's: a key twice in the file
+/// keeps its first row, whether the two rows are planned together or land in different
+/// slices, merged whole or slice by slice; a later full-load file's row still wins over an
+/// earlier file's, and the earlier file delivered again changes nothing. (Until the rows
+/// shared a key, each had its row number in it and the last of the two won.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_load_file_orders_its_rows_by_the_file_alone() {
+    let at = "2024-01-01 09:00:00.000000";
+    let first: Vec<Change> = (1..=3000).map(|id| c('I', at, id, "a", id)).collect();
+    let mut load = first.clone();
+    // Key 8 again in the first slice (1024 rows), key 7 again in the last one.
+    load.insert(10, c('I', at, 8, "a", -8));
+    load.push(c('I', at, 7, "a", -7));
+    for fx in [sliced(), Fixture::items()] {
+        let loaded = fx.put_items("LOAD00000001.parquet", &load);
+        fx.merge_ok(std::slice::from_ref(&loaded)).await;
+        assert_eq!(
+            fx.items_rows().await,
+            model(&first),
+            "the first row of a key"
+        );
+        let keys = fx
+            .values("curated/items", &["id", "_tributary_seq"], &["id"])
+            .await;
+        assert_eq!(keys.len(), 3000);
+        assert!(
+            keys.iter()
+                .all(|k| k[1].as_deref() == Some("0 LOAD00000001.parquet")),
+            "{:?}",
+            &keys[..3]
+        );
+        let later = fx.put_items("LOAD00000002.parquet", &[c('I', at, 7, "a", 70)]);
+        fx.merge_ok(&[later]).await;
+        let again = fx.merge_ok(&[loaded]).await;
+        assert!(again
+            .tables
+            .iter()
+            .all(|t| t.inserted + t.updated + t.deleted == 0));
+        let mut want = first.clone();
+        want.push(c('I', at, 7, "a", 70));
+        assert_eq!(fx.items_rows().await, model(&want));
+    }
+}

@@ -539,7 +539,10 @@ mod tests {
         let f = freshness(Some("1 20240101-0959000000.csv 0000000001"), None, now);
         assert_eq!(f.newest_sequence, None);
         assert_eq!(f.behind_seconds, Some(60.0));
+        // A full load's key, in the layout written before the file's rows shared one, and now.
         assert!(freshness(Some("0 LOAD00000001.parquet 0000000001"), None, now).full_load_only);
+        assert!(freshness(Some("0 LOAD00000001.parquet"), None, now).full_load_only);
+        assert!(freshness(Some("2 00000002 0 LOAD00000001.parquet"), None, now).full_load_only);
         assert_eq!(freshness(None, None, now), Freshness::default());
     }
 }

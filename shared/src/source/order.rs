@@ -3,15 +3,20 @@
 //!
 //! ```text
 //! generation 1 (the first full load and the CDC after it):
-//!   full load   0 <file name> <row>
+//!   full load   0 <file name>
 //!   CDC         1 <sequence value>… <file name> <row>
 //! generation g ≥ 2 (after the g-th full load, a DMS table reload):
-//!   full load   2 <g, 8 digits> 0 <file name> <row>
+//!   full load   2 <g, 8 digits> 0 <file name>
 //!   CDC         2 <g, 8 digits> 1 <sequence value>… <file name> <row>
 //! ```
 //!
 //! Every key of a later generation is greater than every key of an earlier one, and within a
-//! generation the full load ranks below every CDC change.
+//! generation the full load ranks below every CDC change. The rows of one full-load file
+//! share their key: a full load is a snapshot with each key once, so nothing within the file
+//! needs ordering, and a key per row (its row number) was a sixth of a full load's time — a
+//! key twice in one full-load file keeps its first row (an equal key is a change already
+//! seen). Keys written before this layout (`0 <file name> <row>`) rank just above the same
+//! file's keys now, below every later file's.
 //!
 //! Sequence values are normalised so that string order is value order and so that the same
 //! instant is written the same way whatever type carried it: timestamps, dates and strings
@@ -277,13 +282,11 @@ pub(crate) fn order_keys(
     let prefix = generation_prefix(generation);
     let mut out = StringBuilder::with_capacity(rows, rows * (prefix.len() + file_name.len() + 40));
     match kind {
-        // Keys that differ only in their row number: the whole key kept, its number
-        // counted up in place.
+        // One key for every row of the file (see the module documentation).
         FileKind::FullLoad => {
-            let mut key = Numbered::new(format!("{prefix}0 {file_name} "), first_row + 1);
+            let key = format!("{prefix}0 {file_name}");
             for _ in 0..rows {
-                out.append_value(key.as_str());
-                key.advance();
+                out.append_value(&key);
             }
         }
         FileKind::Cdc => {
@@ -414,8 +417,8 @@ mod tests {
         assert_eq!(
             keys(3, FileKind::FullLoad, "LOAD00000001.parquet", &[]),
             [
-                "2 00000003 0 LOAD00000001.parquet 0000000042",
-                "2 00000003 0 LOAD00000001.parquet 0000000043"
+                "2 00000003 0 LOAD00000001.parquet",
+                "2 00000003 0 LOAD00000001.parquet"
             ]
         );
         assert_eq!(
@@ -547,8 +550,32 @@ mod tests {
             order_keys(1, FileKind::FullLoad, "LOAD00000001.parquet", &[], 0, 1)
                 .value(0)
                 .to_string(),
-            "0 LOAD00000001.parquet 0000000001"
+            "0 LOAD00000001.parquet"
         );
+    }
+
+    #[test]
+    fn a_full_load_file_is_one_key_between_earlier_and_later_files() {
+        let key = |g, name: &str, first, rows| -> Vec<String> {
+            order_keys(g, FileKind::FullLoad, name, &[], first, rows)
+                .iter()
+                .map(|v| v.unwrap_or_default().to_string())
+                .collect()
+        };
+        // Every row of a file, whatever slice it is read in.
+        let first = key(1, "LOAD00000002.parquet", 0, 3);
+        assert_eq!(first, ["0 LOAD00000002.parquet"; 3]);
+        assert_eq!(key(1, "LOAD00000002.parquet", 500_000, 2), first[..2]);
+        // A later file's rows rank above an earlier file's, in both layouts (the row-numbered
+        // keys of tables loaded before), and a file's keys in the old layout rank above its
+        // keys now: re-delivered, its rows are not newer than what the table holds.
+        let earlier_old = "0 LOAD00000001.parquet 0000000007";
+        let same_old = "0 LOAD00000002.parquet 0000000001";
+        let later = key(1, "LOAD00000003.parquet", 0, 1).remove(0);
+        assert!(earlier_old < first[0].as_str());
+        assert!(first[0].as_str() < same_old && same_old < later.as_str());
+        // Below every CDC change of the generation.
+        assert!(later.as_str() < "1");
     }
 
     #[test]
