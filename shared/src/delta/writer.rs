@@ -3,7 +3,9 @@
 //! taken in partition order): a fifth of a full load's CPU. Here the rows of each partition
 //! are found from the partition columns' bytes with the previous row's partition remembered
 //! (rows come in runs: a file, a slice sorted by key), the partition columns are not copied
-//! (the files do not hold them), and a batch that is all one partition is passed on whole.
+//! (the files do not hold them), a batch that is all one partition is passed on whole, and a
+//! text column whose every value is the same (a full load's order keys, one per file) is
+//! sliced for each partition rather than copied row by row.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -74,8 +76,14 @@ impl Writer {
                             f.name()
                         ))
                     })?;
+                    let constant = parts
+                        .batch
+                        .schema()
+                        .index_of(f.name())
+                        .is_ok_and(|i| parts.constant.get(i).copied().unwrap_or(false));
                     match &rows.rows {
                         None => Ok(c.clone()),
+                        Some(idx) if constant => Ok(c.slice(0, idx.len())),
                         Some(idx) => Ok(arrow::compute::take(c.as_ref(), idx, None)?),
                     }
                 })
@@ -105,6 +113,9 @@ pub(crate) struct Partitioned {
     /// The partition columns (none: an unpartitioned table).
     partition: Vec<ArrayRef>,
     groups: Vec<Group>,
+    /// Per column of the batch: whether every value is the same text ([`constant_text`]),
+    /// known only when the batch has several partitions.
+    constant: Arc<[bool]>,
 }
 
 impl Partitioned {
@@ -126,10 +137,15 @@ impl Partitioned {
             }],
             (false, _) => groups(&partition)?,
         };
+        let constant = match groups.len() > 1 {
+            true => batch.columns().iter().map(constant_text).collect(),
+            false => Arc::from([]),
+        };
         Ok(Partitioned {
             batch: batch.clone(),
             partition,
             groups,
+            constant,
         })
     }
 
@@ -160,6 +176,7 @@ impl Partitioned {
                     batch: self.batch.clone(),
                     partition: self.partition.clone(),
                     groups: members.iter().map(|&i| self.groups[i].clone()).collect(),
+                    constant: self.constant.clone(),
                 }
             })
             .collect()
@@ -173,6 +190,33 @@ impl Partitioned {
             .map(|g| g.rows.as_ref().map_or(self.batch.num_rows(), |r| r.len()))
             .sum()
     }
+}
+
+/// Whether every value of `c` is the same text, none null: then any `n` of its rows are its
+/// first `n`. Checked from the ends in: a column whose first and last values differ (an
+/// order key of a CDC change, any ordinary column) costs two comparisons.
+fn constant_text(c: &ArrayRef) -> bool {
+    let Some(s) = c.as_string_opt::<i32>() else {
+        return false;
+    };
+    let n = s.len();
+    if n < 2 || s.null_count() > 0 || s.value(0) != s.value(n - 1) {
+        return false;
+    }
+    let width = s.value(0).len();
+    let offsets = s.value_offsets();
+    if !offsets
+        .windows(2)
+        .all(|w| usize::try_from(w[1] - w[0]).is_ok_and(|l| l == width))
+    {
+        return false;
+    }
+    // Equal widths: the values are one run of bytes, each equal to the one before it.
+    let start = usize::try_from(offsets[0]).unwrap_or(0);
+    let Some(bytes) = s.value_data().get(start..start + n * width) else {
+        return false;
+    };
+    bytes[width..] == bytes[..bytes.len() - width]
 }
 
 /// The rows of one partition.
@@ -565,6 +609,59 @@ mod tests {
             .unwrap()
             .shares(2)
             .is_empty());
+    }
+
+    #[test]
+    fn a_column_of_one_text_is_sliced_and_any_other_taken() {
+        use arrow::datatypes::{Field, Schema};
+        let key = "0 LOAD00000001.parquet";
+        let texts = |v: Vec<Option<&str>>| Arc::new(StringArray::from(v)) as ArrayRef;
+        assert!(constant_text(&texts(vec![Some(key); 5])));
+        // A slice of a longer column (offsets not from zero) is judged by its own rows.
+        let mut v = vec![Some("x"), Some(key), Some(key), Some(key)];
+        assert!(constant_text(&texts(v.clone()).slice(1, 3)));
+        assert!(!constant_text(&texts(v.clone())));
+        // The same ends but another value within, of the same or another width; a null; an
+        // empty text everywhere; one row; not text.
+        v = vec![Some(key), Some("0 LOAD00000002.parquet"), Some(key)];
+        assert!(!constant_text(&texts(v)));
+        assert!(!constant_text(&texts(vec![
+            Some(key),
+            Some("0"),
+            Some(key)
+        ])));
+        assert!(!constant_text(&texts(vec![Some(key), None, Some(key)])));
+        assert!(constant_text(&texts(vec![Some(""); 3])));
+        assert!(!constant_text(&texts(vec![Some(key)])));
+        assert!(!constant_text(
+            &(Arc::new(Int32Array::from(vec![1, 1, 1])) as ArrayRef)
+        ));
+        // Written by partition, a constant column and a taken one hold the same rows.
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("p", DataType::Utf8, false),
+            Field::new("seq", DataType::Utf8, false),
+            Field::new("id", DataType::Int32, false),
+        ]));
+        let n = 40;
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                texts((0..n).map(|i| Some(["a", "b", "c"][i % 3])).collect()),
+                texts(vec![Some(key); n]),
+                Arc::new(Int32Array::from_iter_values(0..n as i32)),
+            ],
+        )
+        .unwrap();
+        let parts = Partitioned::of(&batch, &["p".to_string()]).unwrap();
+        assert_eq!(&*parts.constant, &[false, true, false]);
+        for g in &parts.groups {
+            let idx = g.rows.as_ref().unwrap();
+            let taken = arrow::compute::take(batch.column(1).as_ref(), idx, None).unwrap();
+            assert_eq!(batch.column(1).slice(0, idx.len()).as_ref(), taken.as_ref());
+        }
+        // One partition: nothing is split, nothing checked.
+        let one = Partitioned::of(&batch, &["seq".to_string()]).unwrap();
+        assert!(one.constant.is_empty());
     }
 
     #[test]
