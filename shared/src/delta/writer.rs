@@ -63,24 +63,25 @@ impl Writer {
         if self.partition_columns.is_empty() {
             return self.inner.write(&parts.batch).await;
         }
+        // The batch's column of each file column, looked up once for every partition.
+        let schema = parts.batch.schema();
+        let sources = self
+            .file_schema
+            .fields()
+            .iter()
+            .map(|f| {
+                schema.index_of(f.name()).map_err(|_| {
+                    DeltaTableError::generic(format!("column `{}` missing from batch", f.name()))
+                })
+            })
+            .collect::<DeltaResult<Vec<usize>>>()?;
         for rows in &parts.groups {
             let values = rows.values(&self.partition_columns, &parts.partition)?;
-            let columns = self
-                .file_schema
-                .fields()
+            let columns = sources
                 .iter()
-                .map(|f| {
-                    let c = parts.batch.column_by_name(f.name()).ok_or_else(|| {
-                        DeltaTableError::generic(format!(
-                            "column `{}` missing from batch",
-                            f.name()
-                        ))
-                    })?;
-                    let constant = parts
-                        .batch
-                        .schema()
-                        .index_of(f.name())
-                        .is_ok_and(|i| parts.constant.get(i).copied().unwrap_or(false));
+                .map(|&i| {
+                    let c = parts.batch.column(i);
+                    let constant = parts.constant.get(i).copied().unwrap_or(false);
                     match &rows.rows {
                         None => Ok(c.clone()),
                         Some(idx) if constant => Ok(c.slice(0, idx.len())),

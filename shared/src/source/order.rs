@@ -280,16 +280,19 @@ pub(crate) fn order_keys(
     rows: usize,
 ) -> StringArray {
     let prefix = generation_prefix(generation);
-    let mut out = StringBuilder::with_capacity(rows, rows * (prefix.len() + file_name.len() + 40));
     match kind {
         // One key for every row of the file (see the module documentation).
         FileKind::FullLoad => {
             let key = format!("{prefix}0 {file_name}");
+            let mut out = StringBuilder::with_capacity(rows, rows * key.len());
             for _ in 0..rows {
                 out.append_value(&key);
             }
+            out.finish()
         }
         FileKind::Cdc => {
+            let mut out =
+                StringBuilder::with_capacity(rows, rows * (prefix.len() + file_name.len() + 40));
             let head = format!("{prefix}1");
             let tail = format!(" {file_name} ");
             let mut number = Numbered::new(String::new(), first_row + 1);
@@ -309,9 +312,9 @@ pub(crate) fn order_keys(
                 out.append_value("");
                 number.advance();
             }
+            out.finish()
         }
     }
-    out.finish()
 }
 
 /// Text ending in a row number in decimal with at least ten digits (`format!("{n:010}")`),
