@@ -282,14 +282,7 @@ pub(crate) fn order_keys(
     let prefix = generation_prefix(generation);
     match kind {
         // One key for every row of the file (see the module documentation).
-        FileKind::FullLoad => {
-            let key = format!("{prefix}0 {file_name}");
-            let mut out = StringBuilder::with_capacity(rows, rows * key.len());
-            for _ in 0..rows {
-                out.append_value(&key);
-            }
-            out.finish()
-        }
+        FileKind::FullLoad => StringArray::new_repeated(format!("{prefix}0 {file_name}"), rows),
         FileKind::Cdc => {
             let mut out =
                 StringBuilder::with_capacity(rows, rows * (prefix.len() + file_name.len() + 40));
