@@ -51,14 +51,8 @@ pub(super) fn batches(name: &str, body: &Body, decode: &Decode<'_>) -> Result<Op
         ));
     }
     match body {
-        Body::Memory(b) => {
-            check_int96(name, Bytes::clone(b))?;
-            build(name, || Ok(Bytes::clone(b)), decode)
-        }
-        Body::Disk { path, .. } => {
-            check_int96(name, open(path)?)?;
-            build(name, || open(path), decode)
-        }
+        Body::Memory(b) => build(name, || Ok(Bytes::clone(b)), decode),
+        Body::Disk { path, .. } => build(name, || open(path), decode),
     }
 }
 
@@ -92,6 +86,10 @@ fn build<T: ChunkReader + 'static>(
         |e: parquet::errors::ParquetError| bad(format!("not a readable Parquet file: {e}"));
     let metadata =
         ArrowReaderMetadata::load(&src()?, ArrowReaderOptions::new()).map_err(unreadable)?;
+    // The footer is parsed once here; a file with INT96 columns is read once more for them.
+    if has_int96(metadata.metadata()) {
+        check_int96(name, src()?)?;
+    }
     let metadata = match crate::coerce::int96_as_micros(&metadata) {
         Some(schema) => ArrowReaderMetadata::try_new(
             metadata.metadata().clone(),
@@ -312,6 +310,12 @@ fn int96_problem(v: &Int96, top_level: bool) -> Option<String> {
         ));
     }
     None
+}
+
+/// Whether any column of the file (at any depth) is stored as INT96.
+fn has_int96(metadata: &parquet::file::metadata::ParquetMetaData) -> bool {
+    let descr = metadata.file_metadata().schema_descr();
+    (0..descr.num_columns()).any(|i| descr.column(i).physical_type() == PhysicalType::INT96)
 }
 
 /// Values read at a time by [`check_int96`].
