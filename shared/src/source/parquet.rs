@@ -7,6 +7,8 @@
 //! microsecond, so the raw values are checked first ([`check_int96`]): such digits fail the
 //! file, as any timestamp they would be truncated from does.
 
+use std::sync::Arc;
+
 use arrow::array::{Array, ArrayRef};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{
@@ -17,7 +19,10 @@ use parquet::arrow::ProjectionMask;
 use parquet::basic::Type as PhysicalType;
 use parquet::column::reader::ColumnReader;
 use parquet::data_type::Int96;
-use parquet::file::reader::{ChunkReader, FileReader, SerializedFileReader};
+use parquet::file::metadata::ParquetMetaData;
+use parquet::file::properties::ReaderProperties;
+use parquet::file::reader::{ChunkReader, RowGroupReader};
+use parquet::file::serialized_reader::SerializedRowGroupReader;
 
 use super::{at_least_one, Batches, Body};
 use crate::error::{Error, Location, Result};
@@ -86,10 +91,7 @@ fn build<T: ChunkReader + 'static>(
         |e: parquet::errors::ParquetError| bad(format!("not a readable Parquet file: {e}"));
     let metadata =
         ArrowReaderMetadata::load(&src()?, ArrowReaderOptions::new()).map_err(unreadable)?;
-    // The footer is parsed once here; a file with INT96 columns is read once more for them.
-    if has_int96(metadata.metadata()) {
-        check_int96(name, src()?)?;
-    }
+    check_int96(name, &src, metadata.metadata())?;
     let metadata = match crate::coerce::int96_as_micros(&metadata) {
         Some(schema) => ArrowReaderMetadata::try_new(
             metadata.metadata().clone(),
@@ -312,37 +314,36 @@ fn int96_problem(v: &Int96, top_level: bool) -> Option<String> {
     None
 }
 
-/// Whether any column of the file (at any depth) is stored as INT96.
-fn has_int96(metadata: &parquet::file::metadata::ParquetMetaData) -> bool {
-    let descr = metadata.file_metadata().schema_descr();
-    (0..descr.num_columns()).any(|i| descr.column(i).physical_type() == PhysicalType::INT96)
-}
-
 /// Values read at a time by [`check_int96`].
 const INT96_CHUNK: usize = 64 * 1024;
 
 /// Every INT96 value of the file can be read exactly ([`int96_problem`]); else the file
 /// fails, naming the row (of a top-level column) and the column. Reads only the INT96
 /// columns' raw values, and only in files that have such columns.
-fn check_int96<T: ChunkReader + 'static>(name: &str, src: T) -> Result<()> {
+fn check_int96<T: ChunkReader + 'static>(
+    name: &str,
+    src: impl Fn() -> Result<T>,
+    metadata: &ParquetMetaData,
+) -> Result<()> {
     let bad = |location: Location, m: String| Error::bad_input(name, location, m);
-    // A file that cannot be read fails in `build`, with its own message.
-    let Ok(reader) = SerializedFileReader::new(src) else {
-        return Ok(());
-    };
-    let descr = reader.metadata().file_metadata().schema_descr_ptr();
+    // The footer already parsed (`metadata`): the file is opened again only for the values
+    // of its INT96 columns, which DMS never writes.
+    let descr = metadata.file_metadata().schema_descr_ptr();
     let columns: Vec<usize> = (0..descr.num_columns())
         .filter(|&i| descr.column(i).physical_type() == PhysicalType::INT96)
         .collect();
     if columns.is_empty() {
         return Ok(());
     }
+    let file = Arc::new(src()?);
+    let props = Arc::new(ReaderProperties::builder().build());
     let corrupt = |e: parquet::errors::ParquetError| {
         bad(Location::File, format!("corrupt Parquet data: {e}"))
     };
     let mut first_row = 0usize;
-    for g in 0..reader.num_row_groups() {
-        let group = reader.get_row_group(g).map_err(corrupt)?;
+    for rg in metadata.row_groups() {
+        let group = SerializedRowGroupReader::new(Arc::clone(&file), rg, None, Arc::clone(&props))
+            .map_err(corrupt)?;
         for &c in &columns {
             let column = descr.column(c);
             let top_level = column.path().parts().len() == 1;
